@@ -1,0 +1,61 @@
+# Makefile: the two commands of the README (make demo, make test) and the steps behind them.
+# Every step is stamped, so a second run with nothing changed does no reinstall.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := .stamp
+CPP_BUILD := build/cpp
+TORCH_VERSION ?= 2.13.0
+APT_PACKAGES := g++ make libgtest-dev
+ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml
+
+.PHONY: demo test test-cpp test-py lint gpu-test clean setup
+
+demo: $(STAMP)/package
+	$(VENV)/bin/honed demo
+
+test: lint test-cpp test-py
+
+setup: $(STAMP)/package
+
+$(STAMP)/apt:
+	@mkdir -p $(STAMP)
+	bash scripts/setup-system.sh $(APT_PACKAGES)
+	@touch $@
+
+$(STAMP)/venv: $(STAMP)/apt
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==$(TORCH_VERSION)
+	$(VPY) -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" cmake ninja \
+	    numpy "safetensors>=0.4" "rich>=13" "pytest>=8" "ruff>=0.6" "mypy>=1.10"
+	@touch $@
+
+# --no-build-isolation: build against the torch already installed, never pull another one.
+$(STAMP)/package: $(STAMP)/venv $(ENGINE_SOURCES)
+	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
+	@touch $@
+
+$(CPP_BUILD)/build.ninja: $(STAMP)/venv CMakeLists.txt
+	$(VENV)/bin/cmake -S . -B $(CPP_BUILD) -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=ON \
+	    -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja)
+
+test-cpp: $(CPP_BUILD)/build.ninja
+	$(VENV)/bin/cmake --build $(CPP_BUILD)
+	cd $(CPP_BUILD) && $(abspath $(VENV)/bin/ctest) --output-on-failure
+
+test-py: $(STAMP)/package
+	$(VPY) -m pytest -q
+
+lint: $(STAMP)/venv
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy
+
+# On the GPU machine: no network; builds against the preinstalled torch and runs everything with CUDA.
+gpu-test:
+	bash scripts/gpu-test.sh
+
+clean:
+	rm -rf build $(STAMP)

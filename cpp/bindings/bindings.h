@@ -1,0 +1,9 @@
+// cpp/bindings/bindings.h: one bind_* function per engine part, called from module.cpp.
+#pragma once
+#include <nanobind/nanobind.h>
+
+namespace honed::py {
+void bind_shapes(nanobind::module_& m);
+void bind_measure(nanobind::module_& m);
+void bind_select(nanobind::module_& m);
+}  // namespace honed::py

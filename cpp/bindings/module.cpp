@@ -1,0 +1,11 @@
+// cpp/bindings/module.cpp: the nanobind module honed._core; converts types, holds no logic.
+#include "bindings.h"
+#include "honed/version.h"
+
+NB_MODULE(_core, m) {
+  m.doc() = "honed engine: shapes, dispatch, measurement and selection (C++)";
+  m.attr("__version__") = honed::version();
+  honed::py::bind_shapes(m);
+  honed::py::bind_measure(m);
+  honed::py::bind_select(m);
+}

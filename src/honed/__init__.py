@@ -1,0 +1,1 @@
+"""honed: an inference tuner for PyTorch models with a C++ core."""
