@@ -35,6 +35,7 @@ $(STAMP)/venv: $(STAMP)/apt
 # --no-build-isolation: build against the torch already installed, never pull another one.
 $(STAMP)/package: $(STAMP)/venv $(ENGINE_SOURCES)
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(VPY) -m nanobind.stubgen -q -m honed._core -o src/honed/_core.pyi
 	@touch $@
 
 $(CPP_BUILD)/build.ninja: $(STAMP)/venv CMakeLists.txt
@@ -48,7 +49,7 @@ test-cpp: $(CPP_BUILD)/build.ninja
 test-py: $(STAMP)/package
 	$(VPY) -m pytest -q
 
-lint: $(STAMP)/venv
+lint: $(STAMP)/package
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy

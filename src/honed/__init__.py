@@ -1,1 +1,63 @@
-"""honed: an inference tuner for PyTorch models with a C++ core."""
+"""honed: an inference tuner for PyTorch models with a C++ core.
+
+import honed
+model = honed.Module(model, "resnet", strategy=honed.MaxThroughputStrategy())
+honed.tune(model, dataset)
+honed.save(model, "resnet.honed")
+honed.load(model, "resnet.honed")
+"""
+
+from __future__ import annotations
+
+from honed import _core, backend, config, tune_strategy
+from honed._version import __version__
+from honed.artifact import load, save
+from honed.errors import (
+    ArtifactError,
+    BackendUnavailableError,
+    ConfigError,
+    HonedError,
+    IncompatibleArtifactError,
+    InputError,
+    TuneError,
+)
+from honed.module import Module
+from honed.report import TuneReport
+from honed.shapes import BatchDim, DynamicDim
+from honed.tune_strategy import (
+    FirstWinsStrategy,
+    LatencyBudgetStrategy,
+    MaxThroughputStrategy,
+    MinLatencyStrategy,
+    OneBackendStrategy,
+    TuneStrategy,
+)
+from honed.tuning import tune
+
+__all__ = [
+    "ArtifactError",
+    "BackendUnavailableError",
+    "BatchDim",
+    "ConfigError",
+    "DynamicDim",
+    "FirstWinsStrategy",
+    "HonedError",
+    "IncompatibleArtifactError",
+    "InputError",
+    "LatencyBudgetStrategy",
+    "MaxThroughputStrategy",
+    "MinLatencyStrategy",
+    "Module",
+    "OneBackendStrategy",
+    "TuneError",
+    "TuneReport",
+    "TuneStrategy",
+    "__version__",
+    "_core",
+    "backend",
+    "config",
+    "load",
+    "save",
+    "tune",
+    "tune_strategy",
+]

@@ -1,0 +1,329 @@
+"""src/honed/artifact.py: honed.save / honed.load and the .honed file.
+
+One zip of stored (uncompressed) entries: ``manifest.json`` and payloads. The manifest holds the
+format version, honed version, creation time, environment fingerprint, every module and graph
+(input profile, chosen backend recipe, measured figures) and a SHA-256 for every other entry.
+Weights and samples are safetensors; nothing is pickled, so loading runs no code but honed's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch.utils import _pytree as pytree
+
+from honed import _core
+from honed.backend.base import GraphInfo, Sample, backend_from_recipe
+from honed.environment import fingerprint
+from honed.errors import ArtifactError, IncompatibleArtifactError, InputError
+from honed.module import Module, Variant, find_modules
+
+log = logging.getLogger("honed")
+
+FORMAT = "honed"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+ON_INCOMPATIBLE = ("error", "rebuild", "eager")
+
+
+# -- save --------------------------------------------------------------------------------------
+def save(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """Save the tuned modules inside ``obj`` (a honed.Module, a model or a pipeline) to ``path``.
+
+    The file is written to a temporary name and renamed, so a failure leaves nothing partial.
+    """
+    modules = _modules_of(obj, "save")
+    path = Path(path)
+    entries: dict[str, bytes] = {}
+    manifest_modules = []
+    for module in modules:
+        manifest_modules.append(_save_module(module, entries))
+    device = _device_of(modules[0])
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "honed_version": _core.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "environment": fingerprint(device),
+        "modules": manifest_modules,
+        "entries": {name: hashlib.sha256(data).hexdigest() for name, data in entries.items()},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as zf:
+            zf.writestr(MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+            for name, data in entries.items():
+                zf.writestr(name, data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _modules_of(obj: Any, verb: str) -> list[Module]:
+    modules = find_modules(obj)
+    if not modules:
+        raise InputError(
+            f"honed.{verb}: no honed.Module found in {type(obj).__name__}; wrap the model with "
+            "honed.Module(model, 'name') (and tune it) first"
+        )
+    names = [m.name for m in modules]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InputError(
+            f"honed.{verb}: several honed.Modules share the name(s) {dupes}; give each a unique "
+            "name: honed.Module(model, 'unique-name')"
+        )
+    return modules
+
+
+def _device_of(module: Module) -> torch.device:
+    for p in module.module.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _save_module(module: Module, entries: dict[str, bytes]) -> dict[str, Any]:
+    weights_entry = f"weights/{module.name}.safetensors"
+    state = {
+        k: v.detach().to("cpu", copy=True).contiguous()
+        for k, v in module.module.state_dict().items()
+    }
+    entries[weights_entry] = st_save(state)
+    graphs = []
+    for i, variant in enumerate(module.variants):
+        graph: dict[str, Any] = {
+            "graph_key": variant.profile.graph_key,
+            "profile": json.loads(variant.profile.to_json()),
+            "backend": variant.backend.recipe(),
+            "figures": _jsonable(variant.figures),
+            "runnable_from_cpp": False,
+            "samples": None,
+        }
+        if variant.warm_sample is not None:
+            encoded = _encode_sample(variant.warm_sample)
+            if encoded is not None:
+                entry = f"samples/{module.name}/{i}.safetensors"
+                spec, tensors = encoded
+                entries[entry] = st_save(tensors, metadata={"treespec": spec})
+                graph["samples"] = entry
+        graphs.append(graph)
+    return {
+        "name": module.name,
+        "class": f"{type(module.module).__module__}.{type(module.module).__qualname__}",
+        "weights": weights_entry,
+        "num_parameters": sum(p.numel() for p in module.module.parameters()),
+        "graphs": graphs,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=lambda v: None))
+
+
+def _encode_sample(sample: Sample) -> tuple[str, dict[str, torch.Tensor]] | None:
+    leaves, spec = pytree.tree_flatten((sample.args, sample.kwargs))
+    tensors: dict[str, torch.Tensor] = {}
+    constants: list[Any] = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            tensors[f"leaf{i}"] = leaf.detach().to("cpu", copy=True).contiguous()
+            constants.append({"tensor": i})
+        elif leaf is None or isinstance(leaf, bool | int | float | str):
+            constants.append({"value": leaf})
+        else:
+            return None  # not storable without pickle: the graph warms up on first use instead
+    try:
+        spec_json = pytree.treespec_dumps(spec)
+    except Exception:
+        return None
+    return json.dumps({"spec": spec_json, "leaves": constants}), tensors
+
+
+def _decode_sample(data: bytes, device: torch.device) -> Sample:
+
+    tensors = st_load(data)
+    meta = json.loads(_safetensors_metadata(data)["treespec"])
+    leaves = []
+    for i, leaf in enumerate(meta["leaves"]):
+        if "tensor" in leaf:
+            leaves.append(tensors[f"leaf{i}"].to(device))
+        else:
+            leaves.append(leaf["value"])
+    args, kwargs = pytree.tree_unflatten(leaves, pytree.treespec_loads(meta["spec"]))
+    return Sample(tuple(args), dict(kwargs))
+
+
+def _safetensors_metadata(data: bytes) -> dict[str, str]:
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + header_len])
+    return dict(header.get("__metadata__", {}))
+
+
+# -- load --------------------------------------------------------------------------------------
+def load(
+    obj: Any,
+    path: str | os.PathLike[str],
+    on_incompatible: str = "error",
+) -> Any:
+    """Load weights and tuned graphs from ``path`` into the honed.Modules inside ``obj``.
+
+    Every entry's SHA-256 is verified first. ``on_incompatible`` decides what happens when the
+    artifact was made for another device or torch: "error" raises, "rebuild" rebuilds each graph
+    from its stored recipe here, "eager" loads the weights and runs eager.
+    """
+    if on_incompatible not in ON_INCOMPATIBLE:
+        raise InputError(f"honed.load: on_incompatible must be one of {ON_INCOMPATIBLE}")
+    modules = {m.name: m for m in _modules_of(obj, "load")}
+    manifest, entries = read_artifact(path)
+    problem = _incompatibility(manifest["environment"])
+    rebuild = True
+    if problem:
+        if on_incompatible == "error":
+            raise IncompatibleArtifactError(
+                f"honed.load: {path} was made for {problem}. Re-tune here, or pass "
+                "on_incompatible='rebuild' (rebuild from the stored recipes) or 'eager'"
+            )
+        log.warning(
+            "honed.load: %s was made for %s; %s",
+            path,
+            problem,
+            "rebuilding" if on_incompatible == "rebuild" else "running eager",
+        )
+        rebuild = on_incompatible == "rebuild"
+    for entry in manifest["modules"]:
+        module = modules.get(entry["name"])
+        if module is None:
+            raise ArtifactError(
+                f"honed.load: {path} holds module {entry['name']!r}, but the object has "
+                f"honed.Module(s) {sorted(modules)}; load it into the model it was saved from"
+            )
+        _load_module(module, entry, entries, rebuild, str(path))
+    return obj
+
+
+def read_artifact(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest and every verified entry of an artifact; raises ArtifactError on damage."""
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"honed.load: {path} does not exist (or is not a file)")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            if MANIFEST not in names:
+                raise ArtifactError(f"honed.load: {path} is not a honed artifact (no {MANIFEST})")
+            manifest = json.loads(zf.read(MANIFEST))
+            if manifest.get("format") != FORMAT:
+                raise ArtifactError(f"honed.load: {path} is not a honed artifact")
+            if manifest.get("format_version") != FORMAT_VERSION:
+                raise IncompatibleArtifactError(
+                    f"honed.load: {path} has format version {manifest.get('format_version')}, "
+                    f"this honed reads {FORMAT_VERSION}; load it with the honed that wrote it"
+                )
+            entries: dict[str, bytes] = {}
+            for name, digest in manifest["entries"].items():
+                if name not in names:
+                    raise ArtifactError(f"honed.load: {path} is missing entry {name!r}")
+                data = zf.read(name)
+                if hashlib.sha256(data).hexdigest() != digest:
+                    raise ArtifactError(
+                        f"honed.load: entry {name!r} of {path} does not match its SHA-256: the "
+                        "file was modified or damaged; re-save it from the tuned model"
+                    )
+                entries[name] = data
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+        if isinstance(e, ArtifactError):
+            raise
+        raise ArtifactError(
+            f"honed.load: {path} is not a readable honed artifact (truncated or not a zip: {e})"
+        ) from e
+    return manifest, entries
+
+
+def _incompatibility(saved: dict[str, Any]) -> str:
+    here_cuda = torch.cuda.is_available()
+    if str(saved.get("device", "cpu")).startswith("cuda"):
+        if not here_cuda:
+            return f"GPU {saved.get('gpu')} (CUDA), and torch cannot use CUDA here"
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        cc = f"{props.major}.{props.minor}"
+        if saved.get("gpu") != props.name or saved.get("compute_capability") != cc:
+            return (
+                f"GPU {saved.get('gpu')} (sm {saved.get('compute_capability')}), this is "
+                f"{props.name} (sm {cc})"
+            )
+    return ""
+
+
+def _load_module(
+    module: Module, entry: dict[str, Any], entries: dict[str, bytes], rebuild: bool, where: str
+) -> None:
+    state = st_load(entries[entry["weights"]])
+    try:
+        module.module.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ArtifactError(
+            f"honed.load: the weights in {where} do not fit module {entry['name']!r} "
+            f"(saved from {entry.get('class')}): {str(e).splitlines()[0]}; load it into the "
+            "same model class it was saved from"
+        ) from e
+    device = _device_of(module)
+    variants: list[Variant] = []
+    for graph in entry["graphs"] if rebuild else []:
+        variant = _rebuild(module, graph, entries, device)
+        if variant is not None:
+            variants.append(variant)
+    module.install(variants)
+
+
+def _rebuild(
+    module: Module, graph: dict[str, Any], entries: dict[str, bytes], device: torch.device
+) -> Variant | None:
+    backend = backend_from_recipe(graph["backend"])
+    name = graph["backend"].get("backend")
+    if backend is None:
+        log.warning(
+            "honed.load: module %r graph uses backend %s, which is not defined in this process; "
+            "import the module that defines it before honed.load. Running eager for that graph.",
+            module.name,
+            name,
+        )
+        return None
+    profile = _core.GraphProfile.from_json(json.dumps(graph["profile"]))
+    sample = _decode_sample(entries[graph["samples"]], device) if graph.get("samples") else None
+    info = GraphInfo(
+        device=device,
+        has_dynamic_axes=bool(profile.has_dynamic),
+        min_shapes=tuple(tuple(s) for s in profile.min_shapes()),
+        opt_shapes=tuple(tuple(s) for s in profile.opt_shapes()),
+        max_shapes=tuple(tuple(s) for s in profile.max_shapes()),
+    )
+    examples = [sample] if sample is not None else []
+    try:
+        with torch.no_grad():
+            fn = backend.build_graph(module.module, examples, info)
+            if sample is not None:
+                fn(*sample.args, **sample.kwargs)  # warm up (a JIT backend compiles here)
+    except Exception as e:
+        log.warning(
+            "honed.load: rebuilding %s for module %r failed (%s: %s); running eager",
+            name,
+            module.name,
+            type(e).__name__,
+            e,
+        )
+        return None
+    return Variant(profile, backend, fn, graph.get("figures") or {}, sample)

@@ -1,0 +1,34 @@
+"""src/honed/backend: one file per backend and a small registry of the built-in ones.
+
+Nothing heavy is imported here: a backend imports its library inside ``build``/``available``.
+"""
+
+from __future__ import annotations
+
+from honed.backend.base import (
+    Availability,
+    Backend,
+    BackendConfig,
+    GraphInfo,
+    Sample,
+    backend_from_recipe,
+)
+from honed.backend.registry import available_backends, builtin_backends, default_backends
+from honed.backend.torch_eager import TorchEagerBackend, TorchEagerBackendConfig
+from honed.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
+
+__all__ = [
+    "Availability",
+    "Backend",
+    "BackendConfig",
+    "GraphInfo",
+    "Sample",
+    "TorchEagerBackend",
+    "TorchEagerBackendConfig",
+    "TorchInductorBackend",
+    "TorchInductorBackendConfig",
+    "available_backends",
+    "backend_from_recipe",
+    "builtin_backends",
+    "default_backends",
+]

@@ -1,0 +1,198 @@
+"""src/honed/backend/base.py: the backend contract every backend (built-in or the user's) follows.
+
+A backend turns a module plus example inputs into a callable with the module's signature:
+
+    class MyBackend(honed.backend.Backend):
+        def build(self, module, example_inputs):
+            return my_engine.compile(module)
+
+``example_inputs`` is a list of ``Sample(args, kwargs)`` recorded for one graph. Correctness,
+measurement, selection and saving apply to every backend alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+
+from honed.errors import ConfigError
+
+
+class Sample(NamedTuple):
+    """One recorded call of a module: positional and keyword arguments."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class Availability(NamedTuple):
+    """Whether a backend can run here; when not, why and what to do."""
+
+    ok: bool
+    reason: str = ""
+    fix: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphInfo:
+    """What the tuner knows about the graph a backend is built for."""
+
+    device: torch.device
+    has_dynamic_axes: bool = False
+    min_shapes: tuple[tuple[int, ...], ...] = ()
+    opt_shapes: tuple[tuple[int, ...], ...] = ()
+    max_shapes: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclasses.dataclass
+class BackendConfig:
+    """Base of every backend's config dataclass; fields are the backend's knobs."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: _to_json_value(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BackendConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ConfigError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
+        return cls(**{k: _from_json_value(v) for k, v in data.items()})
+
+
+def _to_json_value(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return {"__dtype__": str(value).removeprefix("torch.")}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): _to_json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_json_value(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise ConfigError(f"config value {value!r} of type {type(value).__name__} cannot be stored")
+
+
+def _from_json_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"__dtype__"}:
+            return getattr(torch, value["__dtype__"])
+        return {k: _from_json_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json_value(v) for v in value]
+    return value
+
+
+_BACKEND_CLASSES: dict[str, type[Backend]] = {}
+
+
+class Backend:
+    """Base class of every backend. Subclasses implement ``build``.
+
+    Class attributes a backend may set:
+      config_class  its config dataclass (None for config-less custom backends)
+      portability   rank used to break ties: lower is simpler and more portable
+      jit           True when the first call compiles (its time counts as build time)
+    """
+
+    config_class: ClassVar[type[BackendConfig] | None] = None
+    portability: ClassVar[int] = 5
+    jit: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _BACKEND_CLASSES[cls.__name__] = cls
+
+    def __init__(self, config: BackendConfig | None = None) -> None:
+        if config is None and self.config_class is not None:
+            config = self.config_class()
+        if (
+            config is not None
+            and self.config_class is not None
+            and not isinstance(config, self.config_class)
+        ):
+            raise ConfigError(
+                f"{type(self).__name__} takes a {self.config_class.__name__}, "
+                f"got {type(config).__name__}"
+            )
+        self.config = config
+
+    # -- what a backend implements -------------------------------------------------------------
+    @classmethod
+    def available(cls) -> Availability:
+        """Whether this backend can run here. Must not raise and must stay cheap."""
+        return Availability(True)
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        """Return a callable that computes what ``module`` computes, faster."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement build(module, example_inputs)"
+        )
+
+    # -- what the tuner calls ------------------------------------------------------------------
+    def build_graph(
+        self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
+    ) -> Callable[..., Any]:
+        """Build for one graph. Built-in backends use ``graph``; custom ones get ``build``."""
+        del graph
+        return self.build(module, example_inputs)
+
+    @property
+    def name(self) -> str:
+        """A readable, stable candidate name, e.g. ``TorchInductorBackend(mode=max-autotune)``."""
+        config = getattr(self, "config", None)
+        if not isinstance(config, BackendConfig):
+            return type(self).__name__
+        defaults = type(config)()
+        parts = []
+        for f in dataclasses.fields(config):
+            value = getattr(config, f.name)
+            if value != getattr(defaults, f.name):
+                shown = str(value).removeprefix("torch.") if value is not None else "None"
+                parts.append(f"{f.name}={shown}")
+        return f"{type(self).__name__}({', '.join(parts)})" if parts else type(self).__name__
+
+    def recipe(self) -> dict[str, Any]:
+        """How to rebuild this backend: its class name and its config as JSON (no pickle)."""
+        config = getattr(self, "config", None)
+        return {
+            "backend": type(self).__name__,
+            "config": config.to_json() if isinstance(config, BackendConfig) else None,
+        }
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def backend_from_recipe(recipe: dict[str, Any]) -> Backend | None:
+    """The backend a recipe names, or None when that class is not loaded in this process."""
+    cls = _BACKEND_CLASSES.get(str(recipe.get("backend")))
+    if cls is None:
+        return None
+    config_json = recipe.get("config")
+    if cls.config_class is not None and config_json is not None:
+        return cls(cls.config_class.from_json(config_json))
+    return cls()
+
+
+def autocast_wrapper(
+    fn: Callable[..., Any], device_type: str, dtype: torch.dtype
+) -> Callable[..., Any]:
+    """Run ``fn`` under autocast and cast floating outputs back to float32 like eager returns."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            out = fn(*args, **kwargs)
+        return torch.utils._pytree.tree_map(
+            lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == dtype else t, out
+        )
+
+    return run

@@ -1,0 +1,48 @@
+"""src/honed/cli.py: the `honed` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from honed import config
+
+EXAMPLES = """examples:
+  honed demo                   tune the built-in DemoNet on the CPU and print the comparison
+  honed demo --device cuda     the same on the GPU
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="honed",
+        description="honed: an inference tuner for PyTorch models with a C++ core",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser(
+        "demo",
+        help="tune a small built-in model and show every candidate",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    demo.add_argument("--out", type=Path, default=None, help="where to save the artifact")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=config.log_level, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "demo":
+        from honed.demo import run
+
+        return run(args.device, args.out)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""src/honed/config.py: the one config module; every HONED_* environment variable is read here.
+
+Each flag is a typed attribute with a comment. Tests and callers change flags for a block with
+``honed.config.patch(name=value, ...)`` rather than touching os.environ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as e:
+        raise ValueError(f"{name}={raw!r} is not a number; unset it or give e.g. {default}") from e
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(_env_float(name, default))
+
+
+def _default_cache_dir() -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "honed" if xdg else Path.home() / ".cache" / "honed"
+
+
+# Logging: DEBUG, INFO, WARNING, ERROR. WARNING keeps tunes quiet but for fallbacks and failures.
+log_level: str = _env_str("HONED_LOG_LEVEL", "WARNING").upper()
+
+# Where tuning caches and compiler caches live.
+cache_dir: Path = Path(_env_str("HONED_CACHE_DIR", str(_default_cache_dir())))
+
+# Device used by tune() when none is given: "auto" = cuda when torch can use it, else cpu.
+device: str = _env_str("HONED_DEVICE", "auto")
+
+# Measurement protocol (DESIGN.md): warm-up by count and time, windows, stability rule.
+warmup_calls: int = _env_int("HONED_WARMUP_CALLS", 10)
+warmup_ms: float = _env_float("HONED_WARMUP_MS", 200.0)
+window_calls: int = _env_int("HONED_WINDOW_CALLS", 10)
+window_ms: float = _env_float("HONED_WINDOW_MS", 100.0)
+stable_windows: int = _env_int("HONED_STABLE_WINDOWS", 3)
+stability_tolerance: float = _env_float("HONED_STABILITY_TOLERANCE", 0.05)
+max_windows: int = _env_int("HONED_MAX_WINDOWS", 10)
+
+# Samples kept per graph while recording (bounded so long datasets do not hold everything).
+max_samples_per_graph: int = _env_int("HONED_MAX_SAMPLES_PER_GRAPH", 32)
+
+# FirstWinsStrategy: a candidate must beat eager by at least this factor (beyond the noise).
+first_wins_min_speedup: float = _env_float("HONED_FIRST_WINS_MIN_SPEEDUP", 1.0)
+
+# Test hook (STYLE.md rule 6): candidate name or backend class name -> latencies in ms that the
+# engine's InjectedTimer returns instead of real time, so the picker can be tested
+# deterministically. Never set outside tests and benchmarks that distort on purpose.
+injected_latencies: dict[str, list[float]] | None = None
+
+
+_NAMES = frozenset(
+    name for name, value in dict(globals()).items() if not name.startswith("_") and name.islower()
+) - {"annotations", "contextlib", "os", "patch", "snapshot"}
+
+
+def snapshot() -> dict[str, Any]:
+    """The current value of every flag, by name."""
+    g = globals()
+    return {name: g[name] for name in sorted(_NAMES)}
+
+
+@contextlib.contextmanager
+def patch(**changes: Any) -> Iterator[None]:
+    """Set flags for the duration of a ``with`` block; unknown names are an error."""
+    unknown = set(changes) - _NAMES
+    if unknown:
+        raise AttributeError(
+            f"honed.config has no flag(s) {sorted(unknown)}; known flags: {sorted(_NAMES)}"
+        )
+    g = globals()
+    saved = {name: g[name] for name in changes}
+    g.update(changes)
+    try:
+        yield
+    finally:
+        g.update(saved)

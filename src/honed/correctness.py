@@ -1,0 +1,125 @@
+"""src/honed/correctness.py: compares a candidate's outputs with eager's.
+
+Same structure, shapes and dtypes; values within a per-dtype tolerance (looser for reduced
+precision); NaN or Inf where eager has none fails. Max abs/rel error and cosine similarity are
+recorded for the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    min_cosine: float = 0.0
+
+
+# Full precision: Inductor reorders reductions and fuses, so bit equality is not expected.
+FP32 = Tolerance(atol=1e-4, rtol=1e-3)
+# Half-precision references or autocast candidates.
+REDUCED = Tolerance(atol=3e-2, rtol=3e-2, min_cosine=0.999)
+
+
+def tolerance_for(dtype: torch.dtype, reduced_precision: bool) -> Tolerance:
+    if reduced_precision or dtype in (torch.float16, torch.bfloat16):
+        return REDUCED
+    return FP32
+
+
+@dataclasses.dataclass
+class CheckResult:
+    ok: bool
+    reason: str = ""
+    max_abs_error: float = 0.0
+    max_rel_error: float = 0.0
+    min_cosine: float = 1.0
+
+    def merge(self, other: CheckResult) -> CheckResult:
+        return CheckResult(
+            ok=self.ok and other.ok,
+            reason=self.reason or other.reason,
+            max_abs_error=max(self.max_abs_error, other.max_abs_error),
+            max_rel_error=max(self.max_rel_error, other.max_rel_error),
+            min_cosine=min(self.min_cosine, other.min_cosine),
+        )
+
+
+def compare(reference: Any, candidate: Any, reduced_precision: bool = False) -> CheckResult:
+    """Check ``candidate`` against ``reference`` (eager outputs of the same inputs)."""
+    ref_leaves, ref_spec = pytree.tree_flatten(reference)
+    out_leaves, out_spec = pytree.tree_flatten(candidate)
+    if ref_spec != out_spec:
+        return CheckResult(False, f"wrong output structure: expected {ref_spec}, got {out_spec}")
+    result = CheckResult(True)
+    for i, (ref, out) in enumerate(zip(ref_leaves, out_leaves, strict=True)):
+        result = result.merge(_compare_leaf(i, ref, out, reduced_precision))
+    return result
+
+
+def _compare_leaf(i: int, ref: Any, out: Any, reduced_precision: bool) -> CheckResult:
+    if not isinstance(ref, torch.Tensor):
+        if isinstance(out, torch.Tensor) or ref != out:
+            return CheckResult(False, f"wrong outputs: output {i} is {out!r}, expected {ref!r}")
+        return CheckResult(True)
+    if not isinstance(out, torch.Tensor):
+        return CheckResult(False, f"wrong outputs: output {i} is {type(out).__name__}, not Tensor")
+    if out.shape != ref.shape:
+        return CheckResult(
+            False,
+            f"wrong outputs: output {i} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}",
+        )
+    if out.dtype != ref.dtype:
+        return CheckResult(
+            False, f"wrong outputs: output {i} has dtype {out.dtype}, expected {ref.dtype}"
+        )
+    if not (ref.is_floating_point() or ref.is_complex()):
+        if torch.equal(ref.cpu(), out.cpu()):
+            return CheckResult(True)
+        return CheckResult(False, f"wrong outputs: output {i} ({ref.dtype}) differs from eager")
+    r = ref.detach().double().cpu()
+    o = out.detach().double().cpu()
+    bad_out = ~torch.isfinite(o) & torch.isfinite(r)
+    if bool(bad_out.any()):
+        kind = "NaN" if bool(torch.isnan(o[bad_out]).any()) else "Inf"
+        return CheckResult(
+            False,
+            f"{kind} outputs: output {i} has {int(bad_out.sum())} {kind} "
+            "values where eager has finite ones",
+        )
+    finite = torch.isfinite(r) & torch.isfinite(o)
+    r, o = r[finite], o[finite]
+    if r.numel() == 0:
+        return CheckResult(True)
+    diff = (o - r).abs()
+    max_abs = float(diff.max())
+    scale = float(r.abs().max())
+    max_rel = float((diff / r.abs().clamp_min(max(scale * 1e-3, 1e-12))).max())
+    cos = _cosine(r, o)
+    tol = tolerance_for(ref.dtype, reduced_precision)
+    allowed = tol.atol * max(1.0, scale) + tol.rtol * r.abs()
+    ok = bool((diff <= allowed).all()) and cos >= tol.min_cosine
+    reason = ""
+    if not ok:
+        reason = (
+            f"wrong outputs: output {i} max abs error {max_abs:.3g} (rel {max_rel:.3g}, "
+            f"cosine {cos:.6f}) exceeds atol={tol.atol:g}, rtol={tol.rtol:g}"
+        )
+    return CheckResult(ok, reason, max_abs, max_rel, cos)
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    na, nb = float(a.norm()), float(b.norm())
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    value = float((a * b).sum()) / (na * nb)
+    return 1.0 if math.isclose(value, 1.0) else value

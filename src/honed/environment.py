@@ -1,0 +1,32 @@
+"""src/honed/environment.py: the environment fingerprint stored in reports and artifacts."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any
+
+import torch
+
+from honed import _core
+
+
+def fingerprint(device: torch.device | None = None) -> dict[str, Any]:
+    """GPU name and compute capability (when on CUDA), CUDA runtime, torch, python, honed."""
+    env: dict[str, Any] = {
+        "honed": _core.__version__,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "platform": f"{sys.platform}-{platform.machine()}",
+        "cpu": platform.processor() or platform.machine(),
+        "device": str(device) if device is not None else "cpu",
+        "gpu": None,
+        "compute_capability": None,
+    }
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        env["gpu"] = props.name
+        env["compute_capability"] = f"{props.major}.{props.minor}"
+    return env

@@ -1,0 +1,34 @@
+"""src/honed/errors.py: the one exception hierarchy, rooted at HonedError.
+
+Every message says what happened and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class HonedError(Exception):
+    """Base class of every error honed raises on purpose."""
+
+
+class ConfigError(HonedError, ValueError):
+    """A backend, strategy or tune option was set to something that cannot work."""
+
+
+class InputError(HonedError, ValueError):
+    """The model, dataset or inputs handed to honed cannot be used as given."""
+
+
+class BackendUnavailableError(HonedError):
+    """A backend was asked for explicitly but cannot run on this machine."""
+
+
+class TuneError(HonedError):
+    """A tune could not produce a usable result (e.g. every candidate failed)."""
+
+
+class ArtifactError(HonedError):
+    """A .honed artifact is missing, damaged, tampered with, or made for something else."""
+
+
+class IncompatibleArtifactError(ArtifactError):
+    """An artifact was made for another GPU, torch or honed version."""

@@ -1,0 +1,126 @@
+"""src/honed/tune_strategy.py: tune strategies, thin over the engine's select functions.
+
+A strategy names the backends to try and how to choose among them; the choosing itself is a
+pure C++ function over the candidates' results (status, correctness, figures, memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from honed import _core
+from honed.backend.base import Backend
+from honed.backend.registry import default_backends
+from honed.errors import ConfigError
+
+
+def _check_backends(owner: str, backends: Sequence[Backend] | None) -> list[Backend] | None:
+    if backends is None:
+        return None
+    backends = list(backends)
+    for b in backends:
+        if not isinstance(b, Backend):
+            raise ConfigError(
+                f"{owner}: {b!r} is not a backend; pass instances such as "
+                "honed.backend.TorchInductorBackend() (did you pass the class instead?)"
+            )
+    if not backends:
+        raise ConfigError(f"{owner}: the backend list is empty; pass at least one backend")
+    return backends
+
+
+class TuneStrategy:
+    """Base of the strategies: which backends to try, and how the engine picks one."""
+
+    uses_baseline = True  # whether eager competes (and is the fallback)
+
+    def __init__(self, backends: Sequence[Backend] | None = None) -> None:
+        self._backends = _check_backends(type(self).__name__, backends)
+
+    def backends(self, device: torch.device) -> list[Backend]:
+        """The candidates to try on ``device``: the given ones, or every available default."""
+        return list(self._backends) if self._backends is not None else default_backends(device)
+
+    def select(self, candidates: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+
+class OneBackendStrategy(TuneStrategy):
+    """Use exactly one backend; eager is kept only when it fails."""
+
+    uses_baseline = False
+
+    def __init__(self, backend: Backend) -> None:
+        if isinstance(backend, type):
+            raise ConfigError(
+                f"OneBackendStrategy got the class {backend.__name__}; pass an instance, "
+                f"e.g. {backend.__name__}()"
+            )
+        super().__init__([backend])
+
+    def select(self, candidates: list[Any]) -> Any:
+        return _core.select_one_backend(candidates)
+
+
+class FirstWinsStrategy(TuneStrategy):
+    """Try backends in order; take the first that is correct and beats eager by min_speedup."""
+
+    def __init__(self, backends: Sequence[Backend] | None = None, min_speedup: float = 1.0) -> None:
+        super().__init__(backends)
+        if min_speedup <= 0:
+            raise ConfigError(f"FirstWinsStrategy: min_speedup must be > 0, got {min_speedup}")
+        self.min_speedup = float(min_speedup)
+
+    def select(self, candidates: list[Any]) -> Any:
+        return _core.select_first_wins(candidates, self.min_speedup)
+
+
+class MaxThroughputStrategy(TuneStrategy):
+    """Measure every correct candidate and keep the highest throughput (beyond the noise)."""
+
+    def select(self, candidates: list[Any]) -> Any:
+        return _core.select_max_throughput(candidates)
+
+
+class MinLatencyStrategy(TuneStrategy):
+    """Measure every correct candidate and keep the lowest median latency."""
+
+    def select(self, candidates: list[Any]) -> Any:
+        return _core.select_min_latency(candidates)
+
+
+class LatencyBudgetStrategy(TuneStrategy):
+    """The highest throughput among candidates whose tail latency fits the budget."""
+
+    def __init__(self, latency_budget_ms: float, backends: Sequence[Backend] | None = None) -> None:
+        super().__init__(backends)
+        if latency_budget_ms <= 0:
+            raise ConfigError(
+                f"LatencyBudgetStrategy: latency_budget_ms must be > 0, got {latency_budget_ms}"
+            )
+        self.latency_budget_ms = float(latency_budget_ms)
+
+    def select(self, candidates: list[Any]) -> Any:
+        return _core.select_latency_budget(candidates, self.latency_budget_ms)
+
+    def describe(self) -> str:
+        return f"LatencyBudgetStrategy({self.latency_budget_ms} ms)"
+
+
+__all__ = [
+    "FirstWinsStrategy",
+    "LatencyBudgetStrategy",
+    "MaxThroughputStrategy",
+    "MinLatencyStrategy",
+    "OneBackendStrategy",
+    "TuneStrategy",
+]

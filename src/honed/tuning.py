@@ -1,0 +1,357 @@
+"""src/honed/tuning.py: honed.tune(): record, infer shapes, build, check, measure, select.
+
+Shapes, figures and choices all come from the engine (honed._core); this file only runs what
+needs PyTorch's Python API and hands the results over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from honed import _core
+from honed.backend.base import Backend, GraphInfo, Sample
+from honed.backend.torch_eager import TorchEagerBackend
+from honed.candidate import Outcome, evaluate, measure_interleaved
+from honed.environment import fingerprint
+from honed.errors import InputError, TuneError
+from honed.module import RECORDING, GraphRecording, Module, Variant, find_modules
+from honed.report import CandidateReport, GraphReport, TuneReport
+from honed.shapes import overrides_for, tensor_names
+from honed.tune_strategy import MaxThroughputStrategy, TuneStrategy
+
+log = logging.getLogger("honed")
+
+
+def tune(
+    func: Callable[..., Any] | None = None,
+    dataset: Any = None,
+    *,
+    strategy: TuneStrategy | None = None,
+    backends: list[Backend] | None = None,
+    batch_sizes: list[int] | None = None,
+    device: str | torch.device | None = None,
+) -> TuneReport:
+    """Tune every honed.Module that ``func`` calls, on the inputs it really receives.
+
+    Args:
+        func: a honed.Module, or an inference function/pipeline that calls honed.Modules.
+        dataset: the samples to run ``func`` on: a list (or any iterable) of samples, where a
+            tuple is unpacked as positional arguments, a dict as keyword arguments, and anything
+            else (e.g. a tensor) is passed as the single argument.
+        strategy: the strategy for modules that have none (default: MaxThroughputStrategy).
+        backends: narrow the candidates to these backends (for modules without a strategy).
+        batch_sizes: also run every sample resized along its batch axis to these sizes, so the
+            tuned profile covers them (repeat or slice along axis 0).
+        device: the device the model runs on ("cuda", "cpu"); checked, never silently changed.
+
+    Returns:
+        A TuneReport; each module also keeps its own part in ``module.report``.
+    """
+    started = time.perf_counter()
+    if func is None:
+        raise InputError("honed.tune needs a honed.Module or an inference function as `func`")
+    if not callable(func):
+        raise InputError(f"honed.tune: func must be callable, got {type(func).__name__}")
+    if strategy is not None and not isinstance(strategy, TuneStrategy):
+        raise InputError(
+            f"honed.tune: strategy must be a honed strategy such as honed.MaxThroughputStrategy(), "
+            f"got {type(strategy).__name__}"
+        )
+    if strategy is not None and backends is not None:
+        raise InputError("honed.tune: pass either strategy= or backends=, not both")
+    default_strategy = strategy or MaxThroughputStrategy(backends)
+    samples = _normalize_dataset(dataset)
+    sizes = _validate_batch_sizes(batch_sizes)
+
+    modules = _record(func, samples, sizes)
+    if not modules:
+        raise InputError(
+            "honed.tune: no honed.Module was called while running the dataset; wrap the model "
+            "with honed.Module(model, 'name') and call it inside func"
+        )
+    target = _resolve_device(device, modules)
+    graphs: list[GraphReport] = []
+    with _dynamo_limits():
+        for module in modules:
+            module_strategy = module.strategy or default_strategy
+            variants: list[Variant] = []
+            module_graphs: list[GraphReport] = []
+            for recording in module.graphs.values():
+                report, variant = _tune_graph(module, recording, module_strategy, target)
+                module_graphs.append(report)
+                if variant is not None:
+                    variants.append(variant)
+            module.install(variants)
+            module.graphs = {}
+            module.report = TuneReport(
+                module_graphs, str(target), module_strategy.describe(), 0.0, fingerprint(target)
+            )
+            graphs += module_graphs
+    overall = TuneReport(
+        graphs,
+        str(target),
+        default_strategy.describe(),
+        time.perf_counter() - started,
+        fingerprint(target),
+    )
+    for module in modules:
+        module.report.wall_s = overall.wall_s
+    return overall
+
+
+# -- dataset and recording ---------------------------------------------------------------------
+def _normalize_dataset(dataset: Any) -> list[Any]:
+    if dataset is None:
+        raise InputError(
+            "honed.tune needs a dataset: a list of samples (tensors, tuples of arguments or "
+            "dicts of keyword arguments) that the model receives in real use"
+        )
+    if isinstance(dataset, torch.Tensor | dict | tuple):
+        samples = [dataset]
+    elif isinstance(dataset, Iterable) and not isinstance(dataset, str | bytes):
+        samples = list(dataset)
+    else:
+        samples = [dataset]
+    if not samples:
+        raise InputError("honed.tune: the dataset is empty; give at least one sample")
+    return samples
+
+
+def _validate_batch_sizes(batch_sizes: list[int] | None) -> list[int]:
+    if batch_sizes is None:
+        return []
+    sizes = sorted({int(b) for b in batch_sizes})
+    if any(b < 1 for b in sizes):
+        raise InputError(f"honed.tune: batch_sizes must be positive, got {batch_sizes}")
+    return sizes
+
+
+def _call(func: Callable[..., Any], sample: Any) -> Any:
+    if isinstance(sample, tuple):
+        return func(*sample)
+    if isinstance(sample, dict):
+        return func(**sample)
+    return func(sample)
+
+
+def _resize_batch(sample: Any, batch: int) -> Any:
+    """``sample`` with every tensor that shares the first tensor's axis-0 size resized to batch."""
+    leaves = torch.utils._pytree.tree_leaves(sample)
+    first = next((t for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0), None)
+    if first is None:
+        raise InputError("honed.tune: batch_sizes needs samples with at least one tensor")
+    current = int(first.shape[0])
+    index = torch.tensor(_core.batch_indices(current, batch), device=first.device)
+
+    def resize(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dim() > 0 and int(t.shape[0]) == current:
+            return t.index_select(0, index.to(t.device))
+        return t
+
+    return torch.utils._pytree.tree_map(resize, sample)
+
+
+def _record(func: Callable[..., Any], samples: list[Any], sizes: list[int]) -> list[Module]:
+    known = find_modules(func)
+    for m in known:
+        m.reset()
+    RECORDING.active = True
+    RECORDING.modules = []
+    try:
+        with torch.no_grad():
+            for sample in samples:
+                _call(func, sample)
+                for b in sizes:
+                    _call(func, _resize_batch(sample, b))
+        recorded = list(RECORDING.modules)
+    except Exception as e:
+        raise InputError(
+            f"honed.tune: running the dataset through the model failed before any tuning: "
+            f"{type(e).__name__}: {e}. Check that each sample matches the model's forward()"
+        ) from e
+    finally:
+        RECORDING.active = False
+        RECORDING.modules = []
+    return recorded
+
+
+def _resolve_device(device: str | torch.device | None, modules: list[Module]) -> torch.device:
+    found = _module_device(modules[0])
+    if device is None:
+        return found
+    wanted = torch.device(device)
+    if wanted.type == "cuda" and not torch.cuda.is_available():
+        raise TuneError(
+            f"honed.tune: device={str(wanted)!r} was asked for but torch cannot use CUDA here "
+            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}); run `honed "
+            "doctor` for the reason, or tune on device='cpu'"
+        )
+    if wanted.type != found.type:
+        raise InputError(
+            f"honed.tune: device={str(wanted)!r} but module {modules[0].name!r} is on {found}; "
+            f"move the model and its inputs with .to({str(wanted)!r}) before tuning"
+        )
+    return found
+
+
+def _module_device(module: Module) -> torch.device:
+    for p in module.module.parameters():
+        return p.device
+    for b in module.module.buffers():
+        return b.device
+    for recording in module.graphs.values():
+        for sample in recording.samples:
+            for t in torch.utils._pytree.tree_leaves((sample.args, sample.kwargs)):
+                if isinstance(t, torch.Tensor):
+                    return t.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _dynamo_limits() -> Iterator[None]:
+    """Each candidate compiles the same forward again: raise Dynamo's recompile limit."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    limits: dict[str, Any] = {}
+    for names, value in ((("recompile_limit", "cache_size_limit"), 256),
+                         (("accumulated_recompile_limit", "accumulated_cache_size_limit"), 4096)):
+        name = next((n for n in names if hasattr(cfg, n)), None)
+        if name is not None:
+            limits[name] = max(value, getattr(cfg, name))
+    with torch._dynamo.config.patch(limits):
+        yield
+
+
+# -- one graph ---------------------------------------------------------------------------------
+def _tune_graph(
+    module: Module, recording: GraphRecording, strategy: TuneStrategy, device: torch.device
+) -> tuple[GraphReport, Variant | None]:
+    first = recording.samples[0]
+    names = tensor_names(first.args, first.kwargs, module.module.forward)
+    profile = _core.infer_profile(
+        recording.signatures,
+        overrides_for(module.dynamic_shapes, recording.signatures[0], names),
+    )
+    info = GraphInfo(
+        device=device,
+        has_dynamic_axes=bool(profile.has_dynamic),
+        min_shapes=_shapes(profile.min_shapes()),
+        opt_shapes=_shapes(profile.opt_shapes()),
+        max_shapes=_shapes(profile.max_shapes()),
+    )
+    samples = recording.samples
+    inner = module.module
+    with torch.no_grad():
+        references = [inner(*s.args, **s.kwargs) for s in samples]
+    measure_at = _measure_index(profile, recording.signatures)
+    batch = _batch_size(profile, recording.signatures[measure_at])
+
+    def run(backend: Backend, is_baseline: bool = False) -> Outcome:
+        return evaluate(backend, inner, samples, references, info, measure_at, batch, is_baseline)
+
+    baseline = run(TorchEagerBackend(), is_baseline=True)
+    outcomes: list[Outcome] = []
+    for backend in strategy.backends(device):
+        if strategy.uses_baseline and backend.name == baseline.backend.name:
+            continue  # eager with default config is the baseline itself
+        outcomes.append(run(backend))
+    competing = ([baseline] if strategy.uses_baseline else []) + outcomes
+    measure_interleaved([o for o in competing if o.passed], samples[measure_at], device, batch)
+    decision = strategy.select([o.result() for o in competing])
+    chosen = competing[decision.index] if decision.index >= 0 else None
+    if chosen is None:
+        log.warning(
+            "honed: %s: no candidate selected (%s); running eager", module.name, decision.reason
+        )
+
+    rows = [_row(o, baseline, o is chosen) for o in [baseline, *outcomes]]
+    report = GraphReport(
+        module=module.name,
+        graph=recording.key,
+        samples=len(samples),
+        batch_size=batch,
+        profile=_describe_profile(profile),
+        candidates=rows,
+        selected=chosen.backend.name if chosen is not None else None,
+        decision=decision.reason,
+    )
+    variant = None
+    if chosen is not None and chosen.fn is not None:
+        variant = Variant(
+            profile,
+            chosen.backend,
+            chosen.fn,
+            rows[[baseline, *outcomes].index(chosen)].__dict__,
+            samples[measure_at],
+        )
+    for o in [baseline, *outcomes]:
+        if o is not chosen:
+            o.fn = None
+    return report, variant
+
+
+def _shapes(shapes: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(int(d) for d in s) for s in shapes)
+
+
+def _measure_index(profile: Any, signatures: list[Any]) -> int:
+    """Measure at the sample whose shapes are the profile's opt shapes (else the last one)."""
+    opt = [list(s) for s in profile.opt_shapes()]
+    for i, sig in enumerate(signatures):
+        if [list(s) for s in sig.tensor_shapes] == opt:
+            return i
+    return len(signatures) - 1
+
+
+def _batch_size(profile: Any, signature: Any) -> int:
+    shapes = signature.tensor_shapes
+    for leaf, axis in enumerate(profile.batch_axes):
+        if axis >= 0:
+            return int(shapes[leaf][axis])
+    return 1
+
+
+def _describe_profile(profile: Any) -> str:
+    parts = []
+    for leaf, axes in enumerate(profile.axes):
+        dims = []
+        for a in axes:
+            dims.append(str(a.opt) if a.kind == "static" else f"{a.name}[{a.min}..{a.max}]")
+        parts.append(f"in{leaf}({', '.join(dims)})")
+    return " ".join(parts)
+
+
+def _row(outcome: Outcome, baseline: Outcome, selected: bool) -> CandidateReport:
+    m = outcome.measurement
+    speedup = None
+    if m is not None and baseline.measurement is not None and m.median_ms > 0:
+        speedup = baseline.measurement.median_ms / m.median_ms
+    check = outcome.check
+    return CandidateReport(
+        name=outcome.backend.name,
+        backend=type(outcome.backend).__name__,
+        status=outcome.status,
+        reason=outcome.reason,
+        is_baseline=outcome.is_baseline,
+        selected=selected,
+        build_s=outcome.build_s,
+        median_ms=m.median_ms if m is not None else None,
+        p99_ms=m.p99_ms if m is not None else None,
+        throughput=m.throughput if m is not None else None,
+        cv=m.cv if m is not None else None,
+        stable=m.stable if m is not None else None,
+        speedup=speedup,
+        max_abs_error=check.max_abs_error if check is not None else None,
+        max_rel_error=check.max_rel_error if check is not None else None,
+        cosine=check.min_cosine if check is not None else None,
+    )
+
+
+__all__ = ["Sample", "tune"]

@@ -1,0 +1,48 @@
+"""tests/conftest.py: shared fixtures: tiny models, fast measurement, one shared Inductor tune."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+import honed
+
+
+class TinyMLP(nn.Module):
+    def __init__(self, dim: int = 16, hidden: int = 32) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def batches(*sizes: int, dim: int = 16, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, dim, generator=g) for b in sizes]
+
+
+@pytest.fixture(autouse=True)
+def fast_measurement() -> Iterator[None]:
+    """Short warm-up and windows: tests check behaviour, never timings."""
+    with honed.config.patch(
+        warmup_ms=2.0, warmup_calls=2, window_ms=2.0, window_calls=3, max_windows=4
+    ):
+        yield
+
+
+@pytest.fixture(scope="session")
+def inductor_tuned() -> honed.Module:
+    """A TinyMLP tuned once with Inductor on batches 2, 4 and 8 (shared: compiling is slow)."""
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "tiny")
+    strategy = honed.OneBackendStrategy(honed.backend.TorchInductorBackend())
+    with honed.config.patch(
+        warmup_ms=2.0, warmup_calls=2, window_ms=2.0, window_calls=3, max_windows=4
+    ):
+        honed.tune(model, batches(2, 4, 8), strategy=strategy)
+    return model

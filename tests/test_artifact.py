@@ -1,0 +1,119 @@
+"""tests/test_artifact.py: save/load round trips, a new process, and damaged or foreign files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import honed
+
+from conftest import TinyMLP, batches
+
+
+@pytest.fixture(scope="module")
+def saved(inductor_tuned: honed.Module, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("artifact") / "tiny.honed"
+    honed.save(inductor_tuned, path)
+    return path
+
+
+def test_manifest_lists_every_entry_with_its_hash(saved: Path) -> None:
+    with zipfile.ZipFile(saved) as zf:
+        infos = {i.filename: i for i in zf.infolist()}
+        manifest = json.loads(zf.read("manifest.json"))
+    assert all(i.compress_type == zipfile.ZIP_STORED for i in infos.values())
+    assert manifest["format"] == "honed" and manifest["format_version"] == 1
+    assert set(manifest["entries"]) == set(infos) - {"manifest.json"}
+    assert manifest["environment"]["torch"] == torch.__version__
+    (module,) = manifest["modules"]
+    assert module["name"] == "tiny"
+    (graph,) = module["graphs"]
+    assert graph["backend"]["backend"] == "TorchInductorBackend"
+    assert graph["profile"]["graph_key"] == graph["graph_key"]
+    assert not any(name.endswith((".pkl", ".pt", ".pth")) for name in infos)
+
+
+def test_round_trip_into_a_fresh_model_gives_equal_outputs(
+    inductor_tuned: honed.Module, saved: Path
+) -> None:
+    torch.manual_seed(123)  # different weights: load must replace them
+    fresh = honed.Module(TinyMLP().eval(), "tiny")
+    x = batches(4, seed=21)[0]
+    assert not torch.allclose(fresh(x), inductor_tuned(x))
+    honed.load(fresh, saved)
+    assert fresh.is_tuned
+    assert [type(v.backend).__name__ for v in fresh.variants] == ["TorchInductorBackend"]
+    torch.testing.assert_close(fresh(x), inductor_tuned(x))
+
+
+def test_load_in_a_new_process(inductor_tuned: honed.Module, saved: Path, tmp_path: Path) -> None:
+    x = batches(6, seed=33)[0]
+    expected = inductor_tuned(x)
+    torch.save(x, tmp_path / "x.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import honed
+        from conftest import TinyMLP
+        model = honed.Module(TinyMLP().eval(), "tiny")
+        honed.load(model, {str(saved)!r})
+        assert model.is_tuned
+        torch.save(model(torch.load({str(tmp_path / "x.pt")!r})), {str(tmp_path / "y.pt")!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=600)
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), expected)
+
+
+def test_tampered_entry_is_refused_naming_it(saved: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "tampered.honed"
+    with zipfile.ZipFile(saved) as src, zipfile.ZipFile(bad, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.startswith("weights/"):
+                data = data[:-4] + b"\x00\x00\x80\x3f"
+            dst.writestr(info, data)
+    model = honed.Module(TinyMLP().eval(), "tiny")
+    with pytest.raises(honed.ArtifactError, match=r"weights/tiny\.safetensors.*SHA-256"):
+        honed.load(model, bad)
+
+
+def test_truncated_and_foreign_files_are_refused(saved: Path, tmp_path: Path) -> None:
+    truncated = tmp_path / "truncated.honed"
+    truncated.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
+    text = tmp_path / "notes.honed"
+    text.write_text("hello")
+    model = honed.Module(TinyMLP().eval(), "tiny")
+    with pytest.raises(honed.ArtifactError, match="not a readable honed artifact"):
+        honed.load(model, truncated)
+    with pytest.raises(honed.ArtifactError, match="not a readable honed artifact"):
+        honed.load(model, text)
+    with pytest.raises(honed.ArtifactError, match="does not exist"):
+        honed.load(model, tmp_path / "missing.honed")
+
+
+def test_artifact_for_another_model_is_refused(saved: Path) -> None:
+    other_name = honed.Module(TinyMLP().eval(), "other")
+    with pytest.raises(honed.ArtifactError, match="holds module 'tiny'"):
+        honed.load(other_name, saved)
+    other_shape = honed.Module(TinyMLP(dim=8).eval(), "tiny")
+    with pytest.raises(honed.ArtifactError, match="do not fit module 'tiny'"):
+        honed.load(other_shape, saved)
+
+
+def test_save_writes_nothing_partial(tmp_path: Path) -> None:
+    with pytest.raises(honed.InputError, match=r"no honed\.Module"):
+        honed.save(TinyMLP(), tmp_path / "x.honed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_on_incompatible_must_be_known(saved: Path) -> None:
+    model = honed.Module(TinyMLP().eval(), "tiny")
+    with pytest.raises(honed.InputError, match="on_incompatible"):
+        honed.load(model, saved, on_incompatible="ignore")

@@ -1,0 +1,47 @@
+"""tests/test_correctness.py: the comparison with eager: structure, dtype, NaN, tolerances."""
+
+from __future__ import annotations
+
+import torch
+
+from honed.correctness import compare
+
+
+def test_equal_outputs_pass_with_zero_error() -> None:
+    x = torch.randn(4, 8)
+    r = compare({"a": x, "b": [x, 3]}, {"a": x.clone(), "b": [x.clone(), 3]})
+    assert r.ok and r.max_abs_error == 0.0 and r.min_cosine == 1.0
+
+
+def test_small_float32_noise_passes_and_one_percent_fails() -> None:
+    x = torch.randn(64, 64)
+    assert compare(x, x + 1e-6).ok
+    bad = compare(x, x * 1.01)
+    assert not bad.ok
+    assert bad.reason.startswith("wrong outputs: output 0 max abs error")
+    assert bad.max_rel_error > 0.009
+
+
+def test_reduced_precision_tolerance_is_looser() -> None:
+    x = torch.randn(64, 64)
+    y = x.bfloat16().float()
+    assert not compare(x, y * 1.02).ok
+    assert compare(x, y, reduced_precision=True).ok
+    assert compare(x, y, reduced_precision=True).min_cosine > 0.999
+
+
+def test_structure_shape_dtype_and_nan_mismatches_are_named() -> None:
+    x = torch.randn(2, 3)
+    assert "structure" in compare((x, x), [x, x]).reason
+    assert "shape (3, 2)" in compare(x, x.t()).reason
+    assert "dtype torch.float64" in compare(x, x.double()).reason
+    nan = x.clone()
+    nan[0, 0] = float("nan")
+    assert compare(x, nan).reason.startswith("NaN outputs: output 0 has 1 NaN")
+    assert compare(nan, nan.clone()).ok  # NaN where eager has NaN too is not a failure
+
+
+def test_integer_outputs_must_be_exact() -> None:
+    a = torch.arange(10)
+    assert compare(a, a.clone()).ok
+    assert not compare(a, a + 1).ok

@@ -1,0 +1,62 @@
+"""tests/test_gpu.py: the CUDA path (run on the device by `make gpu-test`; skipped on CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import honed
+from honed import _core
+
+from conftest import TinyMLP
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _data(*sizes: int) -> list[torch.Tensor]:
+    return [torch.randn(b, 16, device="cuda") for b in sizes]
+
+
+def test_cuda_event_timer_is_available_and_measures() -> None:
+    ok, reason = _core.cuda_timer_available()
+    assert ok, reason
+    x = torch.randn(1024, 1024, device="cuda")
+    timer = _core.CudaEventTimer(int(torch.cuda.current_stream().cuda_stream))
+    cfg = _core.MeasureConfig()
+    cfg.warmup_ms, cfg.window_ms, cfg.max_windows = 5.0, 5.0, 4
+    m = _core.measure(lambda: x @ x, timer, cfg)
+    assert 0 < m.median_ms <= m.p99_ms
+    assert m.calls >= cfg.window_calls
+
+
+def test_tune_on_cuda_with_inductor_and_round_trip(tmp_path: Path) -> None:
+    model = honed.Module(TinyMLP().cuda().eval(), "tiny-cuda")
+    strategy = honed.MaxThroughputStrategy(
+        [
+            honed.backend.TorchInductorBackend(),
+            honed.backend.TorchInductorBackend(
+                honed.backend.TorchInductorBackendConfig(mode="max-autotune-no-cudagraphs")
+            ),
+        ]
+    )
+    report = honed.tune(model, _data(2, 8), strategy=strategy, device="cuda")
+    assert report.environment["gpu"] == torch.cuda.get_device_name()
+    rows = [c for g in report.graphs for c in g.candidates]
+    assert all(c.status == "ok" for c in rows), [(c.name, c.reason) for c in rows]
+    x = torch.randn(5, 16, device="cuda")
+    torch.testing.assert_close(model(x), model.module(x))
+    honed.save(model, tmp_path / "cuda.honed")
+    fresh = honed.Module(TinyMLP().cuda().eval(), "tiny-cuda")
+    honed.load(fresh, tmp_path / "cuda.honed")
+    torch.testing.assert_close(fresh(x), model(x))
+
+
+def test_asking_for_cuda_on_a_cpu_model_is_an_input_error() -> None:
+    model = honed.Module(TinyMLP().eval(), "cpu-model")
+    with pytest.raises(honed.InputError, match="move the model"):
+        honed.tune(model, [torch.randn(2, 16)], device="cuda")
