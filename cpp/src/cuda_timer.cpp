@@ -35,7 +35,7 @@ struct CudaApi {
   status_t (*event_synchronize)(event_t) = nullptr;
   status_t (*event_elapsed)(float*, event_t, event_t) = nullptr;
   status_t (*event_destroy)(event_t) = nullptr;
-  const char* (*runtime_error_string)(status_t) = nullptr;           // cudaGetErrorString
+  const char* (*runtime_error_string)(status_t) = nullptr;            // cudaGetErrorString
   status_t (*driver_error_string)(status_t, const char**) = nullptr;  // cuGetErrorString
   status_t (*driver_init)(unsigned) = nullptr;                        // cuInit
   status_t (*driver_current_context)(void**) = nullptr;               // cuCtxGetCurrent
@@ -136,8 +136,8 @@ std::string error_text(const CudaApi& api, status_t status) {
 
 void check(const CudaApi& api, status_t status, const char* call) {
   if (status != 0) {
-    throw std::runtime_error(std::string("CudaEventTimer: ") + call + " failed: " +
-                             error_text(api, status) + " [" + api.what + "]");
+    throw std::runtime_error(std::string("CudaEventTimer: ") + call +
+                             " failed: " + error_text(api, status) + " [" + api.what + "]");
   }
 }
 

@@ -38,7 +38,8 @@ InjectedTimer::InjectedTimer(std::vector<double> samples_ms) : samples_(std::mov
     total += x;
   }
   if (total <= 0) {
-    throw std::invalid_argument("InjectedTimer: samples are all 0, so the clock would never advance");
+    throw std::invalid_argument(
+        "InjectedTimer: samples are all 0, so the clock would never advance");
   }
 }
 
@@ -117,7 +118,8 @@ Measurement assemble(const Block& measured, int windows, bool stable, int64_t ba
   m.windows = windows;
   m.stable = stable;
   m.batch_size = batch_size;
-  m.throughput = m.wall_ms > 0 ? static_cast<double>(batch_size * m.calls) / (m.wall_ms / 1000.0) : 0;
+  m.throughput =
+      m.wall_ms > 0 ? static_cast<double>(batch_size * m.calls) / (m.wall_ms / 1000.0) : 0;
   if (!measured.host.empty() && measured.host.size() == measured.samples.size()) {
     m.has_host = true;
     m.host_stats = compute_stats(measured.host);
@@ -179,7 +181,8 @@ std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& f
 }
 
 Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size) {
-  if (batch_size < 1) throw std::invalid_argument("measurement_from_samples: batch_size must be >= 1");
+  if (batch_size < 1)
+    throw std::invalid_argument("measurement_from_samples: batch_size must be >= 1");
   Block b;
   b.samples = std::move(samples_ms);
   for (double x : b.samples) b.wall_ms += x;

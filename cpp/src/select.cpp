@@ -109,7 +109,8 @@ std::string describe(const Cands& cands, int pick, int best, const std::string& 
   std::string line = c.name + ": ";
   if (base >= 0 && base != pick) {
     const RatioInterval r = compare(samples(cands[base]), samples(c));
-    const std::string& base_name = cands[base].backend.empty() ? cands[base].name : cands[base].backend;
+    const std::string& base_name =
+        cands[base].backend.empty() ? cands[base].name : cands[base].backend;
     line += fmt("%.2fx ", r.ratio) + base_name + fmt(" median (95%% CI %.2f–%.2f)", r.lo, r.hi);
   } else if (base == pick) {
     line += fmt("baseline, median %.3g ms", c.measurement.stats.median_ms);
@@ -148,7 +149,8 @@ Decision select_one_backend(const Cands& cands) {
     }
   }
   const CandidateResult& c = cands[target];
-  if (!c.ok) return {-1, c.name + " failed: " + (c.reason.empty() ? "no reason given" : brief(c.reason))};
+  if (!c.ok)
+    return {-1, c.name + " failed: " + (c.reason.empty() ? "no reason given" : brief(c.reason))};
   if (!c.correct) {
     return {-1, c.name + " incorrect: " + (c.reason.empty() ? "no reason given" : brief(c.reason))};
   }
@@ -177,8 +179,10 @@ Decision select_first_wins(const Cands& cands, double min_speedup) {
     }
   }
   if (base >= 0) {
-    return {base, cands[base].name + fmt(": baseline kept, no candidate beat it by %.2fx beyond noise",
-                                         min_speedup) + best_seen};
+    return {base,
+            cands[base].name +
+                fmt(": baseline kept, no candidate beat it by %.2fx beyond noise", min_speedup) +
+                best_seen};
   }
   return {-1, none_reason(cands)};
 }
@@ -206,7 +210,8 @@ Decision select_latency_budget(const Cands& cands, double budget_ms) {
   const int best = best_by(cands, among, minus_p95);
   const int pick = simplest_tied(cands, among, best, minus_p95);
   return {pick, describe(cands, pick, best,
-                         fmt("latency budget %.3g ms missed by every candidate (p95 %.3g ms, the lowest within noise)",
+                         fmt("latency budget %.3g ms missed by every candidate (p95 %.3g ms, the "
+                             "lowest within noise)",
                              budget_ms, cands[pick].measurement.stats.p95_ms))};
 }
 

@@ -26,7 +26,8 @@ double median_in_place(std::vector<double>& values) {
   std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
   const double upper = values[mid];
   if (values.size() % 2 == 1) return upper;
-  const double lower = *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
+  const double lower =
+      *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
   return (lower + upper) / 2.0;
 }
 
@@ -77,7 +78,8 @@ double resampled_median(const std::vector<double>& values, std::mt19937_64& rng,
 
 RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b, int iterations,
                       double confidence, uint64_t seed) {
-  if (a.empty() || b.empty()) throw std::invalid_argument("compare: both sample sets must be non-empty");
+  if (a.empty() || b.empty())
+    throw std::invalid_argument("compare: both sample sets must be non-empty");
   if (iterations < 1) throw std::invalid_argument("compare: iterations must be >= 1");
   if (!(confidence > 0.0 && confidence < 1.0)) {
     throw std::invalid_argument("compare: confidence must be in (0, 1)");

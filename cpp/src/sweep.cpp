@@ -43,8 +43,9 @@ SweepResult batch_sweep(const std::function<std::optional<double>(int64_t batch)
     if (r.points.size() > 1) flat_steps = (*tp < best * (1.0 + min_gain)) ? flat_steps + 1 : 0;
     best = std::max(best, *tp);
     if (flat_steps >= patience) {
-      r.stop_reason = "plateau: gain under " + std::to_string(static_cast<int>(min_gain * 100 + 0.5)) +
-                      "% for " + std::to_string(patience) + " consecutive steps";
+      r.stop_reason = "plateau: gain under " +
+                      std::to_string(static_cast<int>(min_gain * 100 + 0.5)) + "% for " +
+                      std::to_string(patience) + " consecutive steps";
       break;
     }
     if (batch > max_batch / 2) {

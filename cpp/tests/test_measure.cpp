@@ -9,8 +9,8 @@
 #include "honed/measure.h"
 
 using honed::InjectedTimer;
-using honed::MeasureConfig;
 using honed::measure;
+using honed::MeasureConfig;
 
 namespace {
 MeasureConfig small_config() {
@@ -48,7 +48,7 @@ TEST(Measure, StabilityUsesTheLastWindowsOnly) {
   const auto m = measure([] {}, timer, small_config());
   EXPECT_TRUE(m.stable);
   EXPECT_EQ(m.windows, 4);
-  EXPECT_EQ(m.calls, 16);               // all windows, the drifting first one included
+  EXPECT_EQ(m.calls, 16);  // all windows, the drifting first one included
   EXPECT_DOUBLE_EQ(m.stats.max_ms, 10);
   EXPECT_DOUBLE_EQ(m.stats.median_ms, 1);
 }
@@ -158,11 +158,14 @@ TEST(Measure, FromSamples) {
 TEST(Interleaved, RunsBlocksInRoundRobinOrderAfterWarmup) {
   std::string order;
   InjectedTimer timer({1, 2, 3});
-  const auto ms = honed::interleaved({[&] { order += 'A'; }, [&] { order += 'B'; },
-                                      [&] { order += 'C'; }},
-                                     timer, 3, 2, 4);
+  const auto ms = honed::interleaved(
+      {[&] { order += 'A'; }, [&] { order += 'B'; }, [&] { order += 'C'; }}, timer, 3, 2, 4);
   // Warm-up AABBCC, then three rounds of AABBCC.
-  EXPECT_EQ(order, "AABBCC" "AABBCC" "AABBCC" "AABBCC");
+  EXPECT_EQ(order,
+            "AABBCC"
+            "AABBCC"
+            "AABBCC"
+            "AABBCC");
   ASSERT_EQ(ms.size(), 3u);
   for (const auto& m : ms) {
     EXPECT_EQ(m.calls, 6);

@@ -48,10 +48,12 @@ bool contains(const std::string& s, const std::string& part) {
 }  // namespace
 
 TEST(Select, AllFailed) {
-  const std::vector<CandidateResult> cands = {failed("eager", "oom"), failed("inductor", "compile error"),
+  const std::vector<CandidateResult> cands = {failed("eager", "oom"),
+                                              failed("inductor", "compile error"),
                                               failed("trt", "max abs err 3.1", true)};
-  for (const Decision& d : {honed::select_max_throughput(cands), honed::select_min_latency(cands),
-                            honed::select_latency_budget(cands, 5), honed::select_first_wins(cands, 1.1)}) {
+  for (const Decision& d :
+       {honed::select_max_throughput(cands), honed::select_min_latency(cands),
+        honed::select_latency_budget(cands, 5), honed::select_first_wins(cands, 1.1)}) {
     EXPECT_EQ(d.index, -1);
     EXPECT_EQ(d.reason,
               "no candidate passed: 3 failed (eager: oom; inductor: compile error; "
@@ -66,7 +68,8 @@ TEST(Select, FailedOrIncorrectNeverPicked) {
   auto fast_but_failed = measured("aot", 2, around(0.1));
   fast_but_failed.ok = false;
   const std::vector<CandidateResult> cands = {measured("eager", 0, around(2.0)), fast_but_wrong,
-                                              fast_but_failed, measured("inductor", 1, around(1.0))};
+                                              fast_but_failed,
+                                              measured("inductor", 1, around(1.0))};
   EXPECT_EQ(honed::select_min_latency(cands).index, 3);
   EXPECT_EQ(honed::select_max_throughput(cands).index, 3);
   EXPECT_EQ(honed::select_first_wins(cands, 1.0).index, 3);
@@ -86,7 +89,8 @@ TEST(Select, TieWithinNoiseGoesToSimplerBackend) {
   const std::vector<CandidateResult> cands = {measured("eager", 0, around(3.0)),
                                               measured("inductor", 1, around(1.00, 0.3)),
                                               measured("aot", 2, around(0.99, 0.3))};
-  for (const Decision& d : {honed::select_min_latency(cands), honed::select_max_throughput(cands)}) {
+  for (const Decision& d :
+       {honed::select_min_latency(cands), honed::select_max_throughput(cands)}) {
     EXPECT_EQ(d.index, 1) << d.reason;
     EXPECT_TRUE(contains(d.reason, "tie within noise with aot")) << d.reason;
   }
@@ -123,12 +127,14 @@ TEST(Select, FirstWinsThresholdNotMetFallsBackToBaseline) {
                                               measured("eager", 0, around(2.0))};
   const Decision d = honed::select_first_wins(cands, 1.1);
   EXPECT_EQ(d.index, 1);
-  EXPECT_TRUE(contains(d.reason, "eager: baseline kept, no candidate beat it by 1.10x")) << d.reason;
+  EXPECT_TRUE(contains(d.reason, "eager: baseline kept, no candidate beat it by 1.10x"))
+      << d.reason;
   EXPECT_TRUE(contains(d.reason, "best inductor 1.05x")) << d.reason;
   // Without a baseline nothing qualifies and nothing is picked... unless no baseline was measured,
   // where the first passing candidate is the only reading of "first wins".
-  EXPECT_EQ(honed::select_first_wins({failed("eager", "oom"), measured("aot", 2, around(1))}, 1.1).index,
-            1);
+  EXPECT_EQ(
+      honed::select_first_wins({failed("eager", "oom"), measured("aot", 2, around(1))}, 1.1).index,
+      1);
 }
 
 TEST(Select, LatencyBudgetMet) {
@@ -152,9 +158,10 @@ TEST(Select, LatencyBudgetMissed) {
 TEST(Select, OneBackend) {
   EXPECT_EQ(honed::select_one_backend({measured("inductor", 1, around(1.0))}).index, 0);
   // With eager alongside, the one backend is the non-baseline one.
-  EXPECT_EQ(honed::select_one_backend({measured("eager", 0, around(2)), measured("aot", 2, around(1))})
-                .index,
-            1);
+  EXPECT_EQ(
+      honed::select_one_backend({measured("eager", 0, around(2)), measured("aot", 2, around(1))})
+          .index,
+      1);
   const Decision d = honed::select_one_backend({failed("trt", "TensorRT not installed")});
   EXPECT_EQ(d.index, -1);
   EXPECT_EQ(d.reason, "trt failed: TensorRT not installed");

@@ -18,8 +18,8 @@ TEST(Stats, OddCount) {
   EXPECT_DOUBLE_EQ(s.mean_ms, 22);
   EXPECT_DOUBLE_EQ(s.min_ms, 1);
   EXPECT_DOUBLE_EQ(s.max_ms, 100);
-  EXPECT_DOUBLE_EQ(s.p90_ms, 4 + 0.6 * 96);   // h = 3.6
-  EXPECT_DOUBLE_EQ(s.p95_ms, 4 + 0.8 * 96);   // h = 3.8
+  EXPECT_DOUBLE_EQ(s.p90_ms, 4 + 0.6 * 96);    // h = 3.6
+  EXPECT_DOUBLE_EQ(s.p95_ms, 4 + 0.8 * 96);    // h = 3.8
   EXPECT_NEAR(s.p99_ms, 4 + 0.96 * 96, 1e-9);  // h = 3.96
   // Sum of squared deviations: 441 + 400 + 361 + 324 + 6084 = 7610; / 4.
   EXPECT_NEAR(s.stddev_ms, std::sqrt(7610.0 / 4), 1e-12);

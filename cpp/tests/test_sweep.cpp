@@ -12,7 +12,7 @@ using honed::batch_sweep;
 
 TEST(Sweep, KneeAtPlateau) {
   // Throughput doubles up to 16, then creeps up by 2 % a step.
-  const std::map<int64_t, double> tp = {{1, 100},  {2, 200},  {4, 400},  {8, 800},
+  const std::map<int64_t, double> tp = {{1, 100},   {2, 200},   {4, 400},   {8, 800},
                                         {16, 1600}, {32, 1632}, {64, 1664}, {128, 1700}};
   std::vector<int64_t> tried;
   const auto r = batch_sweep([&](int64_t b) -> std::optional<double> {
@@ -28,7 +28,8 @@ TEST(Sweep, KneeAtPlateau) {
 
 TEST(Sweep, PatienceResetsWhenGainReturns) {
   // 4 -> 8 flat, 8 -> 16 big gain again, then flat twice.
-  const std::map<int64_t, double> tp = {{1, 10}, {2, 20}, {4, 40}, {8, 41}, {16, 80}, {32, 81}, {64, 82}};
+  const std::map<int64_t, double> tp = {{1, 10},  {2, 20},  {4, 40}, {8, 41},
+                                        {16, 80}, {32, 81}, {64, 82}};
   const auto r = batch_sweep([&](int64_t b) -> std::optional<double> { return tp.at(b); });
   EXPECT_EQ(r.points.back().first, 64);
   EXPECT_EQ(r.knee, 16);

@@ -12,11 +12,11 @@ namespace honed {
 // portability: lower = simpler / more portable (eager 0, inductor 1, aot 2, ...), breaks ties.
 // is_baseline marks eager, the reference speed-ups are quoted against.
 struct CandidateResult {
-  std::string name;     // shown to users, e.g. "TorchInductorBackend(mode=default)"
-  std::string backend;  // registry name, e.g. "inductor"
-  bool ok = false;      // built and ran
-  bool correct = false; // matched eager within tolerance
-  std::string reason;   // why not ok / not correct (empty otherwise)
+  std::string name;      // shown to users, e.g. "TorchInductorBackend(mode=default)"
+  std::string backend;   // registry name, e.g. "inductor"
+  bool ok = false;       // built and ran
+  bool correct = false;  // matched eager within tolerance
+  std::string reason;    // why not ok / not correct (empty otherwise)
   bool has_measurement = false;
   Measurement measurement;
   int64_t memory_bytes = 0;

@@ -10,7 +10,8 @@
 namespace honed {
 
 // knee: the smallest batch whose throughput reaches (1 - min_gain) of the best seen (0 when no
-// batch ran); points: (batch, throughput) in the order tried; stop_reason: one line, why it stopped.
+// batch ran); points: (batch, throughput) in the order tried; stop_reason: one line, why it
+// stopped.
 struct SweepResult {
   int64_t knee = 0;
   std::vector<std::pair<int64_t, double>> points;
