@@ -1,0 +1,54 @@
+// cpp/include/honed/stats.h: latency statistics and the bootstrap comparison of two sample sets.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace honed {
+
+// Summary of latency samples, all in milliseconds.
+// Percentiles use linear interpolation between order statistics (Hyndman & Fan type 7, the
+// default of numpy and R): with the samples sorted x[0..n-1], the p-quantile is read at the
+// fractional rank h = (n - 1) * p, i.e. x[floor h] + (h - floor h) * (x[floor h + 1] - x[floor h]).
+// stddev is the sample standard deviation (divides by n - 1; 0 for one sample); cv = stddev / mean
+// (0 when the mean is 0).
+struct Stats {
+  int64_t n = 0;
+  double median_ms = 0;
+  double mean_ms = 0;
+  double min_ms = 0;
+  double max_ms = 0;
+  double p90_ms = 0;
+  double p95_ms = 0;
+  double p99_ms = 0;
+  double stddev_ms = 0;
+  double cv = 0;
+};
+
+// Statistics of samples_ms; throws std::invalid_argument when it is empty or holds a NaN.
+Stats compute_stats(const std::vector<double>& samples_ms);
+
+// The p-quantile (p in [0, 1]) of already sorted, non-empty values, by the type-7 rule above.
+double quantile_sorted(const std::vector<double>& sorted, double p);
+
+// The median of values (copied); throws std::invalid_argument when empty.
+double median_of(std::vector<double> values);
+
+// Bootstrap interval of the ratio of medians median(a) / median(b).
+// ratio: the ratio of the sample medians; lo/hi: the percentile interval at `confidence` of the
+// ratio over `iterations` resamplings (each set resampled with replacement, std::mt19937_64
+// seeded with `seed`, so the result is deterministic); verdict: -1 when hi < 1 (a is faster,
+// its latency lower), +1 when lo > 1 (b is faster), 0 when the interval contains 1 (a tie within
+// the noise).
+struct RatioInterval {
+  double ratio = 1;
+  double lo = 1;
+  double hi = 1;
+  int verdict = 0;
+};
+
+// Throws std::invalid_argument on an empty set, iterations < 1, confidence outside (0, 1), or a
+// non-positive median of b.
+RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b,
+                      int iterations = 2000, double confidence = 0.95, uint64_t seed = 42);
+
+}  // namespace honed

@@ -1,0 +1,192 @@
+// cpp/src/measure.cpp: host and injected timers, the adaptive measurement protocol, interleaving.
+#include "honed/measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+namespace honed {
+
+// ---- timers ---------------------------------------------------------------------------------
+
+namespace {
+double steady_now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+HostTimer::HostTimer(std::function<void()> sync) : sync_(std::move(sync)) {}
+
+double HostTimer::time_ms(const std::function<void()>& fn) {
+  const double t0 = steady_now_ms();
+  fn();
+  if (sync_) sync_();
+  return steady_now_ms() - t0;
+}
+
+double HostTimer::now_ms() { return steady_now_ms(); }
+
+InjectedTimer::InjectedTimer(std::vector<double> samples_ms) : samples_(std::move(samples_ms)) {
+  if (samples_.empty()) throw std::invalid_argument("InjectedTimer: no samples given");
+  double total = 0;
+  for (double x : samples_) {
+    if (std::isnan(x) || x < 0) {
+      throw std::invalid_argument("InjectedTimer: samples must be non-negative numbers");
+    }
+    total += x;
+  }
+  if (total <= 0) {
+    throw std::invalid_argument(
+        "InjectedTimer: samples are all 0, so the clock would never advance");
+  }
+}
+
+double InjectedTimer::time_ms(const std::function<void()>& fn) {
+  fn();  // an exception leaves the sequence where it was
+  const double ms = samples_[next_];
+  next_ = (next_ + 1) % samples_.size();
+  clock_ms_ += ms;
+  return ms;
+}
+
+double InjectedTimer::now_ms() { return clock_ms_; }
+
+// ---- the protocol ---------------------------------------------------------------------------
+
+namespace {
+
+void validate(const MeasureConfig& cfg) {
+  const auto fail = [](const char* what) {
+    throw std::invalid_argument(std::string("MeasureConfig: ") + what);
+  };
+  if (cfg.warmup_calls < 0) fail("warmup_calls must be >= 0");
+  if (!(cfg.warmup_ms >= 0)) fail("warmup_ms must be >= 0");
+  if (cfg.window_calls < 1) fail("window_calls must be >= 1");
+  if (!(cfg.window_ms >= 0)) fail("window_ms must be >= 0");
+  if (cfg.stable_windows < 1) fail("stable_windows must be >= 1");
+  if (!(cfg.tolerance >= 0)) fail("tolerance must be >= 0");
+  if (cfg.max_windows < 1) fail("max_windows must be >= 1");
+  if (cfg.batch_size < 1) fail("batch_size must be >= 1");
+}
+
+// Samples of a run of calls: device (or host) latencies, host latencies when the timer has them,
+// and the wall time of the run on the timer's clock.
+struct Block {
+  std::vector<double> samples;
+  std::vector<double> host;
+  double wall_ms = 0;
+};
+
+// Calls fn until at least min_calls calls were made and at least min_ms passed on timer's clock.
+Block run_block(const std::function<void()>& fn, Timer& timer, int64_t min_calls, double min_ms) {
+  Block b;
+  const double start = timer.now_ms();
+  double elapsed = 0;
+  while (static_cast<int64_t>(b.samples.size()) < min_calls || elapsed < min_ms) {
+    b.samples.push_back(timer.time_ms(fn));
+    if (const auto host = timer.last_host_ms()) b.host.push_back(*host);
+    elapsed = timer.now_ms() - start;
+  }
+  b.wall_ms = elapsed;
+  return b;
+}
+
+void append(Block& into, const Block& from) {
+  into.samples.insert(into.samples.end(), from.samples.begin(), from.samples.end());
+  into.host.insert(into.host.end(), from.host.begin(), from.host.end());
+  into.wall_ms += from.wall_ms;
+}
+
+// Whether the last `count` medians agree within tolerance (max / min - 1 <= tolerance).
+bool last_medians_agree(const std::vector<double>& medians, int count, double tolerance) {
+  if (count < 1 || static_cast<int>(medians.size()) < count) return false;
+  const auto first = medians.end() - count;
+  const double lo = *std::min_element(first, medians.end());
+  const double hi = *std::max_element(first, medians.end());
+  if (hi == lo) return true;
+  return lo > 0 && hi / lo - 1.0 <= tolerance;
+}
+
+Measurement assemble(const Block& measured, int windows, bool stable, int64_t batch_size) {
+  Measurement m;
+  m.stats = compute_stats(measured.samples);
+  m.samples_ms = measured.samples;
+  m.wall_ms = measured.wall_ms;
+  m.calls = static_cast<int64_t>(measured.samples.size());
+  m.windows = windows;
+  m.stable = stable;
+  m.batch_size = batch_size;
+  m.throughput =
+      m.wall_ms > 0 ? static_cast<double>(batch_size * m.calls) / (m.wall_ms / 1000.0) : 0;
+  if (!measured.host.empty() && measured.host.size() == measured.samples.size()) {
+    m.has_host = true;
+    m.host_stats = compute_stats(measured.host);
+  }
+  return m;
+}
+
+}  // namespace
+
+Measurement measure(const std::function<void()>& fn, Timer& timer, const MeasureConfig& cfg) {
+  validate(cfg);
+  const Block warm = run_block(fn, timer, cfg.warmup_calls, cfg.warmup_ms);
+
+  Block measured;
+  std::vector<double> medians;
+  bool stable = false;
+  while (!stable && static_cast<int>(medians.size()) < cfg.max_windows) {
+    const Block window = run_block(fn, timer, cfg.window_calls, cfg.window_ms);
+    medians.push_back(median_of(window.samples));
+    append(measured, window);
+    stable = last_medians_agree(medians, cfg.stable_windows, cfg.tolerance);
+  }
+  Measurement m = assemble(measured, static_cast<int>(medians.size()), stable, cfg.batch_size);
+  m.warmup_calls = static_cast<int64_t>(warm.samples.size());
+  m.warmup_ms = warm.wall_ms;
+  return m;
+}
+
+std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& fns, Timer& timer,
+                                     int rounds, int calls_per_round, int64_t batch_size) {
+  if (fns.empty()) throw std::invalid_argument("interleaved: no functions given");
+  if (rounds < 1) throw std::invalid_argument("interleaved: rounds must be >= 1");
+  if (calls_per_round < 1) throw std::invalid_argument("interleaved: calls_per_round must be >= 1");
+  if (batch_size < 1) throw std::invalid_argument("interleaved: batch_size must be >= 1");
+  constexpr int kStableRounds = 3;
+  constexpr double kTolerance = 0.05;
+
+  std::vector<Block> warm(fns.size());
+  for (size_t i = 0; i < fns.size(); ++i) warm[i] = run_block(fns[i], timer, calls_per_round, 0);
+
+  std::vector<Block> measured(fns.size());
+  std::vector<std::vector<double>> medians(fns.size());
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const Block block = run_block(fns[i], timer, calls_per_round, 0);
+      medians[i].push_back(median_of(block.samples));
+      append(measured[i], block);
+    }
+  }
+  std::vector<Measurement> out;
+  out.reserve(fns.size());
+  for (size_t i = 0; i < fns.size(); ++i) {
+    const bool stable = last_medians_agree(medians[i], std::min(rounds, kStableRounds), kTolerance);
+    out.push_back(assemble(measured[i], rounds, stable, batch_size));
+    out.back().warmup_calls = static_cast<int64_t>(warm[i].samples.size());
+    out.back().warmup_ms = warm[i].wall_ms;
+  }
+  return out;
+}
+
+Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size) {
+  if (batch_size < 1)
+    throw std::invalid_argument("measurement_from_samples: batch_size must be >= 1");
+  Block b;
+  b.samples = std::move(samples_ms);
+  for (double x : b.samples) b.wall_ms += x;
+  return assemble(b, 1, true, batch_size);
+}
+
+}  // namespace honed

@@ -1,0 +1,114 @@
+// cpp/src/stats.cpp: latency statistics (type-7 percentiles) and the bootstrap ratio comparison.
+#include "honed/stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+namespace honed {
+
+double quantile_sorted(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) throw std::invalid_argument("quantile_sorted: no values");
+  if (!(p >= 0.0 && p <= 1.0)) throw std::invalid_argument("quantile_sorted: p must be in [0, 1]");
+  const double h = static_cast<double>(sorted.size() - 1) * p;
+  const auto lo = static_cast<size_t>(std::floor(h));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (h - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
+}
+
+namespace {
+
+// The median of values, reordering them; values must be non-empty.
+double median_in_place(std::vector<double>& values) {
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
+  const double upper = values[mid];
+  if (values.size() % 2 == 1) return upper;
+  const double lower =
+      *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
+  return (lower + upper) / 2.0;
+}
+
+}  // namespace
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) throw std::invalid_argument("median_of: no values");
+  return median_in_place(values);
+}
+
+Stats compute_stats(const std::vector<double>& samples_ms) {
+  if (samples_ms.empty()) throw std::invalid_argument("stats: no samples");
+  std::vector<double> sorted = samples_ms;
+  for (double x : sorted) {
+    if (std::isnan(x)) throw std::invalid_argument("stats: a sample is NaN");
+  }
+  std::sort(sorted.begin(), sorted.end());
+  Stats s;
+  s.n = static_cast<int64_t>(sorted.size());
+  s.min_ms = sorted.front();
+  s.max_ms = sorted.back();
+  s.median_ms = quantile_sorted(sorted, 0.5);
+  s.p90_ms = quantile_sorted(sorted, 0.90);
+  s.p95_ms = quantile_sorted(sorted, 0.95);
+  s.p99_ms = quantile_sorted(sorted, 0.99);
+  s.mean_ms = std::accumulate(sorted.begin(), sorted.end(), 0.0) / static_cast<double>(s.n);
+  if (s.n > 1) {
+    double sq = 0;
+    for (double x : sorted) sq += (x - s.mean_ms) * (x - s.mean_ms);
+    s.stddev_ms = std::sqrt(sq / static_cast<double>(s.n - 1));
+  }
+  s.cv = s.mean_ms != 0 ? s.stddev_ms / s.mean_ms : 0.0;
+  return s;
+}
+
+namespace {
+
+// Median of a resampling (with replacement) of values, drawn with rng; scratch avoids allocation.
+double resampled_median(const std::vector<double>& values, std::mt19937_64& rng,
+                        std::vector<double>& scratch) {
+  std::uniform_int_distribution<size_t> pick(0, values.size() - 1);
+  scratch.resize(values.size());
+  for (double& x : scratch) x = values[pick(rng)];
+  return median_in_place(scratch);
+}
+
+}  // namespace
+
+RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b, int iterations,
+                      double confidence, uint64_t seed) {
+  if (a.empty() || b.empty())
+    throw std::invalid_argument("compare: both sample sets must be non-empty");
+  if (iterations < 1) throw std::invalid_argument("compare: iterations must be >= 1");
+  if (!(confidence > 0.0 && confidence < 1.0)) {
+    throw std::invalid_argument("compare: confidence must be in (0, 1)");
+  }
+  const double median_b = median_of(b);
+  if (!(median_b > 0)) throw std::invalid_argument("compare: the median of b must be positive");
+
+  std::mt19937_64 rng(seed);
+  std::vector<double> ratios;
+  ratios.reserve(static_cast<size_t>(iterations));
+  std::vector<double> scratch;
+  for (int i = 0; i < iterations; ++i) {
+    const double ma = resampled_median(a, rng, scratch);
+    const double mb = resampled_median(b, rng, scratch);
+    // A resampled median of b can be 0 only when b holds zeros; skip such a draw.
+    if (mb > 0) ratios.push_back(ma / mb);
+  }
+  RatioInterval r;
+  r.ratio = median_of(a) / median_b;
+  if (ratios.empty()) {
+    r.lo = r.hi = r.ratio;
+  } else {
+    std::sort(ratios.begin(), ratios.end());
+    const double tail = (1.0 - confidence) / 2.0;
+    r.lo = quantile_sorted(ratios, tail);
+    r.hi = quantile_sorted(ratios, 1.0 - tail);
+  }
+  r.verdict = r.hi < 1.0 ? -1 : (r.lo > 1.0 ? 1 : 0);
+  return r;
+}
+
+}  // namespace honed

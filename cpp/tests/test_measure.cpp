@@ -1,0 +1,202 @@
+// cpp/tests/test_measure.cpp: the measurement protocol with injected timings; interleaving order.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "honed/measure.h"
+
+using honed::InjectedTimer;
+using honed::measure;
+using honed::MeasureConfig;
+
+namespace {
+MeasureConfig small_config() {
+  MeasureConfig cfg;
+  cfg.warmup_calls = 3;
+  cfg.warmup_ms = 0;
+  cfg.window_calls = 4;
+  cfg.window_ms = 0;
+  cfg.stable_windows = 3;
+  cfg.tolerance = 0.05;
+  cfg.max_windows = 10;
+  return cfg;
+}
+}  // namespace
+
+TEST(Measure, StableAfterThreeWindows) {
+  InjectedTimer timer({2.0});
+  int calls = 0;
+  const auto m = measure([&] { ++calls; }, timer, small_config());
+  EXPECT_TRUE(m.stable);
+  EXPECT_EQ(m.windows, 3);
+  EXPECT_EQ(m.calls, 12);
+  EXPECT_EQ(m.warmup_calls, 3);
+  EXPECT_EQ(calls, 15);  // warm-up calls happen but are not samples
+  EXPECT_EQ(m.samples_ms.size(), 12u);
+  EXPECT_DOUBLE_EQ(m.stats.median_ms, 2.0);
+  EXPECT_DOUBLE_EQ(m.wall_ms, 24.0);
+  EXPECT_DOUBLE_EQ(m.stats.cv, 0);
+  EXPECT_FALSE(m.has_host);
+}
+
+TEST(Measure, StabilityUsesTheLastWindowsOnly) {
+  // Warm-up takes 3 samples; window 1 (4 calls) sees 10 ms, then 1 ms forever: windows 2-4 agree.
+  InjectedTimer timer({5, 5, 5, 10, 10, 10, 10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+  const auto m = measure([] {}, timer, small_config());
+  EXPECT_TRUE(m.stable);
+  EXPECT_EQ(m.windows, 4);
+  EXPECT_EQ(m.calls, 16);  // all windows, the drifting first one included
+  EXPECT_DOUBLE_EQ(m.stats.max_ms, 10);
+  EXPECT_DOUBLE_EQ(m.stats.median_ms, 1);
+}
+
+TEST(Measure, NeverStableStopsAtMaxWindowsWithCV) {
+  // A window of 4 calls alternates between medians of 1 ms and 2 ms: never within 5 %.
+  InjectedTimer timer({1, 1, 1, 1, 2, 2, 2, 2});
+  MeasureConfig cfg = small_config();
+  cfg.warmup_calls = 4;
+  cfg.max_windows = 6;
+  const auto m = measure([] {}, timer, cfg);
+  EXPECT_FALSE(m.stable);
+  EXPECT_EQ(m.windows, 6);
+  EXPECT_EQ(m.calls, 24);
+  EXPECT_DOUBLE_EQ(m.stats.mean_ms, 1.5);
+  // 12 ones and 12 twos: sample variance = 24 * 0.25 / 23.
+  EXPECT_NEAR(m.stats.cv, std::sqrt(6.0 / 23.0) / 1.5, 1e-12);
+}
+
+TEST(Measure, WarmupRespectsCountAndTime) {
+  MeasureConfig cfg = small_config();
+  cfg.warmup_calls = 2;
+  cfg.warmup_ms = 50;  // 10 ms a call: time wins, 5 calls
+  InjectedTimer slow_start({10});
+  auto m = measure([] {}, slow_start, cfg);
+  EXPECT_EQ(m.warmup_calls, 5);
+  EXPECT_DOUBLE_EQ(m.warmup_ms, 50);
+
+  cfg.warmup_calls = 8;  // count wins: 8 calls, 80 ms
+  InjectedTimer again({10});
+  m = measure([] {}, again, cfg);
+  EXPECT_EQ(m.warmup_calls, 8);
+  EXPECT_DOUBLE_EQ(m.warmup_ms, 80);
+}
+
+TEST(Measure, WindowRespectsCountAndTime) {
+  MeasureConfig cfg = small_config();
+  cfg.window_ms = 30;  // 4 calls of 2 ms is too short: 15 calls per window
+  InjectedTimer timer({2});
+  const auto m = measure([] {}, timer, cfg);
+  EXPECT_EQ(m.windows, 3);
+  EXPECT_EQ(m.calls, 45);
+  EXPECT_DOUBLE_EQ(m.wall_ms, 90);
+}
+
+TEST(Measure, ThroughputIsBatchTimesCallsOverWall) {
+  MeasureConfig cfg = small_config();
+  cfg.batch_size = 8;
+  InjectedTimer timer({4, 6});
+  const auto m = measure([] {}, timer, cfg);
+  ASSERT_GT(m.wall_ms, 0);
+  EXPECT_DOUBLE_EQ(m.wall_ms, 5.0 * static_cast<double>(m.calls));
+  EXPECT_DOUBLE_EQ(m.throughput, 8.0 * static_cast<double>(m.calls) / (m.wall_ms / 1000.0));
+  EXPECT_DOUBLE_EQ(m.throughput, 1600.0);  // 8 samples per 5 ms
+}
+
+TEST(Measure, ExceptionFromFnPropagates) {
+  InjectedTimer timer({1});
+  int calls = 0;
+  EXPECT_THROW(measure(
+                   [&] {
+                     if (++calls == 5) throw std::runtime_error("boom");
+                   },
+                   timer, small_config()),
+               std::runtime_error);
+  EXPECT_EQ(calls, 5);
+}
+
+TEST(Measure, RejectsBadConfigAndTimer) {
+  InjectedTimer timer({1});
+  MeasureConfig cfg = small_config();
+  cfg.window_calls = 0;
+  EXPECT_THROW(measure([] {}, timer, cfg), std::invalid_argument);
+  cfg = small_config();
+  cfg.batch_size = 0;
+  EXPECT_THROW(measure([] {}, timer, cfg), std::invalid_argument);
+  EXPECT_THROW(InjectedTimer({}), std::invalid_argument);
+  EXPECT_THROW(InjectedTimer({0, 0}), std::invalid_argument);
+  EXPECT_THROW(InjectedTimer({1, -1}), std::invalid_argument);
+}
+
+TEST(Measure, HostTimerMeasuresRealCallsAndSyncs) {
+  int syncs = 0;
+  honed::HostTimer timer([&] { ++syncs; });
+  MeasureConfig cfg = small_config();
+  cfg.warmup_ms = 1;
+  cfg.window_ms = 1;
+  cfg.tolerance = 1e9;  // consistency, not timing, is under test
+  const auto m = measure([] {}, timer, cfg);
+  EXPECT_TRUE(m.stable);
+  EXPECT_EQ(syncs, m.calls + m.warmup_calls);
+  EXPECT_GE(m.wall_ms, 3.0);  // three windows of at least 1 ms
+  EXPECT_LE(m.stats.min_ms, m.stats.median_ms);
+  EXPECT_LE(m.stats.median_ms, m.stats.p99_ms);
+}
+
+TEST(Measure, FromSamples) {
+  const auto m = honed::measurement_from_samples({1, 2, 3}, 4);
+  EXPECT_TRUE(m.stable);
+  EXPECT_EQ(m.calls, 3);
+  EXPECT_DOUBLE_EQ(m.wall_ms, 6);
+  EXPECT_DOUBLE_EQ(m.stats.median_ms, 2);
+  EXPECT_DOUBLE_EQ(m.throughput, 4.0 * 3 / 0.006);
+  EXPECT_THROW(honed::measurement_from_samples({}), std::invalid_argument);
+}
+
+TEST(Interleaved, RunsBlocksInRoundRobinOrderAfterWarmup) {
+  std::string order;
+  InjectedTimer timer({1, 2, 3});
+  const auto ms = honed::interleaved(
+      {[&] { order += 'A'; }, [&] { order += 'B'; }, [&] { order += 'C'; }}, timer, 3, 2, 4);
+  // Warm-up AABBCC, then three rounds of AABBCC.
+  EXPECT_EQ(order,
+            "AABBCC"
+            "AABBCC"
+            "AABBCC"
+            "AABBCC");
+  ASSERT_EQ(ms.size(), 3u);
+  for (const auto& m : ms) {
+    EXPECT_EQ(m.calls, 6);
+    EXPECT_EQ(m.windows, 3);
+    EXPECT_EQ(m.warmup_calls, 2);
+    EXPECT_EQ(m.batch_size, 4);
+  }
+  // The injected sequence 1 2 3 cycles over 24 calls; A's measured calls are #6,7 / 12,13 / 18,19
+  // (0-based): samples 1,2 / 1,2 / 1,2.
+  EXPECT_EQ(ms[0].samples_ms, (std::vector<double>{1, 2, 1, 2, 1, 2}));
+  EXPECT_DOUBLE_EQ(ms[0].wall_ms, 9);
+  EXPECT_TRUE(ms[0].stable);
+}
+
+TEST(Interleaved, FlagsDriftAsUnstable) {
+  // Calls 0-3 warm up; A's rounds see 1 ms, then 2 ms, then 3 ms: not within 5 %.
+  InjectedTimer timer({1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3});
+  const auto ms = honed::interleaved({[] {}, [] {}}, timer, 3, 2);
+  EXPECT_FALSE(ms[0].stable);
+  EXPECT_FALSE(ms[1].stable);
+  EXPECT_THROW(honed::interleaved({}, timer, 1, 1), std::invalid_argument);
+}
+
+TEST(CudaTimer, UnavailableHereGivesAReasonAndThrows) {
+  const auto [ok, why] = honed::cuda_timer_available();
+  EXPECT_FALSE(why.empty());
+  if (ok) GTEST_SKIP() << "CUDA is available here: " << why;
+  try {
+    honed::CudaEventTimer timer(0);
+    FAIL() << "constructing the timer without CUDA must throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("CudaEventTimer"), std::string::npos);
+  }
+}
