@@ -3,21 +3,18 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace honed {
 namespace {
 
-constexpr uint64_t kFnvOffset = 14695981039346656037ull;
-constexpr uint64_t kFnvPrime = 1099511628211ull;
-
-uint64_t fnv(uint64_t h, std::string_view bytes) {
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= kFnvPrime;
-  }
-  return h;
+// One multiply-xorshift round per 8 bytes (a few ns for a typical key); the dispatcher compares
+// the key itself after the hash, so collisions cost time, never correctness.
+uint64_t mix(uint64_t h) {
+  h *= 0x9E3779B97F4A7C15ull;
+  return h ^ (h >> 29);
 }
 
 void append_int(std::string& out, int64_t v) {
@@ -97,7 +94,42 @@ std::string graph_key(const Signature& sig) {
   return key;
 }
 
-uint64_t graph_hash(std::string_view key) { return fnv(kFnvOffset, key); }
+std::string describe(const Signature& sig) {
+  std::string out = sig.structure;
+  out += ':';
+  const char* sep = " ";
+  for (const Leaf& leaf : sig.leaves) {
+    out += sep;
+    sep = ", ";
+    if (const auto* t = std::get_if<TensorSpec>(&leaf)) {
+      out += t->dtype;
+      out += '[';
+      for (size_t i = 0; i < t->shape.size(); ++i) {
+        if (i) out += ", ";
+        append_int(out, t->shape[i]);
+      }
+      out += "] ";
+      out += t->device;
+    } else {
+      out += '=';
+      out += std::get<Constant>(leaf).repr;
+    }
+  }
+  return out;
+}
+
+uint64_t graph_hash(std::string_view key) {
+  uint64_t h = mix(0x243F6A8885A308D3ull ^ key.size());
+  size_t i = 0;
+  for (; i + 8 <= key.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, key.data() + i, 8);
+    h = mix(h ^ w);
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, key.data() + i, key.size() - i);
+  return mix(h ^ tail);
+}
 
 void SignatureBuilder::reset(bool keep_leaves) {
   keep_leaves_ = keep_leaves;
@@ -165,7 +197,14 @@ void SignatureBuilder::constant(std::string_view repr) {
   if (keep_leaves_) leaves_.emplace_back(Constant{std::string(repr)});
 }
 
-uint64_t SignatureBuilder::hash() const { return fnv(fnv(kFnvOffset, structure_), leaf_part_); }
+uint64_t SignatureBuilder::hash() const {
+  const size_t n = structure_.size() + leaf_part_.size();
+  char buf[256];
+  if (n > sizeof(buf)) return graph_hash(structure_ + leaf_part_);
+  std::memcpy(buf, structure_.data(), structure_.size());
+  std::memcpy(buf + structure_.size(), leaf_part_.data(), leaf_part_.size());
+  return graph_hash(std::string_view(buf, n));
+}
 
 bool SignatureBuilder::key_equals(std::string_view key) const {
   return key.size() == structure_.size() + leaf_part_.size() &&

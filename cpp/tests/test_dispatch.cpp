@@ -14,7 +14,7 @@ using namespace honed;
 namespace {
 
 // f(x, flag=<flag>) with x of the given shape; flag "" leaves it out.
-void walk(SignatureBuilder& b, std::vector<int64_t> shape, const std::string& flag = "",
+void walk(SignatureBuilder& b, const std::vector<int64_t>& shape, const std::string& flag = "",
           const std::string& dtype = "float32") {
   b.open('(');
   b.open('(');
@@ -33,7 +33,7 @@ Signature call(std::vector<int64_t> shape, const std::string& flag = "",
                const std::string& dtype = "float32") {
   SignatureBuilder b;
   b.reset(true);
-  walk(b, std::move(shape), flag, dtype);
+  walk(b, shape, flag, dtype);
   return b.signature();
 }
 
@@ -42,7 +42,7 @@ int fast(const Dispatcher& d, std::vector<int64_t> shape, const std::string& fla
          const std::string& dtype = "float32") {
   SignatureBuilder b;
   b.reset(false);
-  walk(b, std::move(shape), flag, dtype);
+  walk(b, shape, flag, dtype);
   return d.lookup(b);
 }
 

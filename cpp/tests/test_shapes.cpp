@@ -69,6 +69,7 @@ TEST(Signature, BuilderWritesNestedStructure) {
   EXPECT_TRUE(b.key_equals(graph_key(s)));
   EXPECT_FALSE(b.key_equals(graph_key(s) + "x"));
   EXPECT_EQ(b.sizes().size(), 3u);
+  EXPECT_EQ(describe(s), s.structure + ": float32[2, 3] cpu, =None, =3, int64[5] cuda:0, =True");
 }
 
 TEST(Signature, FastBuilderKeepsOnlyKeyAndSizes) {

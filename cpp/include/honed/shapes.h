@@ -40,11 +40,14 @@ struct Signature {
 
 bool is_tensor(const Leaf& leaf);
 std::vector<TensorSpec> tensor_specs(const Signature& sig);  // tensor leaves in flatten order
+// Readable one-liner: "((*,*),{}): float32[8, 3] cpu, =True".
+std::string describe(const Signature& sig);
 
 // The graph a call belongs to: structure, then per leaf "|dtype,device,rank" (tensor; sizes are
 // NOT part of it) or "|=repr" (constant). A '|' inside a constant or dict key is written "\x7c".
 std::string graph_key(const Signature& sig);
-uint64_t graph_hash(std::string_view graph_key);  // FNV-1a 64 of the key's bytes
+// A fast 64-bit hash of the key (word-wise multiply-xorshift). In-process only: never persist it.
+uint64_t graph_hash(std::string_view graph_key);
 
 // Builds a Signature while a front end walks one call's inputs in flatten order, and the graph
 // key and sizes on the way. With keep_leaves=false it only keeps the key and the concatenated
@@ -107,10 +110,12 @@ struct DynamicDim {
   int64_t min = 0;
   int64_t max = 0;
   std::optional<int64_t> opt;  // default: the most frequent sample size in range, else max
+  bool operator==(const DynamicDim&) const = default;
 };
 struct BatchDim {
   int64_t min = 1;
   std::optional<int64_t> max;  // default: the largest sample batch (at least min)
+  bool operator==(const BatchDim&) const = default;
 };
 using AxisOverride = std::variant<int64_t, DynamicDim, BatchDim>;  // int64_t: static size
 using Overrides = std::map<std::pair<int, int>, AxisOverride>;
