@@ -30,6 +30,12 @@ struct Converter {
   PyObject* s_is_cpu = PyUnicode_InternFromString("is_cpu");
   PyObject* s_get_device = PyUnicode_InternFromString("get_device");
   PyObject* s_device = PyUnicode_InternFromString("device");
+  // The data descriptors (getters) that `x.shape` etc. resolve to on the registered type itself;
+  // for instances of exactly that type they are called directly, skipping the attribute lookup.
+  PyObject* d_shape = nullptr;
+  PyObject* d_dtype = nullptr;
+  PyObject* d_is_cuda = nullptr;
+  PyObject* d_is_cpu = nullptr;
   std::vector<std::pair<PyObject*, std::string>> dtypes;  // torch.dtype object -> "float32"
   std::vector<std::string> cuda_devices;                  // index -> "cuda:N"
 };
@@ -42,6 +48,29 @@ Converter& conv() {
 nb::object steal_or_throw(PyObject* o) {
   if (!o) throw nb::python_error();
   return nb::steal(o);
+}
+
+// A data descriptor of `type` for `name`, or nullptr (then the plain attribute lookup is used).
+PyObject* data_descriptor(PyObject* type, PyObject* name) {
+  PyObject* d = PyObject_GetAttr(type, name);
+  if (!d) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  if (!Py_TYPE(d)->tp_descr_get || !Py_TYPE(d)->tp_descr_set) {
+    Py_DECREF(d);
+    return nullptr;
+  }
+  return d;
+}
+
+// x.<name>, through the cached descriptor when x is exactly the registered tensor type.
+nb::object tensor_attr(PyObject* tensor, PyObject* descr, PyObject* name) {
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(tensor));
+  if (descr && type == conv().tensor_type) {
+    return steal_or_throw(Py_TYPE(descr)->tp_descr_get(descr, tensor, type));
+  }
+  return steal_or_throw(PyObject_GetAttr(tensor, name));
 }
 
 std::string utf8(nb::handle str) {
@@ -59,7 +88,7 @@ std::string type_name(nb::handle o) {
 
 const std::string& dtype_of(PyObject* tensor) {
   Converter& c = conv();
-  nb::object dt = steal_or_throw(PyObject_GetAttr(tensor, c.s_dtype));
+  nb::object dt = tensor_attr(tensor, c.d_dtype, c.s_dtype);
   for (const auto& [obj, name] : c.dtypes) {
     if (obj == dt.ptr()) return name;
   }
@@ -72,7 +101,7 @@ const std::string& dtype_of(PyObject* tensor) {
 // "cpu" / "cuda:N" without building a torch.device; other devices via str(x.device).
 std::string_view device_of(PyObject* tensor, std::string& scratch) {
   Converter& c = conv();
-  nb::object is_cuda = steal_or_throw(PyObject_GetAttr(tensor, c.s_is_cuda));
+  nb::object is_cuda = tensor_attr(tensor, c.d_is_cuda, c.s_is_cuda);
   if (is_cuda.ptr() == Py_True) {
     nb::object idx = steal_or_throw(PyObject_CallMethodNoArgs(tensor, c.s_get_device));
     const long i = PyLong_AsLong(idx.ptr());
@@ -82,14 +111,15 @@ std::string_view device_of(PyObject* tensor, std::string& scratch) {
     }
     return c.cuda_devices[static_cast<size_t>(i)];
   }
-  nb::object is_cpu = steal_or_throw(PyObject_GetAttr(tensor, c.s_is_cpu));
+  nb::object is_cpu = tensor_attr(tensor, c.d_is_cpu, c.s_is_cpu);
   if (is_cpu.ptr() == Py_True) return "cpu";
   scratch = utf8(nb::str(steal_or_throw(PyObject_GetAttr(tensor, c.s_device))));
   return scratch;
 }
 
 void add_tensor(PyObject* tensor, SignatureBuilder& b) {
-  nb::object shape = steal_or_throw(PyObject_GetAttr(tensor, conv().s_shape));
+  const Converter& c = conv();
+  nb::object shape = tensor_attr(tensor, c.d_shape, c.s_shape);
   if (!PyTuple_Check(shape.ptr())) throw nb::type_error("tensor.shape is not a tuple");
   const Py_ssize_t rank = PyTuple_GET_SIZE(shape.ptr());
   int64_t small[8];
@@ -252,8 +282,13 @@ void bind_shapes(nb::module_& m) {
   m.def("set_tensor_type", [](nb::handle type) {
     if (!PyType_Check(type.ptr())) throw nb::type_error("set_tensor_type expects a type");
     Converter& c = conv();
+    for (PyObject** d : {&c.d_shape, &c.d_dtype, &c.d_is_cuda, &c.d_is_cpu}) Py_CLEAR(*d);
     Py_XDECREF(c.tensor_type);
     c.tensor_type = nb::borrow(type).release().ptr();
+    c.d_shape = data_descriptor(c.tensor_type, c.s_shape);
+    c.d_dtype = data_descriptor(c.tensor_type, c.s_dtype);
+    c.d_is_cuda = data_descriptor(c.tensor_type, c.s_is_cuda);
+    c.d_is_cpu = data_descriptor(c.tensor_type, c.s_is_cpu);
   });
 
   nb::class_<Signature>(m, "Signature")
