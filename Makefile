@@ -29,7 +29,7 @@ $(STAMP)/venv: $(STAMP)/apt
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==$(TORCH_VERSION)
 	$(VPY) -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" cmake ninja \
-	    numpy "safetensors>=0.4" "rich>=13" "pytest>=8" "ruff>=0.6" "mypy>=1.10"
+	    numpy "safetensors>=0.4" "rich>=13" "pytest>=8" "ruff>=0.6" "mypy>=1.10" clang-format
 	@touch $@
 
 # --no-build-isolation: build against the torch already installed, never pull another one.
@@ -53,6 +53,7 @@ lint: $(STAMP)/package
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/clang-format --dry-run -Werror $(shell git ls-files 'cpp/*.cpp' 'cpp/*.h')
 
 # On the GPU machine: no network; builds against the preinstalled torch and runs everything with CUDA.
 gpu-test:

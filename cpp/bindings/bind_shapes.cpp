@@ -206,7 +206,8 @@ void walk(PyObject* o, SignatureBuilder& b, int depth) {
 // The call f(*args, **kwargs) as "(args,kwargs)".
 void walk_call(nb::handle args, nb::handle kwargs, SignatureBuilder& b, bool keep_leaves) {
   if (!PyTuple_Check(args.ptr())) throw nb::type_error("args must be a tuple");
-  if (!kwargs.is_none() && !PyDict_Check(kwargs.ptr())) throw nb::type_error("kwargs must be a dict");
+  if (!kwargs.is_none() && !PyDict_Check(kwargs.ptr()))
+    throw nb::type_error("kwargs must be a dict");
   b.reset(keep_leaves);
   b.open('(');
   walk_sequence(args.ptr(), b, 1, '(', ')', {});
@@ -257,13 +258,15 @@ Overrides to_overrides(nb::handle overrides) {
   Overrides out;
   if (overrides.is_none()) return out;
   if (!PyDict_Check(overrides.ptr())) {
-    throw nb::value_error("overrides must be a dict {(input index, axis): int | DynamicDim | BatchDim}");
+    throw nb::value_error(
+        "overrides must be a dict {(input index, axis): int | DynamicDim | BatchDim}");
   }
   for (auto [key, value] : nb::borrow<nb::dict>(overrides)) {
     std::pair<int, int> where;
     if (!nb::try_cast(key, where)) {
-      throw nb::value_error(("dynamic_shapes key " + repr_of(key) +
-                             " must be a tuple (tensor input index, axis)").c_str());
+      throw nb::value_error(
+          ("dynamic_shapes key " + repr_of(key) + " must be a tuple (tensor input index, axis)")
+              .c_str());
     }
     out[where] = to_override(key, value);
   }
@@ -271,9 +274,9 @@ Overrides to_overrides(nb::handle overrides) {
 }
 
 std::string axis_repr(const Axis& a) {
-  return std::string("Axis(") + to_string(a.kind) + ", '" + a.name + "', min=" +
-         std::to_string(a.min) + ", opt=" + std::to_string(a.opt) + ", max=" +
-         std::to_string(a.max) + ")";
+  return std::string("Axis(") + to_string(a.kind) + ", '" + a.name +
+         "', min=" + std::to_string(a.min) + ", opt=" + std::to_string(a.opt) +
+         ", max=" + std::to_string(a.max) + ")";
 }
 
 }  // namespace
@@ -294,21 +297,24 @@ void bind_shapes(nb::module_& m) {
   nb::class_<Signature>(m, "Signature")
       .def_ro("structure", &Signature::structure)
       .def_prop_ro("graph_key", [](const Signature& s) { return graph_key(s); })
-      .def_prop_ro("tensor_shapes", [](const Signature& s) {
-        std::vector<std::vector<int64_t>> out;
-        for (const TensorSpec& t : tensor_specs(s)) out.push_back(t.shape);
-        return out;
-      })
-      .def_prop_ro("tensor_dtypes", [](const Signature& s) {
-        std::vector<std::string> out;
-        for (const TensorSpec& t : tensor_specs(s)) out.push_back(t.dtype);
-        return out;
-      })
-      .def_prop_ro("tensor_devices", [](const Signature& s) {
-        std::vector<std::string> out;
-        for (const TensorSpec& t : tensor_specs(s)) out.push_back(t.device);
-        return out;
-      })
+      .def_prop_ro("tensor_shapes",
+                   [](const Signature& s) {
+                     std::vector<std::vector<int64_t>> out;
+                     for (const TensorSpec& t : tensor_specs(s)) out.push_back(t.shape);
+                     return out;
+                   })
+      .def_prop_ro("tensor_dtypes",
+                   [](const Signature& s) {
+                     std::vector<std::string> out;
+                     for (const TensorSpec& t : tensor_specs(s)) out.push_back(t.dtype);
+                     return out;
+                   })
+      .def_prop_ro("tensor_devices",
+                   [](const Signature& s) {
+                     std::vector<std::string> out;
+                     for (const TensorSpec& t : tensor_specs(s)) out.push_back(t.device);
+                     return out;
+                   })
       .def_prop_ro("num_tensors", [](const Signature& s) { return tensor_specs(s).size(); })
       .def("__eq__", [](const Signature& a, const Signature& b) { return a == b; })
       .def("__repr__", [](const Signature& s) { return "Signature(" + describe(s) + ")"; });
@@ -327,8 +333,9 @@ void bind_shapes(nb::module_& m) {
       .def_rw("opt", &DynamicDim::opt)
       .def("__eq__", [](const DynamicDim& a, const DynamicDim& b) { return a == b; })
       .def("__repr__", [](const DynamicDim& d) {
-        return "DynamicDim('" + d.name + "', min=" + std::to_string(d.min) + ", max=" +
-               std::to_string(d.max) + ", opt=" + (d.opt ? std::to_string(*d.opt) : "None") + ")";
+        return "DynamicDim('" + d.name + "', min=" + std::to_string(d.min) +
+               ", max=" + std::to_string(d.max) +
+               ", opt=" + (d.opt ? std::to_string(*d.opt) : "None") + ")";
       });
 
   nb::class_<BatchDim>(m, "BatchDim")
@@ -374,7 +381,8 @@ void bind_shapes(nb::module_& m) {
           },
           "sig"_a)
       .def("to_json", [](const GraphProfile& p) { return to_json(p); })
-      .def_static("from_json", [](const std::string& s) { return profile_from_json(s); }, "s"_a)
+      .def_static(
+          "from_json", [](const std::string& s) { return profile_from_json(s); }, "s"_a)
       .def("__eq__", [](const GraphProfile& a, const GraphProfile& b) { return a == b; })
       .def("__repr__", [](const GraphProfile& p) { return "GraphProfile(" + to_json(p) + ")"; });
 

@@ -50,8 +50,8 @@ DispatchResult Dispatcher::lookup(const Signature& sig) const {
     }
   }
   if (!reasons.empty()) {
-    return {kOutsideProfile, "the call is outside every tuned shape profile of its graph (" +
-                                 reasons + ")"};
+    return {kOutsideProfile,
+            "the call is outside every tuned shape profile of its graph (" + reasons + ")"};
   }
   std::string tuned;
   int shown = 0;

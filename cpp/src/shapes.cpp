@@ -290,8 +290,8 @@ Axis observed_axis(AxisKind kind, std::string name, const std::vector<int64_t>& 
   return Axis{kind, std::move(name), *lo, most_frequent(sizes, *lo, *hi), *hi};
 }
 
-void require_in_range(const std::vector<int64_t>& sizes, int64_t lo, int64_t hi, int leaf,
-                      int axis, const std::string& what) {
+void require_in_range(const std::vector<int64_t>& sizes, int64_t lo, int64_t hi, int leaf, int axis,
+                      const std::string& what) {
   for (size_t s = 0; s < sizes.size(); ++s) {
     if (sizes[s] < lo || sizes[s] > hi) {
       throw std::invalid_argument("sample " + std::to_string(s) + " has " + where(leaf, axis) +
@@ -339,8 +339,8 @@ std::map<std::string, DynamicDim> validate_overrides(const Overrides& overrides,
                                     std::to_string(dyn->max) + ": need 0 <= min <= max");
       }
       if (dyn->opt && (*dyn->opt < dyn->min || *dyn->opt > dyn->max)) {
-        throw std::invalid_argument(label + " has opt " + std::to_string(*dyn->opt) +
-                                    " outside " + range_text(dyn->min, dyn->max) +
+        throw std::invalid_argument(label + " has opt " + std::to_string(*dyn->opt) + " outside " +
+                                    range_text(dyn->min, dyn->max) +
                                     ": choose opt within [min, max]");
       }
       auto it = named.find(dyn->name);
@@ -360,9 +360,9 @@ std::map<std::string, DynamicDim> validate_overrides(const Overrides& overrides,
         if (!prev.opt && dyn->opt) it->second.opt = dyn->opt;
         auto [pl, pa] = first_of[dyn->name];
         if (sizes[pl][pa] != seen) {
-          throw std::invalid_argument(label + " and " + where(pl, pa) +
-                                      " share a name but differ in size in the samples: " +
-                                      "rename one of them");
+          throw std::invalid_argument(
+              label + " and " + where(pl, pa) +
+              " share a name but differ in size in the samples: " + "rename one of them");
         }
       }
       require_in_range(seen, dyn->min, dyn->max, leaf, axis, label);
@@ -579,7 +579,7 @@ bool has_dynamic(const GraphProfile& profile) {
 }
 
 namespace {
-std::vector<std::vector<int64_t>> shapes_of(const GraphProfile& profile, int64_t Axis::*field) {
+std::vector<std::vector<int64_t>> shapes_of(const GraphProfile& profile, int64_t Axis::* field) {
   std::vector<std::vector<int64_t>> out;
   for (const std::vector<Axis>& axes : profile.axes) {
     std::vector<int64_t>& shape = out.emplace_back();
@@ -589,9 +589,15 @@ std::vector<std::vector<int64_t>> shapes_of(const GraphProfile& profile, int64_t
 }
 }  // namespace
 
-std::vector<std::vector<int64_t>> min_shapes(const GraphProfile& p) { return shapes_of(p, &Axis::min); }
-std::vector<std::vector<int64_t>> opt_shapes(const GraphProfile& p) { return shapes_of(p, &Axis::opt); }
-std::vector<std::vector<int64_t>> max_shapes(const GraphProfile& p) { return shapes_of(p, &Axis::max); }
+std::vector<std::vector<int64_t>> min_shapes(const GraphProfile& p) {
+  return shapes_of(p, &Axis::min);
+}
+std::vector<std::vector<int64_t>> opt_shapes(const GraphProfile& p) {
+  return shapes_of(p, &Axis::opt);
+}
+std::vector<std::vector<int64_t>> max_shapes(const GraphProfile& p) {
+  return shapes_of(p, &Axis::max);
+}
 
 std::vector<int64_t> batch_indices(int64_t current_batch, int64_t target_batch) {
   if (current_batch < 1 || target_batch < 0) {
@@ -619,7 +625,7 @@ std::string to_json(const GraphProfile& profile) {
     }
     axes.push_back(std::move(row));
   }
-  nlohmann::json j = {{"graph_key", profile.graph_key}, {"axes", axes},
+  nlohmann::json j = {{"graph_key", profile.graph_key},   {"axes", axes},
                       {"batch_axes", profile.batch_axes}, {"min_batch", profile.min_batch},
                       {"opt_batch", profile.opt_batch},   {"max_batch", profile.max_batch}};
   return j.dump();

@@ -90,10 +90,12 @@ TEST(Dispatch, TwoProfilesForOneGraphKey) {
   EXPECT_EQ(fast(d, {64, 3}), 1);
   EXPECT_EQ(fast(d, {65, 3}), kOutsideProfile);
   const DispatchResult r = d.lookup(call({65, 3}));
-  EXPECT_NE(r.reason.find("variant 0: input 0 axis 0 (batch) is 65, outside the tuned range [1, 8]"),
-            std::string::npos);
-  EXPECT_NE(r.reason.find("variant 1: input 0 axis 0 (batch) is 65, outside the tuned range [9, 64]"),
-            std::string::npos);
+  EXPECT_NE(
+      r.reason.find("variant 0: input 0 axis 0 (batch) is 65, outside the tuned range [1, 8]"),
+      std::string::npos);
+  EXPECT_NE(
+      r.reason.find("variant 1: input 0 axis 0 (batch) is 65, outside the tuned range [9, 64]"),
+      std::string::npos);
   // Overlapping ranges: the first added wins.
   d.add(batch_profile(1, 64), 2);
   EXPECT_EQ(fast(d, {4, 3}), 0);
@@ -138,8 +140,9 @@ TEST(Dispatch, FastPathCostIsPrinted) {
     walk(b, shape);
     hits += d.lookup(b) == 0;
   }
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0)
-                        .count() / kCalls;
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+      kCalls;
   EXPECT_EQ(hits, kCalls);
   std::printf("[dispatch] engine fast path: %.1f ns per call (one tensor)\n", ns);
 }

@@ -12,8 +12,8 @@ using namespace honed;
 namespace {
 
 // f(*tensors) on cpu: structure "((*,*,...),{})".
-Signature call(const std::vector<std::vector<int64_t>>& shapes, const std::string& dtype = "float32",
-               const std::string& device = "cpu") {
+Signature call(const std::vector<std::vector<int64_t>>& shapes,
+               const std::string& dtype = "float32", const std::string& device = "cpu") {
   SignatureBuilder b;
   b.reset(true);
   b.open('(');
@@ -207,8 +207,9 @@ TEST(Overrides, InconsistentOnesAreRejectedWithTheirPlace) {
                 .find("input 1 axis 1 has range [1, 256] but input 0 axis 1 declares the same name "
                       "with [1, 128]"),
             std::string::npos);
-  EXPECT_NE(err({{{0, 1}, DynamicDim{"seq", 64, 8, {}}}}).find("input 0 axis 1 has min 64 and max 8"),
-            std::string::npos);
+  EXPECT_NE(
+      err({{{0, 1}, DynamicDim{"seq", 64, 8, {}}}}).find("input 0 axis 1 has min 64 and max 8"),
+      std::string::npos);
   EXPECT_NE(err({{{0, 1}, DynamicDim{"seq", 1, 64, 100}}}).find("opt 100 outside [1, 64]"),
             std::string::npos);
   EXPECT_NE(err({{{0, 2}, int64_t{3}}}).find("input 0 axis 2, but input 0 has rank 2"),
@@ -228,15 +229,17 @@ TEST(Overrides, InconsistentOnesAreRejectedWithTheirPlace) {
             std::string::npos);
   // Two inputs declared as one dim but different in the samples.
   const std::vector<Signature> s2{call({{4, 16}, {4, 9}})};
-  EXPECT_NE(error_of(s2, {{{0, 1}, DynamicDim{"seq", 1, 64, {}}}, {{1, 1}, DynamicDim{"seq", 1, 64, {}}}})
-                .find("share a name but differ in size"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(s2, {{{0, 1}, DynamicDim{"seq", 1, 64, {}}}, {{1, 1}, DynamicDim{"seq", 1, 64, {}}}})
+          .find("share a name but differ in size"),
+      std::string::npos);
 }
 
 TEST(Infer, RejectsNoSamplesAndMixedGraphs) {
   EXPECT_THROW(infer_profile({}), std::invalid_argument);
-  EXPECT_NE(error_of({call({{4, 3}}), call({{4, 3}}, "float16")}, {}).find("sample 1 belongs to graph"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of({call({{4, 3}}), call({{4, 3}}, "float16")}, {}).find("sample 1 belongs to graph"),
+      std::string::npos);
 }
 
 TEST(Check, InsideOutsideAndOtherGraphWithReasons) {
@@ -258,8 +261,9 @@ TEST(Check, InsideOutsideAndOtherGraphWithReasons) {
 
   c = check(p, call({{2, 3}, {4, 5}}));
   EXPECT_FALSE(c.ok);
-  EXPECT_EQ(c.reason,
-            "input 1 axis 0 (batch) is 4 but input 0 axis 0 is 2: axes named 'batch' must be equal");
+  EXPECT_EQ(
+      c.reason,
+      "input 1 axis 0 (batch) is 4 but input 0 axis 0 is 2: axes named 'batch' must be equal");
 
   c = check(p, call({{2, 3}, {2, 5}}, "float16"));
   EXPECT_FALSE(c.ok);

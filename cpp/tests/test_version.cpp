@@ -9,5 +9,6 @@
 TEST(Version, HasThreeNumericParts) {
   const std::string v = honed::version();
   EXPECT_EQ(std::count(v.begin(), v.end(), '.'), 2);
-  EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](char c) { return c == '.' || (c >= '0' && c <= '9'); }));
+  EXPECT_TRUE(
+      std::all_of(v.begin(), v.end(), [](char c) { return c == '.' || (c >= '0' && c <= '9'); }));
 }

@@ -24,6 +24,7 @@ from safetensors.torch import save as st_save
 from torch.utils import _pytree as pytree
 
 from honed import _core
+from honed._version import __version__
 from honed.backend.base import GraphInfo, Sample, backend_from_recipe
 from honed.environment import fingerprint
 from honed.errors import ArtifactError, IncompatibleArtifactError, InputError
@@ -53,7 +54,7 @@ def save(obj: Any, path: str | os.PathLike[str]) -> Path:
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "honed_version": _core.__version__,
+        "honed_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "environment": fingerprint(device),
         "modules": manifest_modules,

@@ -8,13 +8,13 @@ from typing import Any
 
 import torch
 
-from honed import _core
+from honed._version import __version__
 
 
 def fingerprint(device: torch.device | None = None) -> dict[str, Any]:
     """GPU name and compute capability (when on CUDA), CUDA runtime, torch, python, honed."""
     env: dict[str, Any] = {
-        "honed": _core.__version__,
+        "honed": __version__,
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "python": platform.python_version(),

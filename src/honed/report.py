@@ -97,7 +97,10 @@ class TuneReport:
                     "✔" if c.selected else "",
                 )
                 where = ""
-            table.add_row("", f"[italic]decision: {g.decision}[/italic]", *[""] * 8)
+        table.caption = "\n".join(
+            f"{g.module} / batch {g.batch_size} decision: {g.decision}" for g in self.graphs
+        )
+        table.caption_justify = "left"
         return table
 
     def render(self, width: int = 160) -> str:

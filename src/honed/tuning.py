@@ -220,8 +220,10 @@ def _dynamo_limits() -> Iterator[None]:
 
     cfg = torch._dynamo.config
     limits: dict[str, Any] = {}
-    for names, value in ((("recompile_limit", "cache_size_limit"), 256),
-                         (("accumulated_recompile_limit", "accumulated_cache_size_limit"), 4096)):
+    for names, value in (
+        (("recompile_limit", "cache_size_limit"), 256),
+        (("accumulated_recompile_limit", "accumulated_cache_size_limit"), 4096),
+    ):
         name = next((n for n in names if hasattr(cfg, n)), None)
         if name is not None:
             limits[name] = max(value, getattr(cfg, name))

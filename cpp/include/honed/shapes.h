@@ -63,7 +63,7 @@ class SignatureBuilder {
   void tensor(std::string_view dtype, std::string_view device, std::span<const int64_t> shape);
   void constant(std::string_view repr);
 
-  uint64_t hash() const;                            // == graph_hash(graph_key(signature()))
+  uint64_t hash() const;                              // == graph_hash(graph_key(signature()))
   bool key_equals(std::string_view graph_key) const;  // without concatenating
   std::span<const int64_t> sizes() const { return sizes_; }
   Signature signature() const;  // needs keep_leaves=true
@@ -81,7 +81,7 @@ class SignatureBuilder {
 // ---- Profiles ---------------------------------------------------------------------------------
 
 enum class AxisKind { kStatic, kBatch, kDynamic };
-const char* to_string(AxisKind kind);  // "static", "batch", "dynamic"
+const char* to_string(AxisKind kind);                // "static", "batch", "dynamic"
 AxisKind axis_kind_from_string(std::string_view s);  // throws std::invalid_argument
 
 // One axis of one tensor input. Static axes: name "" and min == opt == max == the size.
