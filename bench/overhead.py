@@ -51,7 +51,7 @@ def measure(backend: Backend, device: torch.device, calls: int) -> dict[str, flo
     assert model.is_tuned, "the variant was not installed"
     variant = model.variants[0].fn
     x = torch.randn(2, 8, device=device)
-    rounds = 100
+    rounds = 400
     per_round = max(1, calls // rounds)
     timer = _core.HostTimer()
     with torch.no_grad():

@@ -60,3 +60,17 @@ def test_asking_for_cuda_on_a_cpu_model_is_an_input_error() -> None:
     model = honed.Module(TinyMLP().eval(), "cpu-model")
     with pytest.raises(honed.InputError, match="move the model"):
         honed.tune(model, [torch.randn(2, 16)], device="cuda")
+
+
+def test_cudagraph_variant_outputs_survive_the_next_call() -> None:
+    model = honed.Module(TinyMLP().cuda().eval(), "tiny-graphs")
+    backend = honed.backend.TorchInductorBackend(
+        honed.backend.TorchInductorBackendConfig(mode="reduce-overhead")
+    )
+    honed.tune(model, _data(4, 4), strategy=honed.OneBackendStrategy(backend), device="cuda")
+    assert model.report.selected() == ["TorchInductorBackend(mode=reduce-overhead)"]
+    x1, x2 = torch.randn(4, 16, device="cuda"), torch.randn(4, 16, device="cuda")
+    out1 = model(x1)
+    out2 = model(x2)  # a replay: must not overwrite out1
+    torch.testing.assert_close(out1, model.module(x1))
+    torch.testing.assert_close(out2, model.module(x2))

@@ -226,6 +226,11 @@ Signature make_signature(nb::handle args, nb::handle kwargs) {
   return b.signature();
 }
 
+// A Dispatcher plus the Python callables its variant ids stand for (binding glue only).
+struct RoutingDispatcher : Dispatcher {
+  std::vector<nb::object> targets;
+};
+
 int fast_lookup(const Dispatcher& d, nb::handle args, nb::handle kwargs) {
   thread_local SignatureBuilder shared;
   thread_local bool busy = false;  // a tensor subclass's attribute may call back into lookup
@@ -395,15 +400,48 @@ void bind_shapes(nb::module_& m) {
 
   m.def("batch_indices", &batch_indices, "current"_a, "target"_a);
 
-  nb::class_<Dispatcher>(m, "Dispatcher")
+  // The hot path of honed.Module.__call__: look up the variant and call it in one C++ call.
+  // A miss returns the `MISS` sentinel; the Python side then runs eager (and says why once).
+  m.attr("MISS") = nb::module_::import_("builtins").attr("object")();
+  nb::object miss = m.attr("MISS");
+
+  nb::class_<RoutingDispatcher>(m, "Dispatcher")
       .def(nb::init<>())
-      .def("add", &Dispatcher::add, "profile"_a, "variant"_a)
-      .def("clear", &Dispatcher::clear)
-      .def("__len__", &Dispatcher::size)
-      .def("lookup", &fast_lookup, "args"_a, "kwargs"_a)
+      .def("add", &RoutingDispatcher::add, "profile"_a, "variant"_a)
+      .def("clear",
+           [](RoutingDispatcher& d) {
+             d.clear();
+             d.targets.clear();
+           })
+      .def("__len__", &RoutingDispatcher::size)
+      .def(
+          "lookup",
+          [](const RoutingDispatcher& d, nb::handle args, nb::handle kwargs) {
+            return fast_lookup(d, args, kwargs);
+          },
+          "args"_a, "kwargs"_a)
+      .def(
+          "set_targets",
+          [](RoutingDispatcher& d, std::vector<nb::object> targets) {
+            d.targets = std::move(targets);
+          },
+          "targets"_a, "The callables of variants 0..n-1, used by call().")
+      .def(
+          "call",
+          [miss](RoutingDispatcher& d, nb::handle args, nb::handle kwargs) -> nb::object {
+            const int v = fast_lookup(d, args, kwargs);
+            if (v < 0 || static_cast<size_t>(v) >= d.targets.size()) return miss;
+            PyObject* kw = PyDict_Check(kwargs.ptr()) && PyDict_GET_SIZE(kwargs.ptr()) > 0
+                               ? kwargs.ptr()
+                               : nullptr;
+            PyObject* out = PyObject_Call(d.targets[static_cast<size_t>(v)].ptr(), args.ptr(), kw);
+            if (out == nullptr) throw nb::python_error();
+            return nb::steal(out);
+          },
+          "args"_a, "kwargs"_a)
       .def(
           "explain",
-          [](const Dispatcher& d, nb::handle args, nb::handle kwargs) {
+          [](const RoutingDispatcher& d, nb::handle args, nb::handle kwargs) {
             return d.lookup(make_signature(args, kwargs)).reason;
           },
           "args"_a, "kwargs"_a);

@@ -5,6 +5,8 @@
 NB_MODULE(_core, m) {
   m.doc() = "honed engine: shapes, dispatch, measurement and selection (C++)";
   m.attr("__version__") = honed::version();
+  // Objects still referenced at interpreter exit (e.g. by torch's caches) are not leaks of ours.
+  nanobind::set_leak_warnings(false);
   honed::py::bind_shapes(m);
   honed::py::bind_measure(m);
   honed::py::bind_select(m);

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("honed")
 
 _core.set_tensor_type(torch.Tensor)
+_MISS = _core.MISS
 
 
 @dataclasses.dataclass
@@ -114,17 +115,16 @@ class Module(torch.nn.Module):
         self.variants: list[Variant] = []
         self.report: Any = None
         self._dispatcher: Any = None
-        self._calls: list[Callable[..., Any]] = []
         self._warned: set[str] = set()
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         dispatcher = self._dispatcher
         if dispatcher is not None:
-            index = dispatcher.lookup(args, kwargs)
-            if index >= 0:
-                return self._calls[index](*args, **kwargs)
-            return self._fallback(args, kwargs, index)
+            out = dispatcher.call(args, kwargs)  # lookup + the variant's call, in C++
+            if out is not _MISS:
+                return out
+            return self._fallback(args, kwargs)
         if RECORDING.active:
             return self._record(args, kwargs)
         return self.module(*args, **kwargs)
@@ -143,7 +143,8 @@ class Module(torch.nn.Module):
         graph.add(sig, Sample(_detach(args), _detach(kwargs)))
         return self.module(*args, **kwargs)
 
-    def _fallback(self, args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> Any:
+    def _fallback(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        index = self._dispatcher.lookup(args, kwargs)
         why = self._dispatcher.explain(args, kwargs)
         if why not in self._warned:
             self._warned.add(why)
@@ -167,8 +168,8 @@ class Module(torch.nn.Module):
         dispatcher = _core.Dispatcher()
         for i, v in enumerate(variants):
             dispatcher.add(v.profile, i)
+        dispatcher.set_targets([v.fn for v in variants])
         self.variants = list(variants)
-        self._calls = [v.fn for v in variants]
         self._warned = set()
         self._dispatcher = dispatcher if variants else None
 

@@ -106,6 +106,14 @@ class TorchInductorBackend(Backend):
         ok, reason, fix = _inductor_available()
         return Availability(ok, reason, fix)
 
+    @property
+    def uses_cudagraphs(self) -> bool:
+        """Whether this config replays CUDA graphs (their outputs live in reused buffers)."""
+        cfg = self.config
+        if cfg.mode in ("reduce-overhead", "max-autotune"):
+            return True
+        return bool((cfg.options or {}).get("triton.cudagraphs", False))
+
     def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
         return self.build_graph(
             module, example_inputs, GraphInfo(device=_device_of(module, example_inputs))
@@ -125,7 +133,24 @@ class TorchInductorBackend(Backend):
         if cfg.options is not None:
             kwargs["options"] = dict(cfg.options)
         compiled: Callable[..., Any] = torch.compile(module, **kwargs)
+        if graph.device.type == "cuda" and self.uses_cudagraphs:
+            compiled = _owned_outputs(compiled)
         if cfg.autocast_enabled:
             dtype = cfg.autocast_dtype or torch.bfloat16
             return autocast_wrapper(compiled, graph.device.type, dtype)
         return compiled
+
+
+def _owned_outputs(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """CUDA-graph outputs are overwritten by the next replay; eager callers own theirs.
+
+    Each call starts a new cudagraph step and returns copies, so a caller that keeps an output
+    across calls (as eager allows) never reads a buffer the next replay has overwritten.
+    """
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        out = compiled(*args, **kwargs)
+        return torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, out)
+
+    return run
