@@ -246,3 +246,29 @@ def test_batch_sizes_extend_the_profile() -> None:
         model, batches(4), batch_sizes=[1, 16], strategy=honed.OneBackendStrategy(FastBackend())
     )
     assert report.graphs[0].profile.startswith("in0(batch[1..16], 16)")
+
+
+def test_batch_sweep_extends_the_profile_to_the_knee() -> None:
+    model = honed.Module(TinyMLP().eval(), "m")
+    report = honed.tune(
+        model,
+        batches(2, 4),
+        batch_sweep=True,
+        max_batch=16,
+        strategy=honed.OneBackendStrategy(FastBackend()),
+    )
+    graph = report.graphs[0]
+    assert graph.sweep.startswith("knee at batch ")
+    knee = int(graph.sweep.split()[3])
+    assert 2 <= knee <= 16
+    assert graph.profile.startswith(f"in0(batch[2..{max(knee, 4)}], 16)")
+    x = batches(knee, seed=2)[0]
+    torch.testing.assert_close(model(x), model.module(x))
+
+
+def test_batch_sweep_without_a_batch_axis_says_so() -> None:
+    model = honed.Module(TinyMLP().eval(), "m")
+    report = honed.tune(
+        model, batches(4), batch_sweep=True, strategy=honed.OneBackendStrategy(FastBackend())
+    )
+    assert report.graphs[0].sweep == "no batch axis: nothing to sweep"

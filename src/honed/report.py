@@ -43,6 +43,7 @@ class GraphReport:
     candidates: list[CandidateReport]
     selected: str | None
     decision: str
+    sweep: str = ""  # the batch sweep's outcome, when one ran
 
 
 @dataclasses.dataclass
@@ -97,9 +98,12 @@ class TuneReport:
                     "✔" if c.selected else "",
                 )
                 where = ""
-        table.caption = "\n".join(
-            f"{g.module} / batch {g.batch_size} decision: {g.decision}" for g in self.graphs
-        )
+        lines = []
+        for g in self.graphs:
+            if g.sweep:
+                lines.append(f"{g.module} batch sweep: {g.sweep}")
+            lines.append(f"{g.module} / batch {g.batch_size} decision: {g.decision}")
+        table.caption = "\n".join(lines)
         table.caption_justify = "left"
         return table
 

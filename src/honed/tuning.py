@@ -23,6 +23,7 @@ from honed.errors import InputError, TuneError
 from honed.module import RECORDING, GraphRecording, Module, Variant, find_modules
 from honed.report import CandidateReport, GraphReport, TuneReport
 from honed.shapes import overrides_for, tensor_names
+from honed.sweep import sweep_graph
 from honed.tune_strategy import MaxThroughputStrategy, TuneStrategy
 
 log = logging.getLogger("honed")
@@ -35,6 +36,8 @@ def tune(
     strategy: TuneStrategy | None = None,
     backends: list[Backend] | None = None,
     batch_sizes: list[int] | None = None,
+    batch_sweep: bool = False,
+    max_batch: int = 1024,
     device: str | torch.device | None = None,
 ) -> TuneReport:
     """Tune every honed.Module that ``func`` calls, on the inputs it really receives.
@@ -48,6 +51,10 @@ def tune(
         backends: narrow the candidates to these backends (for modules without a strategy).
         batch_sizes: also run every sample resized along its batch axis to these sizes, so the
             tuned profile covers them (repeat or slice along axis 0).
+        batch_sweep: grow each graph's batch by powers of two (up to ``max_batch``) until the
+            throughput gain stays under 5 % for two steps or memory runs out, and tune for
+            batches up to that knee. Needs a batch axis (samples of at least two batch sizes,
+            ``batch_sizes``, or a BatchDim in ``dynamic_shapes``).
         device: the device the model runs on ("cuda", "cpu"); checked, never silently changed.
 
     Returns:
@@ -68,6 +75,8 @@ def tune(
     default_strategy = strategy or MaxThroughputStrategy(backends)
     samples = _normalize_dataset(dataset)
     sizes = _validate_batch_sizes(batch_sizes)
+    if max_batch < 1:
+        raise InputError(f"honed.tune: max_batch must be positive, got {max_batch}")
 
     modules = _record(func, samples, sizes)
     if not modules:
@@ -83,7 +92,9 @@ def tune(
             variants: list[Variant] = []
             module_graphs: list[GraphReport] = []
             for recording in module.graphs.values():
-                report, variant = _tune_graph(module, recording, module_strategy, target)
+                report, variant = _tune_graph(
+                    module, recording, module_strategy, target, max_batch if batch_sweep else 0
+                )
                 module_graphs.append(report)
                 if variant is not None:
                     variants.append(variant)
@@ -233,14 +244,25 @@ def _dynamo_limits() -> Iterator[None]:
 
 # -- one graph ---------------------------------------------------------------------------------
 def _tune_graph(
-    module: Module, recording: GraphRecording, strategy: TuneStrategy, device: torch.device
+    module: Module,
+    recording: GraphRecording,
+    strategy: TuneStrategy,
+    device: torch.device,
+    sweep_to: int,
 ) -> tuple[GraphReport, Variant | None]:
     first = recording.samples[0]
     names = tensor_names(first.args, first.kwargs, module.module.forward)
-    profile = _core.infer_profile(
-        recording.signatures,
-        overrides_for(module.dynamic_shapes, recording.signatures[0], names),
-    )
+    overrides = overrides_for(module.dynamic_shapes, recording.signatures[0], names)
+    profile = _core.infer_profile(recording.signatures, overrides)
+    swept = ""
+    if sweep_to:
+        result = sweep_graph(module.module, recording, profile, device, sweep_to)
+        if result is None:
+            swept = "no batch axis: nothing to sweep"
+        else:
+            profile = _core.infer_profile(recording.signatures, overrides)
+            points = ", ".join(f"{b}: {t:,.0f}/s" for b, t in result.points)
+            swept = f"knee at batch {result.knee} ({result.stop_reason}; {points})"
     info = GraphInfo(
         device=device,
         has_dynamic_axes=bool(profile.has_dynamic),
@@ -283,6 +305,7 @@ def _tune_graph(
         candidates=rows,
         selected=chosen.backend.name if chosen is not None else None,
         decision=decision.reason,
+        sweep=swept,
     )
     variant = None
     if chosen is not None and chosen.fn is not None:
