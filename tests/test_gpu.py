@@ -74,3 +74,20 @@ def test_cudagraph_variant_outputs_survive_the_next_call() -> None:
     out2 = model(x2)  # a replay: must not overwrite out1
     torch.testing.assert_close(out1, model.module(x1))
     torch.testing.assert_close(out2, model.module(x2))
+
+
+def test_batch_sweep_on_cuda_finds_a_knee() -> None:
+    model = honed.Module(TinyMLP().cuda().eval(), "tiny-sweep")
+    report = honed.tune(
+        model,
+        _data(2, 4),
+        batch_sweep=True,
+        max_batch=4096,
+        device="cuda",
+        strategy=honed.OneBackendStrategy(honed.backend.TorchEagerBackend()),
+    )
+    sweep = report.graphs[0].sweep
+    assert sweep.startswith("knee at batch "), sweep
+    knee = int(sweep.split()[3])
+    x = torch.randn(knee, 16, device="cuda")
+    torch.testing.assert_close(model(x), model.module(x))
