@@ -106,6 +106,9 @@ class Backend:
     config_class: ClassVar[type[BackendConfig] | None] = None
     portability: ClassVar[int] = 5
     jit: ClassVar[bool] = False
+    # True when the built callable can be stored as files in the artifact (e.g. an AOTInductor
+    # .pt2) and loaded back without rebuilding; see export_payload / load_payload.
+    saves_payload: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -136,6 +139,16 @@ class Backend:
         raise NotImplementedError(
             f"{type(self).__name__} must implement build(module, example_inputs)"
         )
+
+    def export_payload(self, fn: Callable[..., Any]) -> dict[str, bytes]:
+        """Files that hold the built ``fn`` (name -> bytes), for backends with saves_payload."""
+        raise NotImplementedError(f"{type(self).__name__} does not store a payload")
+
+    def load_payload(
+        self, files: dict[str, bytes], module: torch.nn.Module, graph: GraphInfo
+    ) -> Callable[..., Any]:
+        """Load what ``export_payload`` stored; must not recompile."""
+        raise NotImplementedError(f"{type(self).__name__} does not store a payload")
 
     # -- what the tuner calls ------------------------------------------------------------------
     def build_graph(
