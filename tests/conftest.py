@@ -42,7 +42,19 @@ def inductor_tuned() -> honed.Module:
     model = honed.Module(TinyMLP().eval(), "tiny")
     strategy = honed.OneBackendStrategy(honed.backend.TorchInductorBackend())
     with honed.config.patch(
-        warmup_ms=2.0, warmup_calls=2, window_ms=2.0, window_calls=3, max_windows=4
+        warmup_ms=2.0,
+        warmup_calls=2,
+        window_ms=2.0,
+        window_calls=3,
+        max_windows=4,
+        cache_enabled=False,
     ):
         honed.tune(model, batches(2, 4, 8), strategy=strategy)
     return model
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each test gets its own tuning cache, so no test sees another's outcomes."""
+    with honed.config.patch(cache_dir=tmp_path_factory.mktemp("cache")):
+        yield

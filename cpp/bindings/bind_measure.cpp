@@ -113,7 +113,8 @@ void bind_results(nb::module_& m) {
           "host",
           [](const M& x) { return x.has_host ? std::optional<Stats>(x.host_stats) : std::nullopt; })
       .def("to_dict", &measurement_dict)
-      .def_static("from_samples", &measurement_from_samples, "samples_ms"_a, "batch_size"_a = 1)
+      .def_static("from_samples", &measurement_from_samples, "samples_ms"_a, "batch_size"_a = 1,
+                  "wall_ms"_a = 0.0, "windows"_a = 1, "stable"_a = true)
       .def("__repr__", [](const M& x) {
         char buf[200];
         std::snprintf(buf, sizeof buf,

@@ -180,13 +180,16 @@ std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& f
   return out;
 }
 
-Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size) {
+Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size,
+                                     double wall_ms, int windows, bool stable) {
   if (batch_size < 1)
     throw std::invalid_argument("measurement_from_samples: batch_size must be >= 1");
+  if (windows < 1) throw std::invalid_argument("measurement_from_samples: windows must be >= 1");
   Block b;
   b.samples = std::move(samples_ms);
   for (double x : b.samples) b.wall_ms += x;
-  return assemble(b, 1, true, batch_size);
+  if (wall_ms > 0) b.wall_ms = wall_ms;
+  return assemble(b, windows, stable, batch_size);
 }
 
 }  // namespace honed

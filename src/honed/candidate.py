@@ -40,10 +40,56 @@ class Outcome:
     measurement: Any = None  # _core.Measurement
     memory_bytes: int = 0
     injected: bool = False
+    cached: bool = False  # figures came from the tuning cache; fn is built only if selected
+    cache_key: str | None = None
 
     @property
     def passed(self) -> bool:
         return self.status == "ok" and self.measurement is not None
+
+    def to_record(self) -> dict[str, Any]:
+        """What the tuning cache stores: everything but the callable."""
+        m = self.measurement
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "build_s": self.build_s,
+            "check": dataclasses.asdict(self.check) if self.check is not None else None,
+            "measurement": None
+            if m is None
+            else {
+                "samples_ms": list(m.samples_ms),
+                "batch_size": int(m.batch_size),
+                "wall_ms": float(m.wall_ms),
+                "windows": int(m.windows),
+                "stable": bool(m.stable),
+            },
+            "memory_bytes": self.memory_bytes,
+            "injected": self.injected,
+        }
+
+    @classmethod
+    def from_record(
+        cls, backend: Backend, record: dict[str, Any], is_baseline: bool, key: str
+    ) -> Outcome:
+        m = record.get("measurement")
+        return cls(
+            backend,
+            is_baseline=is_baseline,
+            status=record["status"],
+            reason=record["reason"],
+            build_s=record["build_s"],
+            check=CheckResult(**record["check"]) if record.get("check") else None,
+            measurement=None
+            if m is None
+            else _core.Measurement.from_samples(
+                m["samples_ms"], m["batch_size"], m["wall_ms"], m["windows"], m["stable"]
+            ),
+            memory_bytes=record.get("memory_bytes", 0),
+            injected=record.get("injected", False),
+            cached=True,
+            cache_key=key,
+        )
 
     def result(self) -> Any:
         """The engine's view of this candidate, for the strategies."""
@@ -111,6 +157,26 @@ def evaluate(
         outcome.fn = None
         return _fail(outcome, f"{stage} raised {type(e).__name__}: {_first_line(e)}")
     return outcome
+
+
+def build_for_install(
+    outcome: Outcome,
+    module: torch.nn.Module,
+    samples: list[Sample],
+    graph: GraphInfo,
+    measure_at: int,
+    files: dict[str, bytes] | None,
+) -> Callable[..., Any]:
+    """The callable of a candidate whose figures came from the cache: load or build, then warm."""
+    backend = outcome.backend
+    with torch.no_grad():
+        if files and backend.saves_payload:
+            fn = backend.load_payload(files, module, graph)
+        else:
+            fn = backend.build_graph(module, samples, graph)
+        first = samples[measure_at]
+        fn(*first.args, **first.kwargs)
+    return fn
 
 
 def _fail(outcome: Outcome, reason: str) -> Outcome:

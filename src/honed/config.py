@@ -42,6 +42,9 @@ log_level: str = _env_str("HONED_LOG_LEVEL", "WARNING").upper()
 # Where tuning caches and compiler caches live.
 cache_dir: Path = Path(_env_str("HONED_CACHE_DIR", str(_default_cache_dir())))
 
+# Whether tune() reuses earlier candidate outcomes from the cache (HONED_CACHE=0 turns it off).
+cache_enabled: bool = _env_str("HONED_CACHE", "1").lower() not in ("0", "false", "no", "off")
+
 # Device used by tune() when none is given: "auto" = cuda when torch can use it, else cpu.
 device: str = _env_str("HONED_DEVICE", "auto")
 

@@ -85,7 +85,10 @@ class Module(torch.nn.Module):
             available backends).
         dynamic_shapes: axes to treat as dynamic, overriding inference: a list aligned with
             the tensor inputs (in flatten order) of dicts ``{axis: int | DynamicDim |
-            BatchDim}``, or a dict keyed by ``(tensor_index, axis)``.
+            BatchDim}``, or a dict keyed by ``(tensor_index, axis)`` (see honed.shapes).
+        strategies: per-graph strategies, keyed by the graph's index (0, 1, ... in the order
+            the graphs were first seen) or by its graph key (``report.graphs[i].graph``); a
+            graph not named here uses ``strategy``.
     """
 
     name: str
@@ -96,6 +99,7 @@ class Module(torch.nn.Module):
         name: str | None = None,
         strategy: TuneStrategy | None = None,
         dynamic_shapes: Any = None,
+        strategies: dict[int | str, TuneStrategy] | None = None,
     ) -> None:
         if isinstance(module, Module):
             raise InputError(
@@ -110,6 +114,7 @@ class Module(torch.nn.Module):
         self.module = module
         self.name = name or type(module).__name__
         self.strategy = strategy
+        self.strategies = dict(strategies or {})
         self.dynamic_shapes = dynamic_shapes
         self.graphs: dict[str, GraphRecording] = {}
         self.variants: list[Variant] = []
@@ -157,6 +162,10 @@ class Module(torch.nn.Module):
                 why,
             )
         return self.module(*args, **kwargs)
+
+    def strategy_for(self, index: int, key: str) -> TuneStrategy | None:
+        """The per-graph strategy for graph number ``index`` (or with graph key ``key``)."""
+        return self.strategies.get(key) or self.strategies.get(index)
 
     # -- tuned state ---------------------------------------------------------------------------
     @property

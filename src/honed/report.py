@@ -21,6 +21,7 @@ class CandidateReport:
     reason: str = ""
     is_baseline: bool = False
     selected: bool = False
+    cached: bool = False  # the figures came from the tuning cache
     build_s: float | None = None
     median_ms: float | None = None
     p99_ms: float | None = None

@@ -7,17 +7,23 @@ needs PyTorch's Python API and hands the results over.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
+import inspect
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from honed import _core
+from honed import _core, config
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.torch_eager import TorchEagerBackend
-from honed.candidate import Outcome, evaluate, measure_interleaved
+from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint
+from honed.candidate import Outcome, build_for_install, evaluate, measure_interleaved
 from honed.environment import fingerprint
 from honed.errors import InputError, TuneError
 from honed.module import RECORDING, GraphRecording, Module, Variant, find_modules
@@ -39,6 +45,8 @@ def tune(
     batch_sweep: bool = False,
     max_batch: int = 1024,
     device: str | torch.device | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    clear_cache: bool = False,
 ) -> TuneReport:
     """Tune every honed.Module that ``func`` calls, on the inputs it really receives.
 
@@ -56,6 +64,11 @@ def tune(
             batches up to that knee. Needs a batch axis (samples of at least two batch sizes,
             ``batch_sizes``, or a BatchDim in ``dynamic_shapes``).
         device: the device the model runs on ("cuda", "cpu"); checked, never silently changed.
+        cache_dir: where the tuning cache lives (default: ``honed.config.cache_dir``, from
+            HONED_CACHE_DIR). A second tune of the same model, inputs, environment and candidates
+            reuses earlier outcomes instead of rebuilding and re-measuring. HONED_CACHE=0 (or
+            ``honed.config.patch(cache_enabled=False)``) turns the cache off.
+        clear_cache: ignore the cached outcomes this tune would use, and overwrite them.
 
     Returns:
         A TuneReport; each module also keeps its own part in ``module.report``.
@@ -85,16 +98,22 @@ def tune(
             "with honed.Module(model, 'name') and call it inside func"
         )
     target = _resolve_device(device, modules)
+    cache = TuneCache(Path(cache_dir) if cache_dir is not None else config.cache_dir)
+    ctx = _Context(
+        device=target,
+        sweep_to=max_batch if batch_sweep else 0,
+        cache=cache if config.cache_enabled else None,
+        refresh=clear_cache,
+    )
     graphs: list[GraphReport] = []
     with _dynamo_limits():
         for module in modules:
             module_strategy = module.strategy or default_strategy
             variants: list[Variant] = []
             module_graphs: list[GraphReport] = []
-            for recording in module.graphs.values():
-                report, variant = _tune_graph(
-                    module, recording, module_strategy, target, max_batch if batch_sweep else 0
-                )
+            for index, recording in enumerate(module.graphs.values()):
+                graph_strategy = module.strategy_for(index, recording.key) or module_strategy
+                report, variant = _tune_graph(module, recording, graph_strategy, ctx)
                 module_graphs.append(report)
                 if variant is not None:
                     variants.append(variant)
@@ -243,28 +262,47 @@ def _dynamo_limits() -> Iterator[None]:
 
 
 # -- one graph ---------------------------------------------------------------------------------
-def _tune_graph(
-    module: Module,
-    recording: GraphRecording,
-    strategy: TuneStrategy,
-    device: torch.device,
-    sweep_to: int,
-) -> tuple[GraphReport, Variant | None]:
+@dataclasses.dataclass
+class _Context:
+    """What every graph of one tune shares."""
+
+    device: torch.device
+    sweep_to: int  # 0: no batch sweep
+    cache: TuneCache | None
+    refresh: bool  # clear_cache: re-evaluate and overwrite instead of reading the cache
+    fingerprints: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def model_fingerprint(self, module: torch.nn.Module) -> str:
+        if id(module) not in self.fingerprints:
+            self.fingerprints[id(module)] = model_fingerprint(module)
+        return self.fingerprints[id(module)]
+
+
+def _graph_profile(module: Module, recording: GraphRecording, ctx: _Context) -> tuple[Any, str]:
+    """The engine's shape profile of one graph (after the batch sweep, when asked for)."""
     first = recording.samples[0]
     names = tensor_names(first.args, first.kwargs, module.module.forward)
     overrides = overrides_for(module.dynamic_shapes, recording.signatures[0], names)
     profile = _core.infer_profile(recording.signatures, overrides)
-    swept = ""
-    if sweep_to:
-        result = sweep_graph(module.module, recording, profile, device, sweep_to)
-        if result is None:
-            swept = "no batch axis: nothing to sweep"
-        else:
-            profile = _core.infer_profile(recording.signatures, overrides)
-            points = ", ".join(f"{b}: {t:,.0f}/s" for b, t in result.points)
-            swept = f"knee at batch {result.knee} ({result.stop_reason}; {points})"
+    if not ctx.sweep_to:
+        return profile, ""
+    result = sweep_graph(module.module, recording, profile, ctx.device, ctx.sweep_to)
+    if result is None:
+        return profile, "no batch axis: nothing to sweep"
+    profile = _core.infer_profile(recording.signatures, overrides)
+    points = ", ".join(f"{b}: {t:,.0f}/s" for b, t in result.points)
+    return profile, f"knee at batch {result.knee} ({result.stop_reason}; {points})"
+
+
+def _tune_graph(
+    module: Module,
+    recording: GraphRecording,
+    strategy: TuneStrategy,
+    ctx: _Context,
+) -> tuple[GraphReport, Variant | None]:
+    profile, swept = _graph_profile(module, recording, ctx)
     info = GraphInfo(
-        device=device,
+        device=ctx.device,
         has_dynamic_axes=bool(profile.has_dynamic),
         min_shapes=_shapes(profile.min_shapes()),
         opt_shapes=_shapes(profile.opt_shapes()),
@@ -276,26 +314,40 @@ def _tune_graph(
         references = [inner(*s.args, **s.kwargs) for s in samples]
     measure_at = _measure_index(profile, recording.signatures)
     batch = _batch_size(profile, recording.signatures[measure_at])
+    key_parts = _cache_key_parts(ctx, inner, samples, profile, measure_at) if ctx.cache else None
 
     def run(backend: Backend, is_baseline: bool = False) -> Outcome:
-        return evaluate(backend, inner, samples, references, info, measure_at, batch, is_baseline)
+        key = None
+        if ctx.cache is not None and key_parts is not None:
+            key = TuneCache.key(
+                **key_parts, candidate=_backend_identity(backend), baseline=is_baseline
+            )
+            record = None if ctx.refresh else ctx.cache.get(key)
+            if record is not None:
+                return Outcome.from_record(backend, record, is_baseline, key)
+        outcome = evaluate(
+            backend, inner, samples, references, info, measure_at, batch, is_baseline
+        )
+        if ctx.cache is not None and key is not None:
+            outcome.cache_key = key
+            ctx.cache.put(key, outcome.to_record(), _payload(outcome))
+        return outcome
 
     baseline = run(TorchEagerBackend(), is_baseline=True)
     outcomes: list[Outcome] = []
-    for backend in strategy.backends(device):
+    for backend in strategy.backends(ctx.device):
         if strategy.uses_baseline and backend.name == baseline.backend.name:
             continue  # eager with default config is the baseline itself
         outcomes.append(run(backend))
     competing = ([baseline] if strategy.uses_baseline else []) + outcomes
-    measure_interleaved([o for o in competing if o.passed], samples[measure_at], device, batch)
-    decision = strategy.select([o.result() for o in competing])
-    chosen = competing[decision.index] if decision.index >= 0 else None
+    measure_interleaved([o for o in competing if o.passed], samples[measure_at], ctx.device, batch)
+    decision, chosen = _select(strategy, competing, inner, samples, info, measure_at, ctx)
     if chosen is None:
         log.warning(
             "honed: %s: no candidate selected (%s); running eager", module.name, decision.reason
         )
-
-    rows = [_row(o, baseline, o is chosen) for o in [baseline, *outcomes]]
+    everything = [baseline, *outcomes]
+    rows = [_row(o, baseline, o is chosen) for o in everything]
     report = GraphReport(
         module=module.name,
         graph=recording.key,
@@ -309,17 +361,95 @@ def _tune_graph(
     )
     variant = None
     if chosen is not None and chosen.fn is not None:
-        variant = Variant(
-            profile,
-            chosen.backend,
-            chosen.fn,
-            rows[[baseline, *outcomes].index(chosen)].__dict__,
-            samples[measure_at],
-        )
-    for o in [baseline, *outcomes]:
+        figures = dataclasses.asdict(rows[everything.index(chosen)])
+        variant = Variant(profile, chosen.backend, chosen.fn, figures, samples[measure_at])
+    for o in everything:
         if o is not chosen:
-            o.fn = None
+            o.fn = None  # let the losers' compiled code go
     return report, variant
+
+
+def _select(
+    strategy: TuneStrategy,
+    competing: list[Outcome],
+    module: torch.nn.Module,
+    samples: list[Sample],
+    info: GraphInfo,
+    measure_at: int,
+    ctx: _Context,
+) -> tuple[Any, Outcome | None]:
+    """The strategy's pick; a cached winner is built here (if that fails, pick again)."""
+    while True:
+        decision = strategy.select([o.result() for o in competing])
+        if decision.index < 0:
+            return decision, None
+        chosen = competing[decision.index]
+        if chosen.fn is not None:
+            return decision, chosen
+        files = None
+        if ctx.cache is not None and chosen.cache_key is not None:
+            record = ctx.cache.get(chosen.cache_key)
+            files = ctx.cache.files(chosen.cache_key, record) if record else None
+        try:
+            chosen.fn = build_for_install(chosen, module, samples, info, measure_at, files)
+            return decision, chosen
+        except Exception as e:
+            log.warning(
+                "honed: rebuilding cached winner %s failed (%s: %s); choosing again",
+                chosen.backend.name,
+                type(e).__name__,
+                e,
+            )
+            chosen.status, chosen.reason = "failed", f"rebuild from cache failed: {e}"
+
+
+def _cache_key_parts(
+    ctx: _Context, module: torch.nn.Module, samples: list[Sample], profile: Any, measure_at: int
+) -> dict[str, Any]:
+    return {
+        "model": ctx.model_fingerprint(module),
+        "inputs": inputs_fingerprint(samples),
+        "profile": profile.to_json(),
+        "measure_at": measure_at,
+        "environment": fingerprint(ctx.device),
+        "measurement": {
+            name: getattr(config, name)
+            for name in (
+                "warmup_calls",
+                "warmup_ms",
+                "window_calls",
+                "window_ms",
+                "stable_windows",
+                "stability_tolerance",
+                "max_windows",
+                "injected_latencies",
+            )
+        },
+    }
+
+
+def _backend_identity(backend: Backend) -> dict[str, Any]:
+    """The recipe plus where the class lives and a hash of its source (custom backends change)."""
+    cls = type(backend)
+    try:
+        source = hashlib.sha256(inspect.getsource(cls).encode()).hexdigest()
+    except (OSError, TypeError):
+        source = ""
+    return {
+        "recipe": backend.recipe(),
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "source": source,
+    }
+
+
+def _payload(outcome: Outcome) -> dict[str, bytes] | None:
+    if outcome.status != "ok" or outcome.fn is None or not outcome.backend.saves_payload:
+        return None
+    try:
+        return outcome.backend.export_payload(outcome.fn)
+    except Exception as e:
+        log.warning("honed: could not store %s in the cache (%s)", outcome.backend.name, e)
+        return None
 
 
 def _shapes(shapes: list[list[int]]) -> tuple[tuple[int, ...], ...]:
@@ -366,6 +496,7 @@ def _row(outcome: Outcome, baseline: Outcome, selected: bool) -> CandidateReport
         reason=outcome.reason,
         is_baseline=outcome.is_baseline,
         selected=selected,
+        cached=outcome.cached,
         build_s=outcome.build_s,
         median_ms=m.median_ms if m is not None else None,
         p99_ms=m.p99_ms if m is not None else None,

@@ -129,7 +129,9 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
 std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& fns, Timer& timer,
                                      int rounds, int calls_per_round, int64_t batch_size = 1);
 
-// A Measurement from given samples: stable, one window, wall_ms = their sum.
-Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size = 1);
+// A Measurement from given samples (e.g. a cached one): wall_ms <= 0 means the samples' sum;
+// by default stable, in one window.
+Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size = 1,
+                                     double wall_ms = 0, int windows = 1, bool stable = true);
 
 }  // namespace honed

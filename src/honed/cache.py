@@ -1,0 +1,132 @@
+"""src/honed/cache.py: the persistent tuning cache.
+
+A second tune of the same model (weights and forward code), inputs, environment and candidate
+reuses each candidate's earlier outcome (status, check, measured samples) instead of building
+and measuring again; only the winner is built in the process (a payload backend's stored files
+are loaded as they are). One JSON record per (model, graph, candidate) under
+``<cache_dir>/tune/v1/``, written atomically.
+
+It lives in Python rather than the engine: only the tuner reads it; the C++ runtime never does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from honed._version import __version__
+
+log = logging.getLogger("honed")
+
+VERSION = "v1"
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+
+
+def _hash_tensor(h: Any, t: torch.Tensor) -> None:
+    h.update(f"{tuple(t.shape)}:{t.dtype}:".encode())
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    if flat.numel():
+        h.update(flat.view(torch.uint8).numpy().tobytes())
+
+
+def model_fingerprint(module: torch.nn.Module) -> str:
+    """SHA-256 of the module's class, forward source, and every parameter and buffer."""
+    h = hashlib.sha256()
+    cls = type(module)
+    h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
+    for sub in module.modules():
+        with contextlib.suppress(OSError, TypeError):
+            h.update(inspect.getsource(type(sub).forward).encode())
+    for name, t in module.state_dict().items():
+        h.update(name.encode())
+        _hash_tensor(h, t)
+    return h.hexdigest()
+
+
+def inputs_fingerprint(samples: list[Any]) -> str:
+    """SHA-256 of the recorded samples (structure, shapes, dtypes and values)."""
+    h = hashlib.sha256()
+    for sample in samples:
+        leaves, spec = torch.utils._pytree.tree_flatten((sample.args, sample.kwargs))
+        h.update(str(spec).encode())
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                _hash_tensor(h, leaf)
+            else:
+                h.update(repr(leaf).encode())
+    return h.hexdigest()
+
+
+class TuneCache:
+    """Candidate outcomes on disk, keyed by everything that could change them."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = Path(root) / "tune" / VERSION
+
+    @staticmethod
+    def key(**parts: Any) -> str:
+        return hashlib.sha256(_canonical({"honed": __version__, **parts}).encode()).hexdigest()
+
+    def _path(self, key: str) -> Path:
+        return self.dir / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        path = self._path(key)
+        try:
+            record: dict[str, Any] = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError) as e:
+            log.warning("honed: ignoring unreadable cache entry %s (%s)", path, e)
+            return None
+        return record
+
+    def put(self, key: str, record: dict[str, Any], files: dict[str, bytes] | None = None) -> None:
+        """Store ``record`` (and payload ``files`` beside it) atomically; failures only warn."""
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if files:
+                record = dict(record, files=sorted(files))
+                for name, data in files.items():
+                    self._write(self.payload_dir(key) / name, data)
+            self._write(path, _canonical(record).encode())
+        except OSError as e:
+            log.warning("honed: could not write the tuning cache at %s (%s)", self.dir, e)
+
+    def payload_dir(self, key: str) -> Path:
+        return self.dir / key[:2] / f"{key}.files"
+
+    def files(self, key: str, record: dict[str, Any]) -> dict[str, bytes] | None:
+        try:
+            return {n: (self.payload_dir(key) / n).read_bytes() for n in record.get("files", [])}
+        except OSError:
+            return None
+
+    @staticmethod
+    def _write(path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def clear(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
