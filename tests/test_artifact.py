@@ -117,3 +117,37 @@ def test_on_incompatible_must_be_known(saved: Path) -> None:
     model = honed.Module(TinyMLP().eval(), "tiny")
     with pytest.raises(honed.InputError, match="on_incompatible"):
         honed.load(model, saved, on_incompatible="ignore")
+
+
+def _with_environment(src: Path, dst: Path, **changes: object) -> Path:
+    """A copy of ``src`` whose manifest claims another environment (entries untouched)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename == "manifest.json":
+                manifest = json.loads(data)
+                manifest["environment"].update(changes)
+                data = json.dumps(manifest).encode()
+            zout.writestr(info, data)
+    return dst
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a CUDA artifact on a CPU host")
+def test_artifact_for_another_gpu_errors_or_falls_back(saved: Path, tmp_path: Path) -> None:
+    foreign = _with_environment(
+        saved,
+        tmp_path / "gpu.honed",
+        device="cuda:0",
+        gpu="NVIDIA H100 80GB HBM3",
+        compute_capability="9.0",
+    )
+    x = batches(4, seed=8)[0]
+    model = honed.Module(TinyMLP().eval(), "tiny")
+    with pytest.raises(honed.IncompatibleArtifactError, match=r"NVIDIA H100.*on_incompatible"):
+        honed.load(model, foreign)
+    honed.load(model, foreign, on_incompatible="eager")
+    assert not model.is_tuned  # weights loaded, graphs left eager
+    eager_out = model(x)
+    honed.load(model, foreign, on_incompatible="rebuild")
+    assert model.is_tuned
+    torch.testing.assert_close(model(x), eager_out)

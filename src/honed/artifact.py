@@ -25,10 +25,11 @@ from torch.utils import _pytree as pytree
 
 from honed import _core
 from honed._version import __version__
-from honed.backend.base import GraphInfo, Sample, backend_from_recipe
+from honed.backend.base import Sample, backend_from_recipe
 from honed.environment import fingerprint
 from honed.errors import ArtifactError, IncompatibleArtifactError, InputError
 from honed.module import Module, Variant, find_modules
+from honed.shapes import graph_info
 
 log = logging.getLogger("honed")
 
@@ -111,9 +112,17 @@ def _save_module(module: Module, entries: dict[str, bytes]) -> dict[str, Any]:
             "profile": json.loads(variant.profile.to_json()),
             "backend": variant.backend.recipe(),
             "figures": _jsonable(variant.figures),
-            "runnable_from_cpp": False,
+            "runnable_from_cpp": bool(getattr(variant.backend, "cpp_runnable", False)),
             "samples": None,
+            "payload": None,
         }
+        if variant.backend.saves_payload:
+            files = variant.backend.export_payload(variant.fn)
+            graph["payload"] = {}
+            for name, data in files.items():
+                entry = f"payloads/{module.name}/{i}/{name}"
+                entries[entry] = data
+                graph["payload"][name] = entry
         if variant.warm_sample is not None:
             encoded = _encode_sample(variant.warm_sample)
             if encoded is not None:
@@ -190,8 +199,8 @@ def load(
         raise InputError(f"honed.load: on_incompatible must be one of {ON_INCOMPATIBLE}")
     modules = {m.name: m for m in _modules_of(obj, "load")}
     manifest, entries = read_artifact(path)
-    problem = _incompatibility(manifest["environment"])
-    rebuild = True
+    problem = _incompatibility(manifest)
+    mode = "load"
     if problem:
         if on_incompatible == "error":
             raise IncompatibleArtifactError(
@@ -204,7 +213,7 @@ def load(
             problem,
             "rebuilding" if on_incompatible == "rebuild" else "running eager",
         )
-        rebuild = on_incompatible == "rebuild"
+        mode = on_incompatible
     for entry in manifest["modules"]:
         module = modules.get(entry["name"])
         if module is None:
@@ -212,7 +221,7 @@ def load(
                 f"honed.load: {path} holds module {entry['name']!r}, but the object has "
                 f"honed.Module(s) {sorted(modules)}; load it into the model it was saved from"
             )
-        _load_module(module, entry, entries, rebuild, str(path))
+        _load_module(module, entry, entries, mode, str(path))
     return obj
 
 
@@ -254,7 +263,16 @@ def read_artifact(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[st
     return manifest, entries
 
 
-def _incompatibility(saved: dict[str, Any]) -> str:
+def _incompatibility(manifest: dict[str, Any]) -> str:
+    """Why this artifact cannot be loaded as it is here ("" when it can)."""
+    saved = manifest["environment"]
+    has_payload = any(g.get("payload") for m in manifest["modules"] for g in m["graphs"])
+    saved_torch = str(saved.get("torch", ""))
+    if has_payload and _minor(saved_torch) != _minor(torch.__version__):
+        return (
+            f"torch {saved_torch} (compiled payloads are tied to the torch that built them; "
+            f"this is torch {torch.__version__})"
+        )
     here_cuda = torch.cuda.is_available()
     if str(saved.get("device", "cpu")).startswith("cuda"):
         if not here_cuda:
@@ -269,9 +287,14 @@ def _incompatibility(saved: dict[str, Any]) -> str:
     return ""
 
 
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
 def _load_module(
-    module: Module, entry: dict[str, Any], entries: dict[str, bytes], rebuild: bool, where: str
+    module: Module, entry: dict[str, Any], entries: dict[str, bytes], mode: str, where: str
 ) -> None:
+    """Weights, then each graph: "load" payloads, "rebuild" from recipes, or "eager" (none)."""
     state = st_load(entries[entry["weights"]])
     try:
         module.module.load_state_dict(state, strict=True)
@@ -283,16 +306,21 @@ def _load_module(
         ) from e
     device = _device_of(module)
     variants: list[Variant] = []
-    for graph in entry["graphs"] if rebuild else []:
-        variant = _rebuild(module, graph, entries, device)
+    for graph in entry["graphs"] if mode != "eager" else []:
+        variant = _rebuild(module, graph, entries, device, use_payload=mode == "load")
         if variant is not None:
             variants.append(variant)
     module.install(variants)
 
 
 def _rebuild(
-    module: Module, graph: dict[str, Any], entries: dict[str, bytes], device: torch.device
+    module: Module,
+    graph: dict[str, Any],
+    entries: dict[str, bytes],
+    device: torch.device,
+    use_payload: bool,
 ) -> Variant | None:
+    """A graph's variant: its stored payload loaded as it is, or rebuilt from its recipe."""
     backend = backend_from_recipe(graph["backend"])
     name = graph["backend"].get("backend")
     if backend is None:
@@ -305,17 +333,16 @@ def _rebuild(
         return None
     profile = _core.GraphProfile.from_json(json.dumps(graph["profile"]))
     sample = _decode_sample(entries[graph["samples"]], device) if graph.get("samples") else None
-    info = GraphInfo(
-        device=device,
-        has_dynamic_axes=bool(profile.has_dynamic),
-        min_shapes=tuple(tuple(s) for s in profile.min_shapes()),
-        opt_shapes=tuple(tuple(s) for s in profile.opt_shapes()),
-        max_shapes=tuple(tuple(s) for s in profile.max_shapes()),
-    )
+    info = graph_info(profile, device)
     examples = [sample] if sample is not None else []
+    payload = graph.get("payload") or {}
     try:
         with torch.no_grad():
-            fn = backend.build_graph(module.module, examples, info)
+            if payload and backend.saves_payload and use_payload:
+                files = {name: entries[entry] for name, entry in payload.items()}
+                fn = backend.load_payload(files, module.module, info)
+            else:
+                fn = backend.build_graph(module.module, examples, info)
             if sample is not None:
                 fn(*sample.args, **sample.kwargs)  # warm up (a JIT backend compiles here)
     except Exception as e:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from honed import _core
+from honed.backend.base import GraphInfo
 from honed.errors import ConfigError
 
 DynamicDim = _core.DynamicDim
@@ -108,3 +111,18 @@ def tensor_names(
             names[key] = index
         index += sum(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(value))
     return names
+
+
+def graph_info(profile: Any, device: torch.device) -> GraphInfo:
+    """What a backend gets to know about a graph, from the engine's profile."""
+
+    def shapes(raw: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(int(d) for d in s) for s in raw)
+
+    return GraphInfo(
+        device=device,
+        has_dynamic_axes=bool(profile.has_dynamic),
+        min_shapes=shapes(profile.min_shapes()),
+        opt_shapes=shapes(profile.opt_shapes()),
+        max_shapes=shapes(profile.max_shapes()),
+    )

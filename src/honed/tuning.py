@@ -28,7 +28,7 @@ from honed.environment import fingerprint
 from honed.errors import InputError, TuneError
 from honed.module import RECORDING, GraphRecording, Module, Variant, find_modules
 from honed.report import CandidateReport, GraphReport, TuneReport
-from honed.shapes import overrides_for, tensor_names
+from honed.shapes import graph_info, overrides_for, tensor_names
 from honed.sweep import sweep_graph
 from honed.tune_strategy import MaxThroughputStrategy, TuneStrategy
 
@@ -301,13 +301,7 @@ def _tune_graph(
     ctx: _Context,
 ) -> tuple[GraphReport, Variant | None]:
     profile, swept = _graph_profile(module, recording, ctx)
-    info = GraphInfo(
-        device=ctx.device,
-        has_dynamic_axes=bool(profile.has_dynamic),
-        min_shapes=_shapes(profile.min_shapes()),
-        opt_shapes=_shapes(profile.opt_shapes()),
-        max_shapes=_shapes(profile.max_shapes()),
-    )
+    info = graph_info(profile, ctx.device)
     samples = recording.samples
     inner = module.module
     with torch.no_grad():
@@ -450,10 +444,6 @@ def _payload(outcome: Outcome) -> dict[str, bytes] | None:
     except Exception as e:
         log.warning("honed: could not store %s in the cache (%s)", outcome.backend.name, e)
         return None
-
-
-def _shapes(shapes: list[list[int]]) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(int(d) for d in s) for s in shapes)
 
 
 def _measure_index(profile: Any, signatures: list[Any]) -> int:
