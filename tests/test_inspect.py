@@ -344,3 +344,32 @@ def test_human_counts() -> None:
         "11.7M",
         "1.2B",
     ]
+
+
+# -- CUDA: the clock is read only after the device has finished --------------------------------
+def test_cpu_inputs_never_synchronize(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(device: object = None) -> None:
+        raise AssertionError("synchronized for CPU inputs")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", refuse)
+    assert inspect(Net(), [torch.randn(2, 3)]).row("head").calls == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_inputs_synchronize_around_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    real, synced = torch.cuda.synchronize, []
+
+    def counting(device: object = None) -> None:
+        synced.append(device)
+        real(device)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.cuda, "synchronize", counting)
+    model = Net().cuda()
+    report = inspect(model, [torch.randn(2, 3, device="cuda")] * 2, device="cuda")
+    # 3 runs (a warm-up and 2 samples) x (the sample + 6 module calls) x (before + after)
+    assert len(synced) == 3 * 7 * 2
+    assert report.device == "cuda:0"
+    assert report.row("").share == 1.0
+    assert 0.0 < report.row("block").share < 1.0
+    assert _hooks(model) == 0
