@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -98,3 +100,31 @@ def test_seed_inductor_quick_start_runs() -> None:
     assert isinstance(OneBackendStrategy(backend=backend), ait.OneBackendStrategy)
     assert model.report.selected() == ["TorchInductorBackend(mode=default)"]
     torch.testing.assert_close(model(input_data[0]), model.module(input_data[0]))
+
+
+def test_seed_torch_tensorrt_aot_snippet_with_inductor(tmp_path: Path) -> None:
+    # The seed torch-tensorrt-aot-backend.txt's quick start, `aitune.torch` -> `honed`, with the
+    # TensorRT backend swapped for Inductor (TensorRT cannot be installed on our machines).
+    import honed as ait
+    from honed.backend import TorchInductorBackend, TorchInductorBackendConfig
+
+    model = TinyMLP().eval()
+    input_data = batches(2, 4)
+    config = TorchInductorBackendConfig(mode="default")
+    backend = TorchInductorBackend(config)
+
+    from honed.tune_strategy import OneBackendStrategy
+
+    strategy = OneBackendStrategy(backend=backend)
+
+    model = ait.Module(model, "my-model", strategy=strategy)
+    ait.tune(model, input_data)
+
+    # Save compiled model
+    ait.save(model, tmp_path / "model.ait")
+
+    # Later: Load and use
+    fresh = ait.Module(TinyMLP().eval(), "my-model", strategy=strategy)
+    ait.load(fresh, tmp_path / "model.ait")
+    assert fresh.is_tuned
+    torch.testing.assert_close(fresh(input_data[1]), model(input_data[1]))

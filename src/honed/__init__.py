@@ -21,6 +21,7 @@ from honed.errors import (
     InputError,
     TuneError,
 )
+from honed.inspecting import InspectReport, inspect
 from honed.module import Module
 from honed.report import TuneReport
 from honed.shapes import BatchDim, DynamicDim
@@ -44,6 +45,7 @@ __all__ = [
     "HonedError",
     "IncompatibleArtifactError",
     "InputError",
+    "InspectReport",
     "LatencyBudgetStrategy",
     "MaxThroughputStrategy",
     "MinLatencyStrategy",
@@ -56,6 +58,7 @@ __all__ = [
     "_core",
     "backend",
     "config",
+    "inspect",
     "load",
     "save",
     "tune",
