@@ -6,10 +6,11 @@ from the engine's measure (host clock, CUDA events, or injected samples in tests
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -19,6 +20,26 @@ from honed.backend.base import Backend, GraphInfo, Sample
 from honed.correctness import CheckResult, compare
 
 log = logging.getLogger("honed")
+
+# Called with "build" and "measure" as evaluate() enters those phases (the worker's watchdog).
+_phase_hook: Callable[[str], None] | None = None
+
+
+@contextlib.contextmanager
+def watch_phases(hook: Callable[[str], None]) -> Iterator[None]:
+    """Call ``hook(phase)`` as evaluate() enters its build and measure phases."""
+    global _phase_hook
+    saved, _phase_hook = _phase_hook, hook
+    try:
+        yield
+    finally:
+        _phase_hook = saved
+
+
+def _enter(phase: str) -> None:
+    if _phase_hook is not None:
+        _phase_hook(phase)
+
 
 # Interleaved re-measurement of finalists: rounds, and the time each round aims at.
 _INTERLEAVED_ROUNDS = 12
@@ -42,6 +63,8 @@ class Outcome:
     injected: bool = False
     cached: bool = False  # figures came from the tuning cache; fn is built only if selected
     cache_key: str | None = None
+    isolated: bool = False  # evaluated in a worker process; fn is built only if selected
+    payload_files: dict[str, bytes] | None = None  # a worker's payload (e.g. the .pt2)
 
     @property
     def passed(self) -> bool:
@@ -126,6 +149,7 @@ def evaluate(
             + (f" (fix: {available.fix})" if available.fix else ""),
         )
     stage = "build"
+    _enter("build")
     try:
         if graph.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(graph.device)
@@ -144,6 +168,7 @@ def evaluate(
             outcome.status, outcome.reason = "rejected", outcome.check.reason
             return outcome
         stage = "measure"
+        _enter("measure")
         outcome.fn = fn
         outcome.measurement, outcome.injected = measure(
             fn, samples[measure_at], graph.device, backend, batch_size

@@ -57,6 +57,16 @@ stable_windows: int = _env_int("HONED_STABLE_WINDOWS", 3)
 stability_tolerance: float = _env_float("HONED_STABILITY_TOLERANCE", 0.05)
 max_windows: int = _env_int("HONED_MAX_WINDOWS", 10)
 
+# Where candidates are built, checked and measured: "process" (a worker process per candidate,
+# so a crash, hang or runaway allocation fails only that candidate) or "none" (in this process).
+isolation: str = _env_str("HONED_ISOLATION", "process")
+
+# Worker limits: seconds for the build (+ check) phase and for the measure phase, and the
+# resident-memory ceiling in GiB (0: a default of 80 % of this machine's memory).
+build_timeout_s: float = _env_float("HONED_BUILD_TIMEOUT_S", 1800.0)
+measure_timeout_s: float = _env_float("HONED_MEASURE_TIMEOUT_S", 600.0)
+worker_memory_gb: float = _env_float("HONED_WORKER_MEMORY_GB", 0.0)
+
 # Samples kept per graph while recording (bounded so long datasets do not hold everything).
 max_samples_per_graph: int = _env_int("HONED_MAX_SAMPLES_PER_GRAPH", 32)
 

@@ -26,6 +26,7 @@ from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint
 from honed.candidate import Outcome, build_for_install, evaluate, measure_interleaved
 from honed.environment import fingerprint
 from honed.errors import InputError, TuneError
+from honed.isolation import NotIsolatable, evaluate_isolated
 from honed.module import RECORDING, GraphRecording, Module, Variant, find_modules
 from honed.report import CandidateReport, GraphReport, TuneReport
 from honed.shapes import graph_info, overrides_for, tensor_names
@@ -47,6 +48,7 @@ def tune(
     device: str | torch.device | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     clear_cache: bool = False,
+    isolation: str | None = None,
 ) -> TuneReport:
     """Tune every honed.Module that ``func`` calls, on the inputs it really receives.
 
@@ -69,6 +71,9 @@ def tune(
             reuses earlier outcomes instead of rebuilding and re-measuring. HONED_CACHE=0 (or
             ``honed.config.patch(cache_enabled=False)``) turns the cache off.
         clear_cache: ignore the cached outcomes this tune would use, and overwrite them.
+        isolation: "process" (default, from HONED_ISOLATION): each candidate is built, checked
+            and measured in a worker process, so a crash, hang or runaway allocation fails only
+            that candidate; "none": in this process (faster to start, not crash-proof).
 
     Returns:
         A TuneReport; each module also keeps its own part in ``module.report``.
@@ -99,7 +104,11 @@ def tune(
         )
     target = _resolve_device(device, modules)
     cache = TuneCache(Path(cache_dir) if cache_dir is not None else config.cache_dir)
+    isolation = isolation or config.isolation
+    if isolation not in ("process", "none"):
+        raise InputError(f"honed.tune: isolation must be 'process' or 'none', got {isolation!r}")
     ctx = _Context(
+        isolation=isolation,
         device=target,
         sweep_to=max_batch if batch_sweep else 0,
         cache=cache if config.cache_enabled else None,
@@ -270,7 +279,9 @@ class _Context:
     sweep_to: int  # 0: no batch sweep
     cache: TuneCache | None
     refresh: bool  # clear_cache: re-evaluate and overwrite instead of reading the cache
+    isolation: str = "process"
     fingerprints: dict[int, str] = dataclasses.field(default_factory=dict)
+    warned: set[str] = dataclasses.field(default_factory=set)
 
     def model_fingerprint(self, module: torch.nn.Module) -> str:
         if id(module) not in self.fingerprints:
@@ -319,8 +330,16 @@ def _tune_graph(
             record = None if ctx.refresh else ctx.cache.get(key)
             if record is not None:
                 return Outcome.from_record(backend, record, is_baseline, key)
-        outcome = evaluate(
-            backend, inner, samples, references, info, measure_at, batch, is_baseline
+        outcome = _evaluate(
+            ctx,
+            backend=backend,
+            module=inner,
+            samples=samples,
+            references=references,
+            graph=info,
+            measure_at=measure_at,
+            batch_size=batch,
+            is_baseline=is_baseline,
         )
         if ctx.cache is not None and key is not None:
             outcome.cache_key = key
@@ -363,6 +382,24 @@ def _tune_graph(
     return report, variant
 
 
+def _evaluate(ctx: _Context, **job: Any) -> Outcome:
+    """Evaluate one candidate in a worker process, or here when isolation is off or impossible."""
+    if ctx.isolation == "process":
+        try:
+            return evaluate_isolated(job)
+        except NotIsolatable as e:
+            if "isolation" not in ctx.warned:
+                ctx.warned.add("isolation")
+                log.warning(
+                    "honed: %s cannot be sent to a worker process (%s); evaluating candidates in "
+                    "this process (a crashing backend would take it down). Pass isolation='none' "
+                    "to silence this.",
+                    job["backend"].name,
+                    e,
+                )
+    return evaluate(**job)
+
+
 def _select(
     strategy: TuneStrategy,
     competing: list[Outcome],
@@ -380,8 +417,8 @@ def _select(
         chosen = competing[decision.index]
         if chosen.fn is not None:
             return decision, chosen
-        files = None
-        if ctx.cache is not None and chosen.cache_key is not None:
+        files = chosen.payload_files
+        if files is None and ctx.cache is not None and chosen.cache_key is not None:
             record = ctx.cache.get(chosen.cache_key)
             files = ctx.cache.files(chosen.cache_key, record) if record else None
         try:
@@ -437,6 +474,8 @@ def _backend_identity(backend: Backend) -> dict[str, Any]:
 
 
 def _payload(outcome: Outcome) -> dict[str, bytes] | None:
+    if outcome.payload_files is not None:
+        return outcome.payload_files
     if outcome.status != "ok" or outcome.fn is None or not outcome.backend.saves_payload:
         return None
     try:
