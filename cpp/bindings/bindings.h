@@ -6,4 +6,6 @@ namespace honed::py {
 void bind_shapes(nanobind::module_& m);
 void bind_measure(nanobind::module_& m);
 void bind_select(nanobind::module_& m);
+void bind_isolate(nanobind::module_& m);
+void bind_env(nanobind::module_& m);
 }  // namespace honed::py

@@ -10,4 +10,6 @@ NB_MODULE(_core, m) {
   honed::py::bind_shapes(m);
   honed::py::bind_measure(m);
   honed::py::bind_select(m);
+  honed::py::bind_isolate(m);
+  honed::py::bind_env(m);
 }

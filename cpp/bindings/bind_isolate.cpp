@@ -1,0 +1,96 @@
+// cpp/bindings/bind_isolate.cpp: honed._core bindings of isolate (IsolateOptions, run_isolated).
+#include <Python.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+
+#include "bindings.h"
+#include "honed/isolate.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace honed::py {
+
+namespace {
+
+void bind_options(nb::module_& m) {
+  using O = IsolateOptions;
+  const O d;
+  nb::class_<O>(m, "IsolateOptions")
+      .def(
+          "__init__",
+          [](O* self, std::vector<std::string> argv,
+             std::vector<std::pair<std::string, std::string>> env, std::string cwd,
+             double timeout_s, int64_t memory_limit_bytes, size_t tail_bytes, double poll_ms,
+             double kill_grace_s) {
+            new (self) O{std::move(argv),    std::move(env), std::move(cwd), timeout_s,
+                         memory_limit_bytes, tail_bytes,     poll_ms,        kill_grace_s};
+          },
+          "argv"_a, nb::kw_only(), "env"_a = d.env, "cwd"_a = d.cwd, "timeout_s"_a = d.timeout_s,
+          "memory_limit_bytes"_a = d.memory_limit_bytes, "tail_bytes"_a = d.tail_bytes,
+          "poll_ms"_a = d.poll_ms, "kill_grace_s"_a = d.kill_grace_s)
+      .def_rw("argv", &O::argv)
+      .def_rw("env", &O::env)
+      .def_rw("cwd", &O::cwd)
+      .def_rw("timeout_s", &O::timeout_s)
+      .def_rw("memory_limit_bytes", &O::memory_limit_bytes)
+      .def_rw("tail_bytes", &O::tail_bytes)
+      .def_rw("poll_ms", &O::poll_ms)
+      .def_rw("kill_grace_s", &O::kill_grace_s);
+}
+
+void bind_result(nb::module_& m) {
+  using R = IsolateResult;
+  nb::class_<R>(m, "IsolateResult")
+      .def_ro("exit_code", &R::exit_code)
+      .def_ro("signal", &R::signal)
+      .def_ro("timed_out", &R::timed_out)
+      .def_ro("cancelled", &R::cancelled)
+      .def_ro("memory_exceeded", &R::memory_exceeded)
+      .def_ro("wall_s", &R::wall_s)
+      .def_ro("peak_rss_bytes", &R::peak_rss_bytes)
+      .def_ro("stdout_tail", &R::stdout_tail)
+      .def_ro("stderr_tail", &R::stderr_tail)
+      .def_ro("start_error", &R::start_error)
+      .def_prop_ro("ok", &R::ok)
+      .def("summary", &R::summary)
+      .def("__repr__", [](const R& r) { return "IsolateResult(" + r.summary() + ")"; });
+}
+
+// Runs with the GIL released. With check_signals, every poll the callback takes the GIL and
+// runs Python's signal handlers; when one raises (Ctrl-C: KeyboardInterrupt) the group is killed
+// and reaped, and that exception is raised here.
+IsolateResult run(const IsolateOptions& options, bool check_signals) {
+  std::unique_ptr<nb::python_error> raised;
+  std::function<bool()> should_cancel;
+  if (check_signals) {
+    should_cancel = [&raised]() {
+      nb::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() == 0) return false;
+      raised = std::make_unique<nb::python_error>();  // takes the error out of the interpreter
+      return true;
+    };
+  }
+  IsolateResult result;
+  {
+    nb::gil_scoped_release no_gil;
+    result = run_isolated(options, should_cancel);
+  }
+  if (raised) throw nb::python_error(*raised);
+  return result;
+}
+
+}  // namespace
+
+void bind_isolate(nb::module_& m) {
+  bind_options(m);
+  bind_result(m);
+  m.def("run_isolated", &run, "options"_a, "check_signals"_a = true);
+  m.def("format_bytes", &format_bytes, "bytes"_a);
+  m.def("describe_signal", &describe_signal, "signal"_a);
+}
+
+}  // namespace honed::py
