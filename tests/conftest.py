@@ -54,6 +54,14 @@ def inductor_tuned() -> honed.Module:
 
 
 @pytest.fixture(autouse=True)
+def in_process() -> Iterator[None]:
+    """Tests of the tuner's logic evaluate candidates in-process (fast); the isolation tests
+    (tests/test_isolation.py) opt back in to worker processes."""
+    with honed.config.patch(isolation="none"):
+        yield
+
+
+@pytest.fixture(autouse=True)
 def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Each test gets its own tuning cache, so no test sees another's outcomes."""
     with honed.config.patch(cache_dir=tmp_path_factory.mktemp("cache")):

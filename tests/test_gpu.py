@@ -91,3 +91,35 @@ def test_batch_sweep_on_cuda_finds_a_knee() -> None:
     knee = int(sweep.split()[3])
     x = torch.randn(knee, 16, device="cuda")
     torch.testing.assert_close(model(x), model.module(x))
+
+
+class _DeviceAssert(honed.backend.Backend):
+    """Trips a device-side assert: in-process this would poison the CUDA context for good."""
+
+    def build(self, module: torch.nn.Module, example_inputs: list) -> object:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            index = torch.tensor([10**9], device=x.device)
+            return x[index] + module(x)
+
+        return run
+
+
+class _Good(honed.backend.Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list) -> object:
+        return module
+
+
+def test_isolated_cuda_crash_fails_only_that_candidate() -> None:
+    model = honed.Module(TinyMLP().cuda().eval(), "tiny-crash")
+    strategy = honed.MaxThroughputStrategy([_DeviceAssert(), _Good()])
+    with honed.config.patch(isolation="process"):
+        report = honed.tune(model, _data(2, 4), strategy=strategy, device="cuda")
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert rows["_DeviceAssert"].status == "failed"
+    assert (
+        "assert" in rows["_DeviceAssert"].reason.lower() or "CUDA" in rows["_DeviceAssert"].reason
+    ), rows["_DeviceAssert"].reason
+    assert rows["_Good"].status == "ok"
+    x = torch.randn(3, 16, device="cuda")
+    torch.testing.assert_close(model(x), model.module(x))  # this process's CUDA is healthy
+    print("\n" + report.render())

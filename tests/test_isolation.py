@@ -1,0 +1,224 @@
+"""tests/test_isolation.py: fault injection: every way a candidate can break, in worker processes.
+
+Each bad backend fails only itself, with its reason; the good one is measured and selected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import honed
+from honed.backend import Backend, Sample
+
+from conftest import TinyMLP, batches
+
+
+def _segfault() -> None:
+    ctypes.string_at(0)
+
+
+class Good(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return module
+
+
+class CrashOnBuild(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        _segfault()
+        return module
+
+
+class CrashOnCall(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            _segfault()
+
+        return run
+
+
+class Hang(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        time.sleep(3600)
+        return module
+
+
+class Hog(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        hoard = []
+        while True:  # ~256 MB a step, written so the pages are really resident
+            hoard.append(torch.ones(64 << 20))
+
+
+class NaNs(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return lambda *a, **k: module(*a, **k) * float("nan")
+
+
+class SlightlyWrong(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return lambda *a, **k: module(*a, **k) + 1e-2
+
+
+class Raises(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        raise ValueError("unsupported operator aten::frobnicate")
+
+
+@pytest.fixture
+def isolated() -> Iterator[None]:
+    with honed.config.patch(isolation="process", build_timeout_s=4.0, worker_memory_gb=2.0):
+        yield
+
+
+def test_every_failure_is_contained_and_reported(isolated: None) -> None:
+    bad = [CrashOnBuild(), CrashOnCall(), Hang(), Hog(), NaNs(), SlightlyWrong(), Raises()]
+    model = honed.Module(TinyMLP().eval(), "m")
+    timings = {"TorchEagerBackend": [2.0], "Good": [1.0]}
+    with honed.config.patch(injected_latencies=timings):
+        report = honed.tune(
+            model, batches(2, 4), strategy=honed.MaxThroughputStrategy([*bad, Good()])
+        )
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    reasons = {name: (row.status, row.reason) for name, row in rows.items()}
+    assert reasons["CrashOnBuild"][1].startswith("crashed: segmentation fault (SIGSEGV)"), reasons
+    assert reasons["CrashOnCall"][1].startswith("crashed: segmentation fault (SIGSEGV)"), reasons
+    assert reasons["Hang"] == ("failed", "killed after the 4 s build timeout"), reasons
+    assert reasons["Hog"][1].startswith("out of memory"), reasons
+    assert reasons["NaNs"][0] == "rejected" and reasons["NaNs"][1].startswith("NaN outputs")
+    assert reasons["SlightlyWrong"][0] == "rejected"
+    assert reasons["SlightlyWrong"][1].startswith("wrong outputs")
+    assert reasons["Raises"] == (
+        "failed",
+        "build raised ValueError: unsupported operator aten::frobnicate",
+    ), reasons
+    assert rows["Good"].status == "ok" and rows["Good"].median_ms == 1.0
+    assert report.selected() == ["Good"]
+    x = batches(3, seed=1)[0]
+    torch.testing.assert_close(model(x), model.module(x))
+
+
+def test_isolation_is_the_default() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "import honed; print(honed.config.isolation)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert out == "process"
+
+
+def test_unpicklable_job_falls_back_in_process_with_a_warning(
+    isolated: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    class HoldsALock(Backend):
+        def __init__(self) -> None:
+            super().__init__()
+            import threading
+
+            self.lock = threading.Lock()  # cannot be pickled
+
+        def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Any:
+            return module
+
+    model = honed.Module(TinyMLP().eval(), "m")
+    with caplog.at_level("WARNING", logger="honed"):
+        report = honed.tune(model, batches(2), strategy=honed.OneBackendStrategy(HoldsALock()))
+    assert "cannot be sent to a worker process" in caplog.text
+    assert report.selected() == ["HoldsALock"]
+
+
+SCRIPT = """
+import torch, honed
+from honed.backend import Backend
+
+class MainModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+    def forward(self, x):
+        return self.fc(x).relu()
+
+class MainBackend(Backend):
+    def build(self, module, example_inputs):
+        return module
+
+if __name__ == "__main__":
+    model = honed.Module(MainModel().eval(), "main")
+    with honed.config.patch(warmup_ms=2, window_ms=2, max_windows=3, cache_enabled=False):
+        report = honed.tune(model, [torch.randn(2, 8), torch.randn(4, 8)],
+                            strategy=honed.OneBackendStrategy(MainBackend()))
+    print("SELECTED", report.selected())
+"""
+
+
+def test_main_script_classes_travel_to_the_worker(tmp_path: Path) -> None:
+    script = tmp_path / "user_script.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "SELECTED ['MainBackend']" in proc.stdout
+    assert "cannot be sent to a worker" not in proc.stderr
+
+
+HANGING_SCRIPT = """
+import sys, torch, honed
+from honed.backend import Backend
+
+class Hang(Backend):
+    def build(self, module, example_inputs):
+        import time
+        time.sleep(3600)
+
+model = honed.Module(torch.nn.Linear(4, 4).eval(), "m")
+with honed.config.patch(cache_enabled=False):
+    honed.tune(model, [torch.randn(2, 4)], strategy=honed.OneBackendStrategy(Hang()))
+honed.save(model, sys.argv[1])
+"""
+
+
+def _workers() -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"honed._worker" in cmdline:
+                found.add(int(entry.name))
+    return found
+
+
+def test_ctrl_c_stops_the_tune_leaving_no_worker_and_no_artifact(tmp_path: Path) -> None:
+    before = _workers()
+    artifact = tmp_path / "never.honed"
+    script = tmp_path / "hang.py"
+    script.write_text(HANGING_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(artifact)], stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not (_workers() - before):
+        time.sleep(0.2)
+    assert _workers() - before, "no worker started"
+    time.sleep(1.0)  # let the worker reach its hanging build
+    os.kill(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "KeyboardInterrupt" in stderr
+    time.sleep(0.5)
+    assert not (_workers() - before), "a worker outlived the tune"
+    assert list(tmp_path.iterdir()) == [script]
