@@ -60,6 +60,8 @@ def main(job_dir: str) -> int:
     for name, value in spec["config"].items():
         setattr(config, name, value)
     job = pickle.loads((work / "job.pkl").read_bytes())
+    if spec.get("kind") == "interleave":
+        return _interleave(job, work)
     watchdog = _Watchdog(work / "result.json")
     with watch_phases(lambda phase: watchdog.phase(phase, spec["timeouts"].get(phase, 0))):
         outcome: Outcome = evaluate(**job)
@@ -70,6 +72,23 @@ def main(job_dir: str) -> int:
         for name, data in files.items():
             (work / f"payload-{name}").write_bytes(data)
     record = {"outcome": outcome.to_record(), "files": sorted(files)}
+    (work / "result.json").write_text(json.dumps(record))
+    return 0
+
+
+def _interleave(job: dict[str, Any], work: Path) -> int:
+    """Build the finalists here (their compile caches are warm) and measure them interleaved."""
+    from honed.candidate import build_for_install, interleave, measurement_record
+
+    fns = [
+        build_for_install(
+            backend, job["module"], job["samples"], job["graph"], job["measure_at"], files
+        )
+        for backend, files in zip(job["backends"], job["payloads"], strict=True)
+    ]
+    sample = job["samples"][job["measure_at"]]
+    results = interleave(fns, job["medians"], sample, job["graph"].device, job["batch_size"])
+    record = {"measurements": [measurement_record(m) for m in results]}
     (work / "result.json").write_text(json.dumps(record))
     return 0
 

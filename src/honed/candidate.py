@@ -72,21 +72,12 @@ class Outcome:
 
     def to_record(self) -> dict[str, Any]:
         """What the tuning cache stores: everything but the callable."""
-        m = self.measurement
         return {
             "status": self.status,
             "reason": self.reason,
             "build_s": self.build_s,
             "check": dataclasses.asdict(self.check) if self.check is not None else None,
-            "measurement": None
-            if m is None
-            else {
-                "samples_ms": list(m.samples_ms),
-                "batch_size": int(m.batch_size),
-                "wall_ms": float(m.wall_ms),
-                "windows": int(m.windows),
-                "stable": bool(m.stable),
-            },
+            "measurement": measurement_record(self.measurement),
             "memory_bytes": self.memory_bytes,
             "injected": self.injected,
         }
@@ -103,11 +94,7 @@ class Outcome:
             reason=record["reason"],
             build_s=record["build_s"],
             check=CheckResult(**record["check"]) if record.get("check") else None,
-            measurement=None
-            if m is None
-            else _core.Measurement.from_samples(
-                m["samples_ms"], m["batch_size"], m["wall_ms"], m["windows"], m["stable"]
-            ),
+            measurement=measurement_from_record(m),
             memory_bytes=record.get("memory_bytes", 0),
             injected=record.get("injected", False),
             cached=True,
@@ -127,6 +114,27 @@ class Outcome:
             portability=int(getattr(type(self.backend), "portability", 5)),
             is_baseline=self.is_baseline,
         )
+
+
+def measurement_record(m: Any) -> dict[str, Any] | None:
+    """A Measurement as JSON (its samples and how they were taken)."""
+    if m is None:
+        return None
+    return {
+        "samples_ms": list(m.samples_ms),
+        "batch_size": int(m.batch_size),
+        "wall_ms": float(m.wall_ms),
+        "windows": int(m.windows),
+        "stable": bool(m.stable),
+    }
+
+
+def measurement_from_record(m: dict[str, Any] | None) -> Any:
+    if m is None:
+        return None
+    return _core.Measurement.from_samples(
+        m["samples_ms"], m["batch_size"], m["wall_ms"], m["windows"], m["stable"]
+    )
 
 
 def evaluate(
@@ -185,15 +193,14 @@ def evaluate(
 
 
 def build_for_install(
-    outcome: Outcome,
+    backend: Backend,
     module: torch.nn.Module,
     samples: list[Sample],
     graph: GraphInfo,
     measure_at: int,
     files: dict[str, bytes] | None,
 ) -> Callable[..., Any]:
-    """The callable of a candidate whose figures came from the cache: load or build, then warm."""
-    backend = outcome.backend
+    """The callable of a candidate evaluated elsewhere (cache, worker): load or build, then warm."""
     with torch.no_grad():
         if files and backend.saves_payload:
             fn = backend.load_payload(files, module, graph)
@@ -283,27 +290,43 @@ def measure(
     return m, injected is not None
 
 
+def finalists(outcomes: list[Outcome]) -> list[Outcome]:
+    """The fastest few measured (not injected) candidates, for an interleaved re-measurement."""
+    real = [o for o in outcomes if o.passed and not o.injected]
+    real.sort(key=lambda o: o.measurement.median_ms)
+    return real[:_FINALISTS] if len(real) >= 2 else []
+
+
+def interleave(
+    fns: list[Callable[..., Any]],
+    medians_ms: list[float],
+    sample: Sample,
+    device: torch.device,
+    batch_size: int,
+) -> list[Any]:
+    """Measure ``fns`` interleaved (A B C A B C ...) on ``sample`` so drift hits all alike."""
+    calls = max(3, int(_INTERLEAVED_ROUND_MS / max(max(medians_ms), 1e-3)))
+    args, kwargs = sample.args, sample.kwargs
+    bound = [_bind(fn, args, kwargs) for fn in fns]
+    with torch.no_grad():
+        results: list[Any] = _core.interleaved(
+            bound, make_timer(device), _INTERLEAVED_ROUNDS, min(calls, 200), batch_size
+        )
+    return results
+
+
 def measure_interleaved(
     outcomes: list[Outcome], sample: Sample, device: torch.device, batch_size: int
 ) -> None:
-    """Re-measure the fastest few interleaved (A B C A B C ...) so drift hits all alike."""
-    real = [o for o in outcomes if not o.injected and o.fn is not None]
-    if len(real) < 2:
+    """Re-measure the finalists built in this process interleaved; replaces their figures."""
+    chosen = [o for o in finalists(outcomes) if o.fn is not None]
+    if len(chosen) < 2:
         return
-    real.sort(key=lambda o: o.measurement.median_ms)
-    finalists = real[:_FINALISTS]
-    slowest = max(o.measurement.median_ms for o in finalists)
-    calls = max(3, int(_INTERLEAVED_ROUND_MS / max(slowest, 1e-3)))
-    args, kwargs = sample.args, sample.kwargs
-    fns = [_bind(o.fn, args, kwargs) for o in finalists]
-    with torch.no_grad():
-        results = _core.interleaved(
-            fns, make_timer(device), _INTERLEAVED_ROUNDS, min(calls, 200), batch_size
-        )
-    for o, m in zip(finalists, results, strict=True):
+    fns = [o.fn for o in chosen if o.fn is not None]
+    medians = [o.measurement.median_ms for o in chosen]
+    for o, m in zip(chosen, interleave(fns, medians, sample, device, batch_size), strict=True):
         o.measurement = m
 
 
-def _bind(fn: Callable[..., Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    assert fn is not None
+def _bind(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return lambda: fn(*args, **kwargs)

@@ -20,7 +20,7 @@ from typing import Any
 
 from honed import _core, config
 from honed.backend.base import Backend
-from honed.candidate import Outcome
+from honed.candidate import Outcome, measurement_from_record
 
 log = logging.getLogger("honed")
 
@@ -53,35 +53,78 @@ def _config_for_worker() -> dict[str, Any]:
     return out
 
 
-def evaluate_isolated(job: dict[str, Any]) -> Outcome:
-    """Run ``candidate.evaluate(**job)`` in a worker; raises NotIsolatable when it can't travel."""
+def _launch(kind: str, job: dict[str, Any], work: Path, timeout_s: float) -> Any:
+    """Pickle ``job`` into ``work`` and run the worker on it; returns how the worker ended."""
     import cloudpickle
 
-    backend: Backend = job["backend"]
     try:
         blob = cloudpickle.dumps(job)
     except Exception as e:
         raise NotIsolatable(f"{type(e).__name__}: {e}") from e
+    (work / "job.pkl").write_bytes(blob)
+    spec = {
+        "kind": kind,
+        "sys_path": [p for p in sys.path if p],
+        "config": _config_for_worker(),
+        "timeouts": {"build": config.build_timeout_s, "measure": config.measure_timeout_s},
+    }
+    (work / "spec.json").write_text(json.dumps(spec))
+    options = _core.IsolateOptions(
+        argv=[sys.executable, "-m", "honed._worker", str(work)],
+        env=[("PYTHONUNBUFFERED", "1")],
+        timeout_s=timeout_s,
+        memory_limit_bytes=memory_ceiling_bytes(),
+    )
+    return _core.run_isolated(options)
+
+
+def evaluate_isolated(job: dict[str, Any]) -> Outcome:
+    """Run ``candidate.evaluate(**job)`` in a worker; raises NotIsolatable when it can't travel."""
+    backend: Backend = job["backend"]
     with tempfile.TemporaryDirectory(prefix="honed-worker-") as tmp:
         work = Path(tmp)
-        (work / "job.pkl").write_bytes(blob)
-        spec = {
-            "sys_path": [p for p in sys.path if p],
-            "config": _config_for_worker(),
-            "timeouts": {"build": config.build_timeout_s, "measure": config.measure_timeout_s},
-        }
-        (work / "spec.json").write_text(json.dumps(spec))
-        options = _core.IsolateOptions(
-            argv=[sys.executable, "-m", "honed._worker", str(work)],
-            env=[("PYTHONUNBUFFERED", "1")],
-            timeout_s=config.build_timeout_s + config.measure_timeout_s + _GRACE_S,
-            memory_limit_bytes=memory_ceiling_bytes(),
-        )
-        ended = _core.run_isolated(options)
+        limit = config.build_timeout_s + config.measure_timeout_s + _GRACE_S
+        ended = _launch("evaluate", job, work, limit)
         return _outcome(backend, job.get("is_baseline", False), work, ended)
 
 
+def interleave_isolated(finalists: list[Outcome], job: dict[str, Any]) -> None:
+    """Re-measure ``finalists`` interleaved in one worker; replaces their figures on success.
+
+    ``job`` holds module, samples, graph, measure_at and batch_size. A failure here only logs:
+    each finalist keeps its own measurement.
+    """
+    if len(finalists) < 2:
+        return
+    job = dict(
+        job,
+        backends=[o.backend for o in finalists],
+        payloads=[o.payload_files for o in finalists],
+        medians=[o.measurement.median_ms for o in finalists],
+    )
+    with tempfile.TemporaryDirectory(prefix="honed-worker-") as tmp:
+        work = Path(tmp)
+        limit = len(finalists) * config.build_timeout_s + config.measure_timeout_s + _GRACE_S
+        try:
+            ended = _launch("interleave", job, work, limit)
+        except NotIsolatable as e:
+            log.info("honed: finalists not re-measured interleaved (%s)", e)
+            return
+        result = work / "result.json"
+        if ended.exit_code != 0 or not result.is_file():
+            log.warning(
+                "honed: interleaved re-measurement of the finalists failed (%s); "
+                "keeping their separate figures",
+                ended.summary(),
+            )
+            return
+        records = json.loads(result.read_text())["measurements"]
+    for outcome, record in zip(finalists, records, strict=True):
+        outcome.measurement = measurement_from_record(record)
+
+
 def _outcome(backend: Backend, is_baseline: bool, work: Path, ended: Any) -> Outcome:
+    """The worker's result file, or a failure that says how the worker ended."""
     result_path = work / "result.json"
     record = None
     if result_path.is_file():

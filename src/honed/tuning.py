@@ -23,10 +23,16 @@ from honed import _core, config
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint
-from honed.candidate import Outcome, build_for_install, evaluate, measure_interleaved
+from honed.candidate import (
+    Outcome,
+    build_for_install,
+    evaluate,
+    finalists,
+    measure_interleaved,
+)
 from honed.environment import fingerprint
 from honed.errors import InputError, TuneError
-from honed.isolation import NotIsolatable, evaluate_isolated
+from honed.isolation import NotIsolatable, evaluate_isolated, interleave_isolated
 from honed.module import RECORDING, GraphRecording, Module, Variant, find_modules
 from honed.report import CandidateReport, GraphReport, TuneReport
 from honed.shapes import graph_info, overrides_for, tensor_names
@@ -353,7 +359,13 @@ def _tune_graph(
             continue  # eager with default config is the baseline itself
         outcomes.append(run(backend))
     competing = ([baseline] if strategy.uses_baseline else []) + outcomes
-    measure_interleaved([o for o in competing if o.passed], samples[measure_at], ctx.device, batch)
+    if ctx.isolation == "process":
+        job = dict(
+            module=inner, samples=samples, graph=info, measure_at=measure_at, batch_size=batch
+        )
+        interleave_isolated(finalists(competing), job)
+    else:
+        measure_interleaved(competing, samples[measure_at], ctx.device, batch)
     decision, chosen = _select(strategy, competing, inner, samples, info, measure_at, ctx)
     if chosen is None:
         log.warning(
@@ -422,7 +434,7 @@ def _select(
             record = ctx.cache.get(chosen.cache_key)
             files = ctx.cache.files(chosen.cache_key, record) if record else None
         try:
-            chosen.fn = build_for_install(chosen, module, samples, info, measure_at, files)
+            chosen.fn = build_for_install(chosen.backend, module, samples, info, measure_at, files)
             return decision, chosen
         except Exception as e:
             log.warning(
