@@ -151,3 +151,10 @@ def test_artifact_for_another_gpu_errors_or_falls_back(saved: Path, tmp_path: Pa
     honed.load(model, foreign, on_incompatible="rebuild")
     assert model.is_tuned
     torch.testing.assert_close(model(x), eager_out)
+
+
+def test_save_to_a_directory_is_an_input_error(
+    inductor_tuned: honed.Module, tmp_path: Path
+) -> None:
+    with pytest.raises(honed.InputError, match="is a directory"):
+        honed.save(inductor_tuned, tmp_path)

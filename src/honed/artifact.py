@@ -47,6 +47,10 @@ def save(obj: Any, path: str | os.PathLike[str]) -> Path:
     """
     modules = _modules_of(obj, "save")
     path = Path(path)
+    if path.is_dir():
+        raise InputError(
+            f"honed.save: {path} is a directory; give a file name such as {path / 'model.honed'}"
+        )
     entries: dict[str, bytes] = {}
     manifest_modules = []
     for module in modules:
