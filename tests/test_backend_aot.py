@@ -334,3 +334,21 @@ def _forbid_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", refuse)
     monkeypatch.setattr(torch.export, "export", refuse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_dynamic_profile_on_cuda_matches_eager_and_round_trips() -> None:
+    torch.manual_seed(0)
+    model = TinyMLP().cuda().eval()
+    cuda = torch.device("cuda")
+    xs = [x.cuda() for x in batches(1, 4, 16)]
+    graph = GraphInfo(cuda, True, ((1, 16),), ((4, 16),), ((16, 16),), (("batch", ""),))
+    backend = TorchInductorAotBackend()
+    fn = backend.build_graph(model, _samples(*xs), graph)
+    loaded = backend.load_payload(backend.export_payload(fn), model, graph)
+    with torch.no_grad():
+        for x in batches(1, 3, 16, seed=5):
+            x = x.cuda()
+            torch.testing.assert_close(fn(x), model(x))
+            torch.testing.assert_close(loaded(x), model(x))
