@@ -352,3 +352,20 @@ def test_dynamic_profile_on_cuda_matches_eager_and_round_trips() -> None:
             x = x.cuda()
             torch.testing.assert_close(fn(x), model(x))
             torch.testing.assert_close(loaded(x), model(x))
+
+
+def test_a_loader_crash_in_the_probe_becomes_an_error(
+    dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from honed.backend import torch_inductor_aot as aot
+
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(aot, "_PROBE_CODE", crash)
+    monkeypatch.setattr(aot, "_PROBED", {})
+    backend = TorchInductorAotBackend()
+    files = backend.export_payload(dynamic_fn)
+    with pytest.raises(honed.TuneError, match=r"package crashed with signal 11 in a probe process"):
+        backend.load_payload(files, TinyMLP(), _profile(1, 1, 8, ("batch", "")))
+    _forbid_compiling(monkeypatch)  # known broken: a build fails before exporting or compiling
+    with pytest.raises(honed.TuneError, match="cannot run AOTInductor packages on this machine"):
+        backend.build_graph(TinyMLP(), _samples(*batches(4)), _profile(4, 4, 4))

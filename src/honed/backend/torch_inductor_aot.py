@@ -320,9 +320,10 @@ class TorchInductorAotBackend(Backend):
             eager_out = module(*plan.example.args, **plan.example.kwargs)
         if cfg.autocast_enabled:
             wrapper.set_autocast(graph.device.type, cfg.autocast_dtype or torch.bfloat16, eager_out)
+        _check_probe(graph.device.type)  # known not to load here: fail before compiling
         exported = _export(wrapper, plan, cfg.strict, type(module).__name__)
         package = _compile(exported, cfg.options)
-        runner = _load(package)
+        runner = _load(package, graph.device.type)
         return AotCompiled(runner, package, plan.calling, cfg.check_inputs)
 
     def export_payload(self, fn: Callable[..., Any]) -> dict[str, bytes]:
@@ -336,7 +337,7 @@ class TorchInductorAotBackend(Backend):
     def load_payload(
         self, files: dict[str, bytes], module: torch.nn.Module, graph: GraphInfo
     ) -> Callable[..., Any]:
-        del module, graph  # the package holds the weights and the shapes it serves
+        del module  # the package holds the weights and the shapes it serves
         missing = [n for n in (PAYLOAD_PACKAGE, PAYLOAD_CALLING) if n not in files]
         if missing:
             raise InputError(
@@ -345,7 +346,8 @@ class TorchInductorAotBackend(Backend):
             )
         package = files[PAYLOAD_PACKAGE]
         calling = Calling.from_json(files[PAYLOAD_CALLING].decode())
-        return AotCompiled(_load(package), package, calling, self.config.check_inputs)
+        runner = _load(package, graph.device.type)
+        return AotCompiled(runner, package, calling, self.config.check_inputs)
 
 
 # -- export plan: example input, Dims, guards ----------------------------------------------------
@@ -605,11 +607,57 @@ def _compile(exported: Any, options: dict[str, Any] | None) -> bytes:
         return path.read_bytes()
 
 
-def _load(package: bytes) -> Any:
+def _load(package: bytes, device_type: str) -> Any:
     """Load a .pt2 from bytes; the loader extracts what it needs, so the file can go after."""
     import torch._inductor
 
     with tempfile.TemporaryDirectory(prefix="honed-aot-") as tmp:
         path = Path(tmp) / PAYLOAD_PACKAGE
         path.write_bytes(package)
+        _probe_loading(path, device_type)
         return torch._inductor.aoti_load_package(str(path))
+
+
+# AOTInductor's package loader kills the whole process with a segfault in some torch builds (seen
+# with torch 2.11.0+cu130 on an H100 machine, for CPU and CUDA packages alike). So the first
+# package of each device type per process is loaded in a child process first; a crash there
+# becomes an error here. Results are kept: device type -> "" (loads) or the failure.
+_PROBE_CODE = "import sys, torch._inductor; torch._inductor.aoti_load_package(sys.argv[1])"
+_PROBED: dict[str, str] = {}
+
+
+def _probe_loading(path: Path, device_type: str) -> None:
+    import subprocess
+    import sys
+
+    if device_type not in _PROBED:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _PROBE_CODE, str(path)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+        except subprocess.TimeoutExpired:
+            _PROBED[device_type] = "timed out after 600 s"
+        else:
+            rc = done.returncode
+            last = (done.stderr.strip().splitlines() or [""])[-1]
+            if rc < 0:
+                _PROBED[device_type] = f"crashed with signal {-rc}"
+            elif rc > 0:
+                _PROBED[device_type] = f"failed (exit code {rc}: {last})"
+            else:
+                _PROBED[device_type] = ""
+    _check_probe(device_type)
+
+
+def _check_probe(device_type: str) -> None:
+    """Raise when a probe found that packages of this device type cannot be loaded here."""
+    failure = _PROBED.get(device_type)
+    if failure:
+        raise TuneError(
+            f"loading an AOTInductor {device_type} package {failure} in a probe process, so "
+            f"it is not loaded here: this torch build ({torch.__version__}) cannot run "
+            "AOTInductor packages on this machine; use another backend, or another torch build"
+        )
