@@ -49,6 +49,9 @@ class GraphInfo:
     min_shapes: tuple[tuple[int, ...], ...] = ()
     opt_shapes: tuple[tuple[int, ...], ...] = ()
     max_shapes: tuple[tuple[int, ...], ...] = ()
+    # Per tensor input, per axis, the profile's axis name (e.g. "batch"); axes named alike are
+    # one dimension (always equal). Empty when unknown; static axes may have any name.
+    axis_names: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclasses.dataclass

@@ -1,0 +1,279 @@
+"""src/honed/backend/cuda_graphs.py: the eager module captured into CUDA graphs, one per shape.
+
+Each input signature (tensor shapes, dtypes, devices; non-tensor values; structure) gets its own
+``torch.cuda.CUDAGraph``, captured on first sight after a few warm-up calls on a side stream,
+with static input buffers and static outputs. A call copies its inputs into the buffers,
+replays, and returns clones of the outputs: callers own them, as in eager (the next replay
+overwrites the static ones).
+
+Memory: with ``pool_sharing`` all captures draw from one pool. That is safe here because every
+replay runs on the caller's stream, one at a time, and its outputs are cloned before any other
+graph replays; a graph only reads its own static inputs, the weights, and what it wrote itself
+in the same replay.
+
+Inference only: captures and replays run under ``torch.no_grad()``; outputs do not require grad.
+One process thread at a time (CUDA graph capture is not thread safe).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
+from honed.backend.torch_eager import _device_of
+from honed.errors import ConfigError, InputError, TuneError
+
+log = logging.getLogger("honed")
+
+
+@dataclasses.dataclass
+class CudaGraphsBackendConfig(BackendConfig):
+    autocast_enabled: bool = False
+    autocast_dtype: torch.dtype | None = None
+    # Eager calls on a side stream before each capture (lazy initialisation, cuBLAS workspaces,
+    # autotuning libraries: none of it may happen during capture).
+    warmup_iters: int = 3
+    # One memory pool shared by the graphs of all shapes (see the file's docstring).
+    pool_sharing: bool = True
+    # At most this many captured graphs; signatures beyond it run the plain eager module (one
+    # log line says so).
+    max_graphs: int = 64
+
+    def __post_init__(self) -> None:
+        if self.autocast_dtype is not None and self.autocast_dtype not in (
+            torch.float16,
+            torch.bfloat16,
+        ):
+            raise ConfigError(
+                f"autocast_dtype={self.autocast_dtype} is not supported; use torch.float16 or "
+                "torch.bfloat16"
+            )
+        if self.warmup_iters < 1:
+            raise ConfigError(
+                f"CudaGraphsBackendConfig: warmup_iters must be at least 1 (got "
+                f"{self.warmup_iters}): capturing without a warm-up call fails on lazy "
+                "initialisation"
+            )
+        if self.max_graphs < 1:
+            raise ConfigError(
+                f"CudaGraphsBackendConfig: max_graphs must be at least 1, got {self.max_graphs}"
+            )
+
+
+class CudaGraphsBackend(Backend):
+    """Replays the eager module's kernels from CUDA graphs (no compiler involved)."""
+
+    config_class = CudaGraphsBackendConfig
+    portability = 1
+    jit = True  # a new signature is captured on its first call
+    config: CudaGraphsBackendConfig
+
+    @classmethod
+    def available(cls) -> Availability:
+        try:
+            if torch.cuda.is_available():
+                return Availability(True)
+        except Exception as e:  # never raise from available()
+            return Availability(
+                False, f"torch.cuda.is_available() raised: {e}", "run `honed doctor` for the cause"
+            )
+        return Availability(
+            False,
+            "needs a CUDA device (torch.cuda.is_available() is False)",
+            "run on a machine with an NVIDIA GPU and a CUDA build of torch; `honed doctor` says "
+            "why CUDA cannot start here",
+        )
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return self.build_graph(
+            module, example_inputs, GraphInfo(device=_device_of(module, example_inputs))
+        )
+
+    def build_graph(
+        self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
+    ) -> Callable[..., Any]:
+        if graph.device.type != "cuda":
+            raise InputError(
+                f"CudaGraphsBackend captures CUDA work, but this graph runs on {graph.device}; "
+                "move the model and its inputs to CUDA (.to('cuda')) or use another backend"
+            )
+        if not torch.cuda.is_available():
+            raise InputError(
+                "CudaGraphsBackend needs a CUDA device (torch.cuda.is_available() is False); "
+                "run `honed doctor` for the reason"
+            )
+        fn = CudaGraphed(module, graph.device, self.config)
+        for sample in example_inputs:  # capture the recorded signatures now: build time
+            fn.capture_for(sample.args, sample.kwargs)
+        return fn
+
+
+@dataclasses.dataclass
+class _Captured:
+    spec: Any  # pytree spec of the call's (args, kwargs)
+    graph: Any  # torch.cuda.CUDAGraph
+    static_inputs: list[torch.Tensor]
+    static_output: Any
+
+
+class CudaGraphed:
+    """A module called through CUDA graphs captured per input signature."""
+
+    def __init__(
+        self, module: torch.nn.Module, device: torch.device, config: CudaGraphsBackendConfig
+    ) -> None:
+        self.module = module
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
+        self.config = config
+        self.graphs: dict[tuple[Any, ...], list[_Captured]] = {}
+        self.captures = 0
+        self._stream: Any = None
+        self._pool: Any = None
+        self._warned_full = False
+
+    @property
+    def num_graphs(self) -> int:
+        return sum(len(v) for v in self.graphs.values())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils._pytree import tree_flatten, tree_map_only
+
+        leaves, spec = tree_flatten((args, kwargs))
+        key = self._key(len(args), kwargs, leaves)
+        captured = self._find(key, spec)
+        if captured is None:
+            captured = self._capture(key, spec, leaves)
+            if captured is None:  # over max_graphs: the plain eager module
+                with torch.no_grad():
+                    return self.module(*args, **kwargs)
+        with torch.no_grad():
+            tensors = (x for x in leaves if isinstance(x, torch.Tensor))
+            for static, t in zip(captured.static_inputs, tensors, strict=True):
+                static.copy_(t)
+            captured.graph.replay()
+            return tree_map_only(torch.Tensor, torch.Tensor.clone, captured.static_output)
+
+    def capture_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Capture the graph for this call's signature now (if not captured yet)."""
+        from torch.utils._pytree import tree_flatten
+
+        leaves, spec = tree_flatten((args, kwargs))
+        key = self._key(len(args), kwargs, leaves)
+        if self._find(key, spec) is None:
+            self._capture(key, spec, leaves)
+
+    # -- signature ---------------------------------------------------------------------------------
+    def _key(self, nargs: int, kwargs: dict[str, Any], leaves: list[Any]) -> tuple[Any, ...]:
+        parts: list[Any] = [nargs, tuple(kwargs)]
+        for x in leaves:
+            if isinstance(x, torch.Tensor):
+                if x.device != self.device:
+                    raise InputError(
+                        f"CudaGraphsBackend was built for {self.device} but got a tensor on "
+                        f"{x.device}; move every input to {self.device}"
+                    )
+                parts.append((tuple(x.shape), x.dtype))
+            else:
+                parts.append(_hashable(x))
+        return tuple(parts)
+
+    def _find(self, key: tuple[Any, ...], spec: Any) -> _Captured | None:
+        for captured in self.graphs.get(key, ()):
+            if captured.spec == spec:
+                return captured
+        return None
+
+    # -- capture -----------------------------------------------------------------------------------
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        cfg = self.config
+        if not cfg.autocast_enabled:
+            return self.module(*args, **kwargs)
+        dtype = cfg.autocast_dtype or torch.bfloat16
+        # cache_enabled=False: the autocast weight cache must not outlive a capture.
+        with torch.autocast(device_type="cuda", dtype=dtype, cache_enabled=False):
+            return self.module(*args, **kwargs)
+
+    def _capture(self, key: tuple[Any, ...], spec: Any, leaves: list[Any]) -> _Captured | None:
+        from torch.utils._pytree import tree_unflatten
+
+        cfg = self.config
+        if self.num_graphs >= cfg.max_graphs:
+            if not self._warned_full:
+                self._warned_full = True
+                log.warning(
+                    "honed: CudaGraphsBackend holds max_graphs=%d graphs; new input signatures "
+                    "run eager (raise CudaGraphsBackendConfig.max_graphs to capture them)",
+                    cfg.max_graphs,
+                )
+            return None
+        with torch.no_grad(), torch.cuda.device(self.device):
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(self.device)
+                self._pool = torch.cuda.graph_pool_handle() if cfg.pool_sharing else None
+            static_leaves = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+            static_inputs = [x for x in static_leaves if isinstance(x, torch.Tensor)]
+            args, kwargs = tree_unflatten(static_leaves, spec)
+            eager_dtypes = self._warm_up(args, kwargs)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+                    out = self._run(*args, **kwargs)
+                    if eager_dtypes is not None:
+                        out = _cast_back(out, eager_dtypes)
+            except Exception as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise TuneError(
+                    f"CUDA graph capture of {type(self.module).__name__} failed "
+                    f"({type(e).__name__}: {first}); the module must not synchronize with the "
+                    "host while running (.item(), .cpu(), printing tensors, data-dependent "
+                    "Python control flow, dynamic output shapes): remove those or use another "
+                    "backend"
+                ) from e
+        captured = _Captured(spec, graph, static_inputs, out)
+        self.graphs.setdefault(key, []).append(captured)
+        self.captures += 1
+        return captured
+
+    def _warm_up(self, args: Any, kwargs: Any) -> list[torch.dtype | None] | None:
+        """Eager calls on the side stream; under autocast, also the dtypes eager returns."""
+        from torch.utils._pytree import tree_leaves
+
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        eager_dtypes = None
+        with torch.cuda.stream(stream):
+            if self.config.autocast_enabled:
+                eager_dtypes = [
+                    t.dtype if isinstance(t, torch.Tensor) else None
+                    for t in tree_leaves(self.module(*args, **kwargs))
+                ]
+            for _ in range(self.config.warmup_iters):
+                self._run(*args, **kwargs)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        return eager_dtypes
+
+
+def _cast_back(out: Any, dtypes: list[torch.dtype | None]) -> Any:
+    """Autocast outputs back to the dtypes eager returns (position by position)."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    flat, spec = tree_flatten(out)
+    cast = [
+        t.to(want) if isinstance(t, torch.Tensor) and want is not None and t.dtype != want else t
+        for t, want in zip(flat, dtypes, strict=False)
+    ]
+    return tree_unflatten(cast, spec)
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return ("unhashable", type(value).__name__, repr(value))
+    return (type(value).__name__, value)

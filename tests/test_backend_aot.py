@@ -1,0 +1,371 @@
+"""tests/test_backend_aot.py: TorchInductorAotBackend: export, AOT compile, payload, tune.
+
+AOT compiles take seconds each on CPU: the built results are shared through module fixtures
+(three compiles in all: a dynamic profile, a static autocast one, and one end-to-end tune).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import honed
+from honed.backend import GraphInfo, Sample, backend_from_recipe
+from honed.backend.torch_inductor_aot import (
+    PAYLOAD_CALLING,
+    PAYLOAD_PACKAGE,
+    AotCompiled,
+    Calling,
+    TensorGuard,
+    TorchInductorAotBackend,
+    TorchInductorAotBackendConfig,
+    _plan,
+)
+
+from conftest import TinyMLP, batches
+
+CPU = torch.device("cpu")
+
+# The FutureWarning comes from inside torch's AOT compile (a deprecated LeafSpec check).
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")]
+
+
+class KwModel(nn.Module):
+    """Keyword tensor input and a non-tensor constant, to exercise the calling convention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor, *, bias: torch.Tensor, scale: float = 1.0) -> Any:
+        y = self.fc(x) * scale + bias
+        return {"y": y, "parts": (y.relu(), y.sum(dim=1))}
+
+
+class Branchy(nn.Module):
+    """Python control flow on a tensor value: torch.export cannot capture it as one graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        if y.sum() > 0:
+            return y * 2
+        return y
+
+
+class TwoInputs(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+
+def _samples(*xs: torch.Tensor) -> list[Sample]:
+    return [Sample((x,), {}) for x in xs]
+
+
+def _profile(lo: int, opt: int, hi: int, names: tuple[str, ...] = ()) -> GraphInfo:
+    return GraphInfo(
+        device=CPU,
+        has_dynamic_axes=lo != hi,
+        min_shapes=((lo, 16),),
+        opt_shapes=((opt, 16),),
+        max_shapes=((hi, 16),),
+        axis_names=(names,) if names else (),
+    )
+
+
+@pytest.fixture(scope="module")
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return TinyMLP().eval()
+
+
+@pytest.fixture(scope="module")
+def dynamic_fn(mlp: nn.Module) -> AotCompiled:
+    """Batch profile [1..8] traced at opt batch 1 (the example is enlarged to dodge 0/1)."""
+    backend = TorchInductorAotBackend()
+    fn = backend.build_graph(mlp, _samples(*batches(1, 5, 8)), _profile(1, 1, 8, ("batch", "")))
+    assert isinstance(fn, AotCompiled)
+    return fn
+
+
+@pytest.fixture(scope="module")
+def kw_static() -> tuple[nn.Module, AotCompiled, dict[str, Any]]:
+    torch.manual_seed(0)
+    model = KwModel().eval()
+    x = batches(4)[0]
+    kwargs = {"bias": torch.randn(4, 8), "scale": 0.5}
+    backend = TorchInductorAotBackend(
+        TorchInductorAotBackendConfig(autocast_enabled=True, autocast_dtype=torch.bfloat16)
+    )
+    graph = GraphInfo(CPU, False, ((4, 16), (4, 8)), ((4, 16), (4, 8)), ((4, 16), (4, 8)))
+    fn = backend.build_graph(model, [Sample((x,), kwargs)], graph)
+    assert isinstance(fn, AotCompiled)
+    return model, fn, {"x": x, **kwargs}
+
+
+# -- config, availability, plan (no compiling) --------------------------------------------------
+def test_config_defaults_and_validation() -> None:
+    cfg = TorchInductorAotBackendConfig()
+    assert (cfg.options, cfg.dynamic, cfg.strict, cfg.check_inputs) == (None, None, False, True)
+    assert (cfg.autocast_enabled, cfg.autocast_dtype) == (False, None)
+    with pytest.raises(honed.ConfigError, match=r"float16 or torch\.bfloat16"):
+        TorchInductorAotBackendConfig(autocast_enabled=True, autocast_dtype=torch.int8)
+    with pytest.raises(honed.ConfigError, match="options must be a dict"):
+        TorchInductorAotBackendConfig(options=["max_autotune"])  # type: ignore[arg-type]
+
+
+def test_recipe_round_trip_and_class_attributes() -> None:
+    backend = TorchInductorAotBackend(
+        TorchInductorAotBackendConfig(options={"max_autotune": True}, strict=True)
+    )
+    rebuilt = backend_from_recipe(backend.recipe())
+    assert isinstance(rebuilt, TorchInductorAotBackend)
+    assert rebuilt.config == backend.config
+    assert rebuilt.name == "TorchInductorAotBackend(options={'max_autotune': True}, strict=True)"
+    assert (TorchInductorAotBackend.portability, TorchInductorAotBackend.saves_payload) == (2, True)
+
+
+def test_available_here_and_names_a_missing_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert TorchInductorAotBackend.available().ok
+    monkeypatch.setattr("honed.backend.torch_inductor._cpu_compiler", lambda: None)
+    avail = TorchInductorAotBackend.available()
+    assert not avail.ok
+    assert "no C++ compiler" in avail.reason
+    assert "g++" in avail.fix
+
+
+def test_available_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom() -> None:
+        raise RuntimeError("broken install")
+
+    monkeypatch.setattr("honed.backend.torch_inductor_aot.cpu_available", boom)
+    avail = TorchInductorAotBackend.available()
+    assert not avail.ok
+    assert "broken install" in avail.reason
+
+
+def test_plan_shares_one_dim_between_axes_named_alike() -> None:
+    xs = batches(3, 6)
+    samples = [Sample((x, x.clone()), {}) for x in xs]
+    shapes = ((3, 16), (3, 16)), ((6, 16), (6, 16))
+    named = GraphInfo(CPU, True, shapes[0], shapes[1], shapes[1], (("b", ""), ("b", "")))
+    dims = _plan(samples, named, None).dims
+    assert dims[0] is not None and dims[1] is not None
+    assert dims[0][0] is dims[1][0]
+    assert (dims[0][0].min, dims[0][0].max) == (3, 6)
+    apart = GraphInfo(CPU, True, shapes[0], shapes[1], shapes[1], (("b", ""), ("c", "")))
+    dims = _plan(samples, apart, None).dims
+    assert dims[0] is not None and dims[1] is not None
+    assert dims[0][0] is not dims[1][0]
+    # Without names: axes equal in every sample (and of one range) share a Dim.
+    unnamed = GraphInfo(CPU, True, shapes[0], shapes[1], shapes[1])
+    plan = _plan(samples, unnamed, None)
+    assert plan.dims[0] is not None and plan.dims[1] is not None
+    assert plan.dims[0][0] is plan.dims[1][0]
+    assert plan.calling.guards[0].groups == plan.calling.guards[1].groups == ("in0_axis0", "")
+
+
+def test_unnamed_equal_batch_axes_export_as_one_dim() -> None:
+    # torch.export refuses two separate Dims for axes that x + y makes equal; the plan's shared
+    # Dim makes the export succeed (export only: no AOT compile).
+    from honed.backend.torch_inductor_aot import _export, _FlatForward
+
+    samples = [Sample((x, x * 2), {}) for x in batches(3, 6)]
+    graph = GraphInfo(CPU, True, ((3, 16),) * 2, ((6, 16),) * 2, ((6, 16),) * 2)
+    plan = _plan(samples, graph, None)
+    exported = _export(
+        _FlatForward(TwoInputs(), plan.calling, plan.spec, plan.template), plan, False, "TwoInputs"
+    )
+    ranges = sorted((int(r.lower), int(r.upper)) for r in exported.range_constraints.values())
+    assert ranges == [(3, 6)]
+
+
+def test_plan_enlarges_a_batch_one_example_and_keeps_min_one() -> None:
+    plan = _plan(_samples(*batches(1)), _profile(1, 1, 8, ("batch", "")), None)
+    assert tuple(plan.tensors[0].shape) == (2, 16)
+    torch.testing.assert_close(plan.tensors[0][1], plan.tensors[0][0])  # repeated rows
+    dim = plan.dims[0][0] if plan.dims[0] else None
+    assert dim is not None and (dim.min, dim.max) == (1, 8)
+
+
+def test_dynamic_true_without_a_dynamic_axis_is_a_config_error(mlp: nn.Module) -> None:
+    backend = TorchInductorAotBackend(TorchInductorAotBackendConfig(dynamic=True))
+    with pytest.raises(honed.ConfigError, match="no dynamic axis"):
+        backend.build_graph(mlp, _samples(*batches(4)), _profile(4, 4, 4))
+
+
+def test_calling_json_round_trip() -> None:
+    calling = Calling(
+        3,
+        (0, 2),
+        (TensorGuard("torch.float32", "cpu", (1, 4), (8, 4), ("batch", "")),) * 2,
+        {1: 0.5},
+        None,
+    )
+    assert Calling.from_json(calling.to_json()) == calling
+    with pytest.raises(honed.InputError, match="format"):
+        Calling.from_json('{"format": 99}')
+
+
+def test_data_dependent_control_flow_fails_clearly() -> None:
+    model = Branchy().eval()
+    with pytest.raises(honed.TuneError, match=r"torch\.export could not capture Branchy") as e:
+        TorchInductorAotBackend().build_graph(model, _samples(*batches(4)), _profile(4, 4, 4))
+    assert "torch.cond" in str(e.value)
+
+
+def test_tune_reports_the_export_failure_and_keeps_eager() -> None:
+    model = honed.Module(Branchy().eval(), "branchy")
+    strategy = honed.OneBackendStrategy(TorchInductorAotBackend())
+    report = honed.tune(model, batches(4, 4), strategy=strategy)
+    row = next(c for g in report.graphs for c in g.candidates if not c.is_baseline)
+    assert row.status == "failed"
+    assert "torch.export could not capture Branchy" in row.reason
+    x = batches(4)[0]
+    torch.testing.assert_close(model(x), model.module(x))
+
+
+# -- built packages -----------------------------------------------------------------------------
+def test_dynamic_profile_matches_eager_from_min_to_max(
+    mlp: nn.Module, dynamic_fn: AotCompiled
+) -> None:
+    with torch.no_grad():
+        for x in batches(1, 2, 5, 8, seed=1):
+            torch.testing.assert_close(dynamic_fn(x), mlp(x))
+
+
+def test_shapes_outside_the_compiled_range_are_refused(dynamic_fn: AotCompiled) -> None:
+    with pytest.raises(honed.InputError, match=r"axis 0 must be in \[1, 8\]"):
+        dynamic_fn(torch.randn(9, 16))
+    with pytest.raises(honed.InputError, match=r"compiled for torch\.float32 of rank 2"):
+        dynamic_fn(torch.randn(4, 16, dtype=torch.float64))
+    with pytest.raises(honed.InputError, match="axis 1 must be in"):
+        dynamic_fn(torch.randn(4, 17))
+
+
+def test_new_shapes_never_recompile(
+    mlp: nn.Module, dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _forbid_compiling(monkeypatch)
+    with torch.no_grad():
+        for x in batches(3, 7, seed=2):
+            torch.testing.assert_close(dynamic_fn(x), mlp(x))
+
+
+def test_payload_round_trip_loads_without_compiling(
+    mlp: nn.Module, dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = TorchInductorAotBackend()
+    files = backend.export_payload(dynamic_fn)
+    assert set(files) == {PAYLOAD_PACKAGE, PAYLOAD_CALLING}
+    assert files[PAYLOAD_PACKAGE][:2] == b"PK"  # a .pt2 is a zip archive
+    _forbid_compiling(monkeypatch)
+    loaded = backend.load_payload(files, TinyMLP(), _profile(1, 1, 8, ("batch", "")))
+    with torch.no_grad():
+        for x in batches(1, 6, 8, seed=3):
+            torch.testing.assert_close(loaded(x), mlp(x))
+    with pytest.raises(honed.InputError, match=r"must be in \[1, 8\]"):
+        loaded(torch.randn(10, 16))
+
+
+def test_incomplete_payload_is_refused() -> None:
+    with pytest.raises(honed.InputError, match=r"lacks \['calling.json'\]"):
+        TorchInductorAotBackend().load_payload({PAYLOAD_PACKAGE: b""}, TinyMLP(), _profile(1, 1, 1))
+
+
+def test_export_payload_refuses_foreign_callables() -> None:
+    with pytest.raises(TypeError, match="takes what its build returned"):
+        TorchInductorAotBackend().export_payload(TinyMLP())
+
+
+def test_kwargs_constants_and_autocast(kw_static: tuple[nn.Module, AotCompiled, Any]) -> None:
+    model, fn, inputs = kw_static
+    x, bias, scale = inputs["x"], inputs["bias"], inputs["scale"]
+    out = fn(x, bias=bias, scale=scale)
+    with torch.no_grad():
+        ref = model(x, bias=bias, scale=scale)
+    assert set(out) == {"y", "parts"}
+    assert out["y"].dtype == torch.float32  # cast back to what eager returns
+    assert out["parts"][1].dtype == torch.float32
+    torch.testing.assert_close(out["y"], ref["y"], atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(out["parts"][0], ref["parts"][0], atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(out["parts"][1], ref["parts"][1], atol=2e-1, rtol=5e-2)
+    assert not torch.equal(out["y"], ref["y"])  # it really ran in bfloat16
+
+
+def test_static_build_refuses_other_shapes_and_constants(
+    kw_static: tuple[nn.Module, AotCompiled, Any],
+) -> None:
+    _, fn, inputs = kw_static
+    x, bias = inputs["x"], inputs["bias"]
+    with pytest.raises(honed.InputError, match=r"non-tensor input .* == 0\.5, got 2\.0"):
+        fn(x, bias=bias, scale=2.0)
+    with pytest.raises(honed.InputError, match=r"axis 0 must be in \[4, 4\]"):
+        fn(torch.randn(5, 16), bias=torch.randn(5, 8), scale=0.5)
+    with pytest.raises(honed.InputError, match="structured differently"):
+        fn(x, bias)
+
+
+def test_tune_selects_aot_and_the_tuned_module_matches_eager() -> None:
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "tiny-aot")
+    strategy = honed.OneBackendStrategy(TorchInductorAotBackend())
+    report = honed.tune(model, batches(2, 4, 8), strategy=strategy)
+    assert report.selected() == ["TorchInductorAotBackend"]
+    assert isinstance(model.variants[0].fn, AotCompiled)
+    with torch.no_grad():
+        for x in batches(2, 3, 8, seed=4):
+            assert model._dispatcher.lookup((x,), {}) == 0  # served by the AOT variant
+            torch.testing.assert_close(model(x), model.module(x))
+
+
+def _forbid_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor
+    import torch.export
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("compiled or exported where only loading was allowed")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", refuse)
+    monkeypatch.setattr(torch.export, "export", refuse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_dynamic_profile_on_cuda_matches_eager_and_round_trips() -> None:
+    torch.manual_seed(0)
+    model = TinyMLP().cuda().eval()
+    cuda = torch.device("cuda")
+    xs = [x.cuda() for x in batches(1, 4, 16)]
+    graph = GraphInfo(cuda, True, ((1, 16),), ((4, 16),), ((16, 16),), (("batch", ""),))
+    backend = TorchInductorAotBackend()
+    fn = backend.build_graph(model, _samples(*xs), graph)
+    loaded = backend.load_payload(backend.export_payload(fn), model, graph)
+    with torch.no_grad():
+        for x in batches(1, 3, 16, seed=5):
+            x = x.cuda()
+            torch.testing.assert_close(fn(x), model(x))
+            torch.testing.assert_close(loaded(x), model(x))
+
+
+def test_a_loader_crash_in_the_probe_becomes_an_error(
+    dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from honed.backend import torch_inductor_aot as aot
+
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(aot, "_PROBE_CODE", crash)
+    monkeypatch.setattr(aot, "_PROBED", {})
+    backend = TorchInductorAotBackend()
+    files = backend.export_payload(dynamic_fn)
+    with pytest.raises(honed.TuneError, match=r"package crashed with signal 11 in a probe process"):
+        backend.load_payload(files, TinyMLP(), _profile(1, 1, 8, ("batch", "")))
+    _forbid_compiling(monkeypatch)  # known broken: a build fails before exporting or compiling
+    with pytest.raises(honed.TuneError, match="cannot run AOTInductor packages on this machine"):
+        backend.build_graph(TinyMLP(), _samples(*batches(4)), _profile(4, 4, 4))

@@ -1,0 +1,208 @@
+"""tests/test_backend_cudagraphs.py: CudaGraphsBackend: availability on CPU, captures on CUDA."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import honed
+from honed.backend import GraphInfo, Sample, backend_from_recipe
+from honed.backend.cuda_graphs import CudaGraphed, CudaGraphsBackend, CudaGraphsBackendConfig
+
+from conftest import TinyMLP
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+class Scaled(nn.Module):
+    """A non-tensor argument and a nested output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> dict[str, Any]:
+        y = self.fc(x) * scale
+        return {"y": y, "stats": (y.mean(dim=1), y.amax(dim=1))}
+
+
+class Syncs(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.sum().item() > 0 else x
+
+
+# -- anywhere ------------------------------------------------------------------------------------
+def test_config_defaults_and_validation() -> None:
+    cfg = CudaGraphsBackendConfig()
+    assert (cfg.autocast_enabled, cfg.autocast_dtype) == (False, None)
+    assert (cfg.warmup_iters, cfg.pool_sharing, cfg.max_graphs) == (3, True, 64)
+    with pytest.raises(honed.ConfigError, match="warmup_iters must be at least 1"):
+        CudaGraphsBackendConfig(warmup_iters=0)
+    with pytest.raises(honed.ConfigError, match="max_graphs must be at least 1"):
+        CudaGraphsBackendConfig(max_graphs=0)
+    with pytest.raises(honed.ConfigError, match=r"float16 or torch\.bfloat16"):
+        CudaGraphsBackendConfig(autocast_enabled=True, autocast_dtype=torch.float32)
+
+
+def test_recipe_round_trip() -> None:
+    backend = CudaGraphsBackend(
+        CudaGraphsBackendConfig(autocast_enabled=True, autocast_dtype=torch.float16)
+    )
+    rebuilt = backend_from_recipe(backend.recipe())
+    assert isinstance(rebuilt, CudaGraphsBackend)
+    assert rebuilt.config == backend.config
+    assert rebuilt.name == "CudaGraphsBackend(autocast_enabled=True, autocast_dtype=float16)"
+    assert (CudaGraphsBackend.portability, CudaGraphsBackend.saves_payload) == (1, False)
+
+
+def test_unavailable_without_cuda_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    avail = CudaGraphsBackend.available()
+    assert not avail.ok
+    assert avail.reason == "needs a CUDA device (torch.cuda.is_available() is False)"
+    assert "NVIDIA GPU" in avail.fix
+
+
+def test_available_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom() -> bool:
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    avail = CudaGraphsBackend.available()
+    assert not avail.ok
+    assert "driver exploded" in avail.reason
+
+
+def test_building_for_a_cpu_graph_is_a_clear_error() -> None:
+    model = TinyMLP().eval()
+    x = torch.randn(4, 16)
+    with pytest.raises(honed.InputError, match=r"runs on cpu; move the model .* to CUDA"):
+        CudaGraphsBackend().build_graph(model, [Sample((x,), {})], GraphInfo(torch.device("cpu")))
+    with pytest.raises(honed.InputError, match="captures CUDA work"):
+        CudaGraphsBackend().build(model, [Sample((x,), {})])
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CUDA is available here")
+def test_tune_on_cpu_reports_it_unavailable() -> None:
+    model = honed.Module(TinyMLP().eval(), "tiny-cg")
+    report = honed.tune(
+        model, [torch.randn(4, 16)], strategy=honed.OneBackendStrategy(CudaGraphsBackend())
+    )
+    row = next(c for g in report.graphs for c in g.candidates if not c.is_baseline)
+    assert row.status == "failed"
+    assert "needs a CUDA device" in row.reason
+
+
+# -- CUDA ----------------------------------------------------------------------------------------
+def _cuda_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return TinyMLP().cuda().eval()
+
+
+def _x(batch: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(batch, 16, device="cuda", generator=g)
+
+
+def _build(model: nn.Module, *xs: torch.Tensor, **config: Any) -> CudaGraphed:
+    fn = CudaGraphsBackend(CudaGraphsBackendConfig(**config)).build_graph(
+        model, [Sample((x,), {}) for x in xs], GraphInfo(torch.device("cuda"))
+    )
+    assert isinstance(fn, CudaGraphed)
+    return fn
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+class TestOnCuda:
+    @pytest.mark.parametrize("pool_sharing", [True, False])
+    def test_outputs_equal_eager(self, pool_sharing: bool) -> None:
+        model = _cuda_mlp()
+        fn = _build(model, _x(4), pool_sharing=pool_sharing)
+        with torch.no_grad():
+            for seed in range(3):
+                x = _x(4, seed)
+                torch.testing.assert_close(fn(x), model(x))
+
+    def test_two_shapes_make_two_captures_and_alternate_correctly(self) -> None:
+        model = _cuda_mlp()
+        fn = _build(model, _x(4))
+        assert fn.num_graphs == 1  # the sample's signature was captured at build
+        with torch.no_grad():
+            for seed in range(3):  # A B A B ...: the shared pool must not mix them up
+                for batch in (8, 4):
+                    x = _x(batch, seed)
+                    torch.testing.assert_close(fn(x), model(x))
+        assert fn.num_graphs == 2
+        assert fn.captures == 2
+
+    def test_outputs_kept_across_calls_stay_valid(self) -> None:
+        model = _cuda_mlp()
+        fn = _build(model, _x(4))
+        x1, x2 = _x(4, 1), _x(4, 2)
+        out1 = fn(x1)
+        out2 = fn(x2)
+        static = fn.graphs[next(iter(fn.graphs))][0].static_output
+        assert out1.data_ptr() != static.data_ptr() and out2.data_ptr() != static.data_ptr()
+        with torch.no_grad():
+            torch.testing.assert_close(out1, model(x1))
+            torch.testing.assert_close(out2, model(x2))
+        assert not torch.equal(out1, out2)
+
+    def test_autocast_bf16_returns_float32(self) -> None:
+        model = _cuda_mlp()
+        fn = _build(model, _x(4), autocast_enabled=True, autocast_dtype=torch.bfloat16)
+        x = _x(4, 5)
+        out = fn(x)
+        assert out.dtype == torch.float32
+        with torch.no_grad():
+            ref = model(x)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                ref_bf16 = model(x)
+        torch.testing.assert_close(out, ref, atol=5e-2, rtol=5e-2)
+        torch.testing.assert_close(out, ref_bf16.float())
+
+    def test_non_tensor_arguments_and_nested_outputs(self) -> None:
+        torch.manual_seed(0)
+        model = Scaled().cuda().eval()
+        x = _x(4)
+        fn = CudaGraphsBackend().build_graph(
+            model, [Sample((x,), {"scale": 0.5})], GraphInfo(torch.device("cuda"))
+        )
+        assert isinstance(fn, CudaGraphed)
+        with torch.no_grad():
+            for scale in (0.5, 2.0, 0.5):
+                out, ref = fn(x, scale=scale), model(x, scale=scale)
+                torch.testing.assert_close(out["y"], ref["y"])
+                torch.testing.assert_close(out["stats"][1], ref["stats"][1])
+        assert fn.num_graphs == 2  # scale=2.0 was captured separately
+
+    def test_beyond_max_graphs_runs_eager(self) -> None:
+        model = _cuda_mlp()
+        fn = _build(model, _x(4), max_graphs=1)
+        x = _x(6)
+        with torch.no_grad():
+            torch.testing.assert_close(fn(x), model(x))
+        assert fn.num_graphs == 1
+
+    def test_inputs_on_another_device_are_refused(self) -> None:
+        fn = _build(_cuda_mlp(), _x(4))
+        with pytest.raises(honed.InputError, match="move every input"):
+            fn(torch.randn(4, 16))
+
+    def test_host_sync_fails_capture_clearly(self) -> None:
+        with pytest.raises(honed.TuneError, match="must not synchronize with the host"):
+            _build(Syncs().cuda(), _x(4))
+
+    def test_tune_selects_cuda_graphs_and_matches_eager(self) -> None:
+        model = honed.Module(_cuda_mlp(), "tiny-cg")
+        strategy = honed.OneBackendStrategy(CudaGraphsBackend())
+        report = honed.tune(model, [_x(2), _x(4), _x(8)], strategy=strategy)
+        assert report.selected() == ["CudaGraphsBackend"]
+        with torch.no_grad():
+            for batch in (2, 5, 8):
+                x = _x(batch, 7)
+                torch.testing.assert_close(model(x), model.module(x))
