@@ -13,18 +13,27 @@ from honed.backend.base import (
     Sample,
     backend_from_recipe,
 )
+from honed.backend.cuda_graphs import CudaGraphsBackend, CudaGraphsBackendConfig
 from honed.backend.registry import available_backends, builtin_backends, default_backends
 from honed.backend.torch_eager import TorchEagerBackend, TorchEagerBackendConfig
 from honed.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
+from honed.backend.torch_inductor_aot import (
+    TorchInductorAotBackend,
+    TorchInductorAotBackendConfig,
+)
 
 __all__ = [
     "Availability",
     "Backend",
     "BackendConfig",
+    "CudaGraphsBackend",
+    "CudaGraphsBackendConfig",
     "GraphInfo",
     "Sample",
     "TorchEagerBackend",
     "TorchEagerBackendConfig",
+    "TorchInductorAotBackend",
+    "TorchInductorAotBackendConfig",
     "TorchInductorBackend",
     "TorchInductorBackendConfig",
     "available_backends",
