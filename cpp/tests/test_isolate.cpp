@@ -131,9 +131,9 @@ TEST(Isolate, MemoryCeilingKillsTheChild) {
 }
 
 TEST(Isolate, MemoryCeilingCountsTheGroup) {
-  // Two grandchildren of 80 MiB each: neither passes 100 MiB alone, the group does.
+  // Two grandchildren of 60 MiB each: neither passes 100 MiB alone, the group does.
   IsolateOptions o = sh(
-      "for i in 1 2; do python3 -c 'b = bytearray(80 << 20); import time; time.sleep(5)' & done; "
+      "for i in 1 2; do python3 -c 'b = bytearray(60 << 20); import time; time.sleep(5)' & done; "
       "wait");
   o.memory_limit_bytes = 100ll << 20;
   const IsolateResult r = run_isolated(o);

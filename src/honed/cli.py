@@ -12,6 +12,9 @@ from honed import config
 EXAMPLES = """examples:
   honed demo                   tune the built-in DemoNet on the CPU and print the comparison
   honed demo --device cuda     the same on the GPU
+  honed doctor                 what this machine can run (GPUs, driver, torch, packages, backends)
+  honed doctor --device cuda --json
+                               the same as JSON; exit status 1 when CUDA cannot run here
 """
 
 
@@ -31,6 +34,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     demo.add_argument("--out", type=Path, default=None, help="where to save the artifact")
+    doctor = sub.add_parser(
+        "doctor",
+        help="say what this machine can run and, for what it cannot, why and what to change",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    doctor.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="what must be able to run for exit status 0 (default: cpu)",
+    )
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -41,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         from honed.demo import run
 
         return run(args.device, args.out)
+    if args.command == "doctor":
+        from honed import doctor
+
+        return doctor.run(args.device, as_json=args.json)
     return 2
 
 

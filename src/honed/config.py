@@ -73,6 +73,10 @@ max_samples_per_graph: int = _env_int("HONED_MAX_SAMPLES_PER_GRAPH", 32)
 # FirstWinsStrategy: a candidate must beat eager by at least this factor (beyond the noise).
 first_wins_min_speedup: float = _env_float("HONED_FIRST_WINS_MIN_SPEEDUP", 1.0)
 
+# honed doctor: how long importing one optional package (probed in a subprocess) may take before
+# it is reported as hanging. Packages that import torch need a few seconds.
+doctor_import_timeout_s: float = _env_float("HONED_DOCTOR_IMPORT_TIMEOUT_S", 60.0)
+
 # Test hook (STYLE.md rule 6): candidate name or backend class name -> latencies in ms that the
 # engine's InjectedTimer returns instead of real time, so the picker can be tested
 # deterministically. Never set outside tests and benchmarks that distort on purpose.
