@@ -17,6 +17,8 @@ import honed
 from honed import _core, doctor
 from honed.cli import main
 
+from conftest import TinyMLP, batches
+
 REGISTER_CONSTANT_ERROR = (
     "AttributeError: module 'torch.utils._pytree' has no attribute 'register_constant'"
 )
@@ -248,3 +250,14 @@ def test_diagnose_api() -> None:
     assert json.loads(json.dumps(report.to_dict()))["ok"] is True
     with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
         doctor.diagnose("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA cannot start")
+def test_tune_on_cuda_without_cuda_stops_with_the_diagnosis() -> None:
+    model = honed.Module(TinyMLP().eval(), "m")
+    with pytest.raises(honed.TuneError) as info:
+        honed.tune(model, batches(2), device="cuda")
+    message = str(info.value)
+    assert "never falls back to the CPU silently" in message
+    assert "CPU-only build" in message or "no NVIDIA driver" in message
+    assert "honed doctor --device cuda" in message

@@ -232,10 +232,14 @@ def _resolve_device(device: str | torch.device | None, modules: list[Module]) ->
         return found
     wanted = torch.device(device)
     if wanted.type == "cuda" and not torch.cuda.is_available():
+        from honed.doctor import diagnose
+
+        problems = diagnose("cuda").problems or ["torch.cuda.is_available() is False"]
         raise TuneError(
-            f"honed.tune: device={str(wanted)!r} was asked for but torch cannot use CUDA here "
-            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}); run `honed "
-            "doctor` for the reason, or tune on device='cpu'"
+            f"honed.tune: device={str(wanted)!r} was asked for but CUDA cannot start here, and "
+            "honed never falls back to the CPU silently:\n  - "
+            + "\n  - ".join(problems)
+            + "\nRun `honed doctor --device cuda` for the full report, or tune on device='cpu'."
         )
     if wanted.type != found.type:
         raise InputError(
