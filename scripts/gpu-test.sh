@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# scripts/gpu-test.sh: on the GPU machine (no network): build against the preinstalled torch,
-# run the C++ tests, the whole Python suite with CUDA, the demo on cuda and the overhead benchmark.
+# scripts/gpu-test.sh [tests|bench|all]: on the GPU machine (no network): build against the
+# preinstalled torch, then
+#   tests: the C++ tests, the whole Python suite with CUDA, and `honed doctor`;
+#   bench: `honed demo --device cuda`, the overhead and cache benchmarks, a BERT-base-like tune.
 # Logs go to $OUT (or ./gpu-out) so they come back from the device.
 set -uo pipefail
+STAGE=${1:-all}
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 status=0
 step() { echo; echo "=== $*"; }
+run() { "$@" || { echo "FAILED: $*"; status=1; }; }
 
 step "environment"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
@@ -18,19 +22,41 @@ step "build (no network, no build isolation)"
 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . 2>&1 | grep -v "^WARNING" | tail -20
 $PY -c "import honed; print('honed', honed.__version__)" || exit 1
 
-step "C++ tests"
-cmake -S . -B build/cpp-gpu -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=ON >/dev/null \
-  && cmake --build build/cpp-gpu 2>&1 | tail -3 \
-  && (cd build/cpp-gpu && ctest --output-on-failure 2>&1 | tail -5) || status=1
+if [ "$STAGE" = tests ] || [ "$STAGE" = all ]; then
+  step "C++ tests"
+  cmake -S . -B build/cpp-gpu -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=ON >/dev/null \
+    && cmake --build build/cpp-gpu 2>&1 | tail -2 \
+    && (cd build/cpp-gpu && ctest --output-on-failure 2>&1 | tail -6) || status=1
 
-step "Python tests (CUDA)"
-$PY -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log" | tail -25
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  step "Python tests (CUDA)"
+  $PY -m pytest -q -p no:cacheprovider -rs tests 2>&1 | tee "$OUT/pytest.log" \
+    | grep -v -E "^DEBUG|triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-step "demo on cuda"
-$PY -m honed.cli demo --device cuda --out /tmp/honed-demo-cuda.honed 2>&1 | tee "$OUT/demo-cuda.log" || status=1
+  step "honed doctor"
+  $PY -m honed.cli doctor --device cuda 2>&1 | tee "$OUT/doctor.log" || status=1
+  $PY -m honed.cli doctor --json > "$OUT/doctor.json" || status=1
+fi
 
-step "overhead benchmark"
-$PY bench/overhead.py --device cpu --calls 200000 --json "$OUT/overhead-cpu.json" || status=1
-$PY bench/overhead.py --device cuda --calls 100000 --json "$OUT/overhead-cuda.json" || status=1
+if [ "$STAGE" = bench ] || [ "$STAGE" = all ]; then
+  step "demo on cuda"
+  $PY -m honed.cli demo --device cuda --out /tmp/honed-demo-cuda.honed 2>&1 \
+    | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
+    | tee "$OUT/demo-cuda.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+  step "overhead benchmark"
+  run $PY bench/overhead.py --device cpu --calls 200000 --json "$OUT/overhead-cpu.json"
+  run $PY bench/overhead.py --device cuda --calls 100000 --json "$OUT/overhead-cuda.json"
+
+  step "BERT-base-like tune (cuda)"
+  (cd bench && $PY tune_model.py --device cuda --batches 8 16 --json "$OUT/bert-tune.json") 2>&1 \
+    | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
+    | tee "$OUT/bert-tune.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+  step "tuning cache speed-up (cuda)"
+  run $PY bench/cache_speedup.py --device cuda --json "$OUT/cache-cuda.json"
+fi
+echo "gpu-test $STAGE: status $status"
 exit $status
