@@ -113,9 +113,10 @@ def interleave_isolated(finalists: list[Outcome], job: dict[str, Any]) -> None:
         result = work / "result.json"
         if ended.exit_code != 0 or not result.is_file():
             log.warning(
-                "honed: interleaved re-measurement of the finalists failed (%s); "
-                "keeping their separate figures",
+                "honed: interleaved re-measurement of the finalists failed (%s: %s); keeping "
+                "their separate figures",
                 ended.summary(),
+                _last_line(ended.stderr_tail) or "no error output",
             )
             return
         records = json.loads(result.read_text())["measurements"]
