@@ -30,6 +30,7 @@ $(STAMP)/venv: $(STAMP)/apt
 	$(VPY) -m pip install -q torch==$(TORCH_VERSION)
 	$(VPY) -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" cmake ninja \
 	    numpy "safetensors>=0.4" "rich>=13" "cloudpickle>=3" "pytest>=8" "ruff>=0.6" "mypy>=1.10" clang-format
+	$(VPY) -m pip install -q onnx onnxruntime onnxscript  # ONNXRuntimeBackend; none needs torch
 	@touch $@
 
 # --no-build-isolation: build against the torch already installed, never pull another one.
