@@ -14,6 +14,7 @@ from honed.backend.base import (
     backend_from_recipe,
 )
 from honed.backend.cuda_graphs import CudaGraphsBackend, CudaGraphsBackendConfig
+from honed.backend.onnxruntime import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
 from honed.backend.registry import available_backends, builtin_backends, default_backends
 from honed.backend.torch_eager import TorchEagerBackend, TorchEagerBackendConfig
 from honed.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
@@ -29,6 +30,8 @@ __all__ = [
     "CudaGraphsBackend",
     "CudaGraphsBackendConfig",
     "GraphInfo",
+    "ONNXRuntimeBackend",
+    "ONNXRuntimeBackendConfig",
     "Sample",
     "TorchEagerBackend",
     "TorchEagerBackendConfig",

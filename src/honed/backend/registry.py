@@ -6,6 +6,7 @@ import torch
 
 from honed.backend.base import Availability, Backend
 from honed.backend.cuda_graphs import CudaGraphsBackend, CudaGraphsBackendConfig
+from honed.backend.onnxruntime import ONNXRuntimeBackend
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
 from honed.backend.torch_inductor_aot import TorchInductorAotBackend
@@ -13,7 +14,13 @@ from honed.backend.torch_inductor_aot import TorchInductorAotBackend
 
 def builtin_backends() -> list[type[Backend]]:
     """Every backend class honed ships, available here or not."""
-    return [TorchEagerBackend, TorchInductorBackend, TorchInductorAotBackend, CudaGraphsBackend]
+    return [
+        TorchEagerBackend,
+        TorchInductorBackend,
+        TorchInductorAotBackend,
+        CudaGraphsBackend,
+        ONNXRuntimeBackend,
+    ]
 
 
 def available_backends() -> dict[str, Availability]:
@@ -24,7 +31,8 @@ def available_backends() -> dict[str, Availability]:
 def default_backends(device: torch.device) -> list[Backend]:
     """Every available backend with sensible configs for ``device`` (eager is the baseline).
 
-    CPU: Inductor (dynamic as the profile needs, and specialized per shape) and AOTInductor.
+    CPU: Inductor (dynamic as the profile needs, and specialized per shape), AOTInductor and
+    ONNX Runtime (CPU provider).
     CUDA: Inductor's modes (default, max-autotune without CUDA graphs, reduce-overhead), the
     same with bf16 autocast where it passes the correctness gate, CUDA graphs over eager (fp32
     and bf16), and AOTInductor.
@@ -54,5 +62,6 @@ def default_backends(device: torch.device) -> list[Backend]:
             TorchInductorBackend(inductor()),
             TorchInductorBackend(inductor(dynamic=False)),
             TorchInductorAotBackend(),
+            ONNXRuntimeBackend(),
         ]
     return [b for b in candidates if type(b).available()]
