@@ -240,7 +240,6 @@ def run_bench(args: argparse.Namespace) -> int:
     import honed
     from honed import _core, entry
     from honed.artifact import read_artifact
-    from honed.candidate import _measure_config, make_timer
     from honed.tuning import _call, _normalize_dataset
 
     found = entry.load(args.entry)
@@ -268,14 +267,18 @@ def run_bench(args: argparse.Namespace) -> int:
     with torch.no_grad():
         diff = _max_diff(_call(eager, sample), _call(model, sample))
         rows = [
-            (label, _core.measure(lambda fn=fn: _call(fn, sample), make_timer(device), cfg))
-            for label, fn, cfg in (
-                ("eager", eager, _measure_config(batch)),
-                ("tuned", model, _measure_config(batch)),
-            )
+            ("eager", _measure(_core, eager, sample, device, batch)),
+            ("tuned", _measure(_core, model, sample, device, batch)),
         ]
     _console().print(_bench_table(args.artifact, device, batch, rows, diff))
     return 0
+
+
+def _measure(core: Any, fn: Any, sample: Any, device: Any, batch: int) -> Any:
+    from honed.candidate import _measure_config, make_timer
+    from honed.tuning import _call
+
+    return core.measure(lambda: _call(fn, sample), make_timer(device), _measure_config(batch))
 
 
 def _device(model: Any) -> Any:
