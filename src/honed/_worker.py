@@ -63,7 +63,13 @@ def main(job_dir: str) -> int:
     if spec.get("kind") == "interleave":
         return _interleave(job, work)
     watchdog = _Watchdog(work / "result.json")
-    with watch_phases(lambda phase: watchdog.phase(phase, spec["timeouts"].get(phase, 0))):
+    timeouts = spec["timeouts"]  # "check" has none of its own: the build limit covers it
+
+    def on_phase(phase: str) -> None:
+        if phase in timeouts:
+            watchdog.phase(phase, timeouts[phase])
+
+    with watch_phases(on_phase):
         outcome: Outcome = evaluate(**job)
     watchdog.stop()
     files: dict[str, bytes] = {}

@@ -65,6 +65,8 @@ class Outcome:
     cache_key: str | None = None
     isolated: bool = False  # evaluated in a worker process; fn is built only if selected
     payload_files: dict[str, bytes] | None = None  # a worker's payload (e.g. the .pt2)
+    output: str = ""  # third-party output while it was evaluated (see buildlog.py)
+    build_log: str | None = None  # the file that output was written to
 
     @property
     def passed(self) -> bool:
@@ -171,6 +173,7 @@ def evaluate(
             _sync(graph.device)
             outcome.build_s = time.perf_counter() - started
             stage = "check"
+            _enter("check")
             outcome.check = _check(fn, samples, references, _reduced_precision(backend))
         if not outcome.check.ok:
             outcome.status, outcome.reason = "rejected", outcome.check.reason

@@ -15,6 +15,12 @@ EXAMPLES = """examples:
   honed doctor                 what this machine can run (GPUs, driver, torch, packages, backends)
   honed doctor --device cuda --json
                                the same as JSON; exit status 1 when CUDA cannot run here
+  honed tune honed.demo:entry --out demo.honed
+                               tune the model that a Python function builds (see honed tune -h)
+  honed inspect honed.demo:entry
+                               where the time goes, module by module
+  honed bench demo.honed --entry honed.demo:entry
+                               the saved artifact against eager: median, p99, throughput
 """
 
 
@@ -47,12 +53,19 @@ def _parser() -> argparse.ArgumentParser:
         help="what must be able to run for exit status 0 (default: cpu)",
     )
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    from honed import cli_entry
+
+    cli_entry.add_parsers(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=config.log_level, format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "run", None) is not None:  # tune, inspect, bench (cli_entry.py)
+        from honed.cli_entry import run_command
+
+        return run_command(args)
     if args.command == "demo":
         from honed.demo import run
 

@@ -39,6 +39,10 @@ def _default_cache_dir() -> Path:
 # Logging: DEBUG, INFO, WARNING, ERROR. WARNING keeps tunes quiet but for fallbacks and failures.
 log_level: str = _env_str("HONED_LOG_LEVEL", "WARNING").upper()
 
+# The live progress display of tune(): "auto" (on a terminal, unless log_level is ERROR or higher),
+# "on" (always, e.g. in a CI log) or "off".
+progress: str = _env_str("HONED_PROGRESS", "auto")
+
 # Where tuning caches and compiler caches live.
 cache_dir: Path = Path(_env_str("HONED_CACHE_DIR", str(_default_cache_dir())))
 

@@ -54,6 +54,15 @@ def dataset(
     return [torch.randn(b, dim, generator=g).to(device) for b in batch_sizes]
 
 
+def entry() -> tuple[nn.Module, list[torch.Tensor]]:
+    """The command-line entry point of the docs and tests: ``honed tune honed.demo:entry``.
+
+    A two-block DemoNet (small, so a tune takes seconds) and three batches of it.
+    """
+    torch.manual_seed(0)
+    return DemoNet(depth=2).eval(), dataset(torch.device("cpu"), batch_sizes=(2, 8, 16))
+
+
 def run(device: str = "cpu", out: Path | None = None) -> int:
     from rich.console import Console
 

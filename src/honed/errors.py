@@ -32,3 +32,8 @@ class ArtifactError(HonedError):
 
 class IncompatibleArtifactError(ArtifactError):
     """An artifact was made for another GPU, torch or honed version."""
+
+
+class EntryPointError(InputError):
+    """A command-line entry point (``pkg.module:function``) cannot be loaded or returns the wrong
+    thing."""

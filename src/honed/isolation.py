@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from honed import _core, config
+from honed import _core, buildlog, config
 from honed.backend.base import Backend
 from honed.candidate import Outcome, measurement_from_record
 
@@ -85,7 +85,9 @@ def evaluate_isolated(job: dict[str, Any]) -> Outcome:
         work = Path(tmp)
         limit = config.build_timeout_s + config.measure_timeout_s + _GRACE_S
         ended = _launch("evaluate", job, work, limit)
-        return _outcome(backend, job.get("is_baseline", False), work, ended)
+        outcome = _outcome(backend, job.get("is_baseline", False), work, ended)
+        outcome.output = buildlog.worker_text(ended.stdout_tail, ended.stderr_tail)
+        return outcome
 
 
 def interleave_isolated(finalists: list[Outcome], job: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os.path
 from typing import Any
 
 
@@ -32,6 +33,7 @@ class CandidateReport:
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     cosine: float | None = None
+    build_log: str | None = None  # the candidate's third-party compiler output (buildlog.py)
 
 
 @dataclasses.dataclass
@@ -100,6 +102,9 @@ class TuneReport:
                 )
                 where = ""
         lines = []
+        logs = [c.build_log for g in self.graphs for c in g.candidates if c.build_log]
+        if logs:
+            lines.append(f"compiler output: {len(logs)} build.log file(s) in {_common_dir(logs)}")
         for g in self.graphs:
             if g.sweep:
                 lines.append(f"{g.module} batch sweep: {g.sweep}")
@@ -121,3 +126,7 @@ class TuneReport:
 
 def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
+
+
+def _common_dir(paths: list[str]) -> str:
+    return os.path.commonpath([os.path.dirname(p) for p in paths])

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from honed import _core, config
+from honed import _core, buildlog, config, progress
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint
@@ -29,6 +29,7 @@ from honed.candidate import (
     evaluate,
     finalists,
     measure_interleaved,
+    watch_phases,
 )
 from honed.environment import fingerprint
 from honed.errors import InputError, TuneError
@@ -102,52 +103,60 @@ def tune(
     if max_batch < 1:
         raise InputError(f"honed.tune: max_batch must be positive, got {max_batch}")
 
-    modules = _record(func, samples, sizes)
-    if not modules:
-        raise InputError(
-            "honed.tune: no honed.Module was called while running the dataset; wrap the model "
-            "with honed.Module(model, 'name') and call it inside func"
-        )
-    target = _resolve_device(device, modules)
-    cache = TuneCache(Path(cache_dir) if cache_dir is not None else config.cache_dir)
-    isolation = isolation or config.isolation
-    if isolation not in ("process", "none"):
-        raise InputError(f"honed.tune: isolation must be 'process' or 'none', got {isolation!r}")
-    ctx = _Context(
-        isolation=isolation,
-        device=target,
-        sweep_to=max_batch if batch_sweep else 0,
-        cache=cache if config.cache_enabled else None,
-        refresh=clear_cache,
-    )
-    graphs: list[GraphReport] = []
-    with _dynamo_limits():
-        for module in modules:
-            module_strategy = module.strategy or default_strategy
-            variants: list[Variant] = []
-            module_graphs: list[GraphReport] = []
-            for index, recording in enumerate(module.graphs.values()):
-                graph_strategy = module.strategy_for(index, recording.key) or module_strategy
-                report, variant = _tune_graph(module, recording, graph_strategy, ctx)
-                module_graphs.append(report)
-                if variant is not None:
-                    variants.append(variant)
-            module.install(variants)
-            module.graphs = {}
-            module.report = TuneReport(
-                module_graphs, str(target), module_strategy.describe(), 0.0, fingerprint(target)
+    with progress.tracking():  # the live display (progress.py)
+        progress.current().phase("record")
+        modules = _record(func, samples, sizes)
+        if not modules:
+            raise InputError(
+                "honed.tune: no honed.Module was called while running the dataset; wrap the model "
+                "with honed.Module(model, 'name') and call it inside func"
             )
-            graphs += module_graphs
-    overall = TuneReport(
-        graphs,
-        str(target),
-        default_strategy.describe(),
-        time.perf_counter() - started,
-        fingerprint(target),
-    )
-    for module in modules:
-        module.report.wall_s = overall.wall_s
-    return overall
+        target = _resolve_device(device, modules)
+        cache = TuneCache(Path(cache_dir) if cache_dir is not None else config.cache_dir)
+        isolation = isolation or config.isolation
+        if isolation not in ("process", "none"):
+            raise InputError(
+                f"honed.tune: isolation must be 'process' or 'none', got {isolation!r}"
+            )
+        ctx = _Context(
+            isolation=isolation,
+            device=target,
+            sweep_to=max_batch if batch_sweep else 0,
+            cache=cache if config.cache_enabled else None,
+            refresh=clear_cache,
+            run_dir=buildlog.new_run_dir(),
+        )
+        graphs: list[GraphReport] = []
+        with _dynamo_limits():
+            for module in modules:
+                module_strategy = module.strategy or default_strategy
+                variants: list[Variant] = []
+                module_graphs: list[GraphReport] = []
+                for index, recording in enumerate(module.graphs.values()):
+                    graph_strategy = module.strategy_for(index, recording.key) or module_strategy
+                    progress.current().at_graph(module.name, f"graph {index}")
+                    report, variant = _tune_graph(module, recording, graph_strategy, ctx, index)
+                    module_graphs.append(report)
+                    if variant is not None:
+                        variants.append(variant)
+                progress.current().candidate("")
+                progress.current().phase("install")
+                module.install(variants)
+                module.graphs = {}
+                module.report = TuneReport(
+                    module_graphs, str(target), module_strategy.describe(), 0.0, fingerprint(target)
+                )
+                graphs += module_graphs
+        overall = TuneReport(
+            graphs,
+            str(target),
+            default_strategy.describe(),
+            time.perf_counter() - started,
+            fingerprint(target),
+        )
+        for module in modules:
+            module.report.wall_s = overall.wall_s
+        return overall
 
 
 # -- dataset and recording ---------------------------------------------------------------------
@@ -290,6 +299,7 @@ class _Context:
     cache: TuneCache | None
     refresh: bool  # clear_cache: re-evaluate and overwrite instead of reading the cache
     isolation: str = "process"
+    run_dir: Path | None = None  # where the candidates' build.log files go (buildlog.py)
     fingerprints: dict[int, str] = dataclasses.field(default_factory=dict)
     warned: set[str] = dataclasses.field(default_factory=set)
 
@@ -320,6 +330,7 @@ def _tune_graph(
     recording: GraphRecording,
     strategy: TuneStrategy,
     ctx: _Context,
+    index: int = 0,
 ) -> tuple[GraphReport, Variant | None]:
     profile, swept = _graph_profile(module, recording, ctx)
     info = graph_info(profile, ctx.device)
@@ -332,6 +343,7 @@ def _tune_graph(
     key_parts = _cache_key_parts(ctx, inner, samples, profile, measure_at) if ctx.cache else None
 
     def run(backend: Backend, is_baseline: bool = False) -> Outcome:
+        progress.current().candidate(backend.name)
         key = None
         if ctx.cache is not None and key_parts is not None:
             key = TuneCache.key(
@@ -339,6 +351,7 @@ def _tune_graph(
             )
             record = None if ctx.refresh else ctx.cache.get(key)
             if record is not None:
+                progress.current().finished("cached")
                 return Outcome.from_record(backend, record, is_baseline, key)
         outcome = _evaluate(
             ctx,
@@ -351,6 +364,11 @@ def _tune_graph(
             batch_size=batch,
             is_baseline=is_baseline,
         )
+        if ctx.run_dir is not None:
+            outcome.build_log = buildlog.write(
+                ctx.run_dir, module.name, index, backend.name, outcome.output
+            )
+        progress.current().finished(outcome.status, outcome.reason)
         if ctx.cache is not None and key is not None:
             outcome.cache_key = key
             ctx.cache.put(key, outcome.to_record(), _payload(outcome))
@@ -363,6 +381,8 @@ def _tune_graph(
             continue  # eager with default config is the baseline itself
         outcomes.append(run(backend))
     competing = ([baseline] if strategy.uses_baseline else []) + outcomes
+    progress.current().candidate("finalists")
+    progress.current().phase("interleave")
     if ctx.isolation == "process":
         job = dict(
             module=inner, samples=samples, graph=info, measure_at=measure_at, batch_size=batch
@@ -401,6 +421,7 @@ def _tune_graph(
 def _evaluate(ctx: _Context, **job: Any) -> Outcome:
     """Evaluate one candidate in a worker process, or here when isolation is off or impossible."""
     if ctx.isolation == "process":
+        progress.current().phase(progress.WORKER_PHASE)
         try:
             return evaluate_isolated(job)
         except NotIsolatable as e:
@@ -413,7 +434,10 @@ def _evaluate(ctx: _Context, **job: Any) -> Outcome:
                     job["backend"].name,
                     e,
                 )
-    return evaluate(**job)
+    with buildlog.capture() as lines, watch_phases(progress.current().phase):
+        outcome = evaluate(**job)
+    outcome.output = "\n".join(lines)
+    return outcome
 
 
 def _select(
@@ -437,6 +461,8 @@ def _select(
         if files is None and ctx.cache is not None and chosen.cache_key is not None:
             record = ctx.cache.get(chosen.cache_key)
             files = ctx.cache.files(chosen.cache_key, record) if record else None
+        progress.current().candidate(chosen.backend.name)
+        progress.current().phase("install")
         try:
             chosen.fn = build_for_install(chosen.backend, module, samples, info, measure_at, files)
             return decision, chosen
@@ -552,6 +578,7 @@ def _row(outcome: Outcome, baseline: Outcome, selected: bool) -> CandidateReport
         max_abs_error=check.max_abs_error if check is not None else None,
         max_rel_error=check.max_rel_error if check is not None else None,
         cosine=check.min_cosine if check is not None else None,
+        build_log=outcome.build_log,
     )
 
 

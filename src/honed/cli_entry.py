@@ -1,0 +1,331 @@
+"""src/honed/cli_entry.py: `honed tune | inspect | bench` on a model built by an entry point."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from honed.errors import ConfigError, EntryPointError, HonedError
+
+ENTRY_HELP = (
+    "a function that returns (model, dataset) or (model, dataset, kwargs_for_tune), as "
+    "pkg.module:function or path/to/file.py:function"
+)
+
+TUNE_EXAMPLES = """examples:
+  honed tune honed.demo:entry
+        tune the model honed.demo.entry() returns on its dataset; saves entry.honed
+  honed tune my_models.py:build --out resnet.honed --device cuda
+  honed tune honed.demo:entry --backend TorchInductorBackend:mode=max-autotune \
+        --strategy min-latency
+        only Inductor (with that config) against eager, picked by median latency
+  honed tune honed.demo:entry --strategy latency-budget=5 --isolation none --no-cache
+
+the entry point, e.g. in my_models.py:
+  def build():
+      model = torchvision.models.resnet18().eval()
+      return model, [torch.randn(b, 3, 224, 224) for b in (1, 8)], {"batch_sizes": [16]}
+"""
+
+INSPECT_EXAMPLES = """examples:
+  honed inspect honed.demo:entry
+        the module tree, time per module and which modules are worth wrapping
+  honed inspect my_models.py:build --max-depth 2 --json
+"""
+
+BENCH_EXAMPLES = """examples:
+  honed tune honed.demo:entry --out demo.honed
+  honed bench demo.honed --entry honed.demo:entry
+        loads demo.honed into the model honed.demo.entry() builds and measures it against eager
+  honed bench demo.honed --entry honed.demo:entry --sample 0
+        on the first sample of the dataset instead of the last
+"""
+
+STRATEGIES = "max-throughput | min-latency | first-wins | latency-budget=MS"
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the tune, inspect and bench subcommands to the `honed` parser."""
+    raw = argparse.RawDescriptionHelpFormatter
+    tune = sub.add_parser(
+        "tune",
+        help="tune the model a Python function builds, print the report, save an artifact",
+        epilog=TUNE_EXAMPLES,
+        formatter_class=raw,
+    )
+    tune.add_argument("entry", metavar="ENTRY", help=ENTRY_HELP)
+    tune.add_argument("--out", type=Path, default=None, help="artifact path (default NAME.honed)")
+    tune.add_argument("--name", default=None, help="module name (default: the function's name)")
+    tune.add_argument("--device", default=None, help="move the model and data there (cpu, cuda)")
+    tune.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="NAME[:key=value,...]",
+        help="a builtin backend (repeatable), e.g. TorchInductorBackend:mode=max-autotune",
+    )
+    tune.add_argument("--strategy", default=None, help=f"{STRATEGIES} (default max-throughput)")
+    tune.add_argument("--isolation", choices=["process", "none"], default=None)
+    tune.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    tune.set_defaults(run=run_tune)
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="show the module tree, time per module and what is worth tuning",
+        epilog=INSPECT_EXAMPLES,
+        formatter_class=raw,
+    )
+    inspect.add_argument("entry", metavar="ENTRY", help=ENTRY_HELP)
+    inspect.add_argument("--max-depth", type=int, default=None)
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    inspect.set_defaults(run=run_inspect)
+
+    bench = sub.add_parser(
+        "bench",
+        help="measure a saved artifact against eager (median, p99, throughput)",
+        epilog=BENCH_EXAMPLES,
+        formatter_class=raw,
+    )
+    bench.add_argument("artifact", metavar="ARTIFACT", type=Path, help="a .honed file")
+    bench.add_argument("--entry", required=True, help=ENTRY_HELP)
+    bench.add_argument("--sample", type=int, default=-1, help="dataset index (default: last)")
+    bench.set_defaults(run=run_bench)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a subcommand; a HonedError is printed as one line with exit status 2."""
+    try:
+        result: int = args.run(args)
+        return result
+    except HonedError as e:
+        print(f"honed {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+def parse_backend(spec: str) -> Any:
+    """``Name`` or ``Name:key=value,key=value`` -> a builtin backend instance."""
+    from honed.backend import builtin_backends
+
+    name, _, params = spec.partition(":")
+    classes = {cls.__name__.lower(): cls for cls in builtin_backends()}
+    cls = classes.get(name.lower()) or classes.get(name.lower() + "backend")
+    if cls is None:
+        known = ", ".join(c.__name__ for c in builtin_backends())
+        raise ConfigError(f"--backend {spec}: no builtin backend {name!r}; known: {known}")
+    values: dict[str, Any] = {}
+    for item in (p for p in params.split(",") if p.strip()):
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--backend {spec}: {item!r} is not key=value")
+        values[key.strip()] = _value(raw.strip())
+    if not values:
+        return cls()
+    fields = {f.name for f in dataclasses.fields(cls.config_class)} if cls.config_class else set()
+    unknown = sorted(set(values) - fields)
+    if unknown or cls.config_class is None:
+        raise ConfigError(
+            f"--backend {spec}: {cls.__name__} has no config field(s) {unknown or sorted(values)}"
+            f"; its fields: {sorted(fields)}"
+        )
+    try:
+        return cls(cls.config_class(**values))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--backend {spec}: {e}") from e
+
+
+def _value(raw: str) -> Any:
+    import torch
+
+    dtype = getattr(torch, raw.removeprefix("torch."), None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw  # a plain word such as max-autotune
+
+
+def parse_strategy(text: str, backends: list[Any] | None) -> Any:
+    import honed
+
+    name, _, arg = text.partition("=")
+    if name == "latency-budget":
+        try:
+            return honed.LatencyBudgetStrategy(float(arg), backends)
+        except ValueError as e:
+            raise ConfigError(f"--strategy {text}: give the budget in ms, e.g. =5") from e
+    classes = {
+        "max-throughput": honed.MaxThroughputStrategy,
+        "min-latency": honed.MinLatencyStrategy,
+        "first-wins": honed.FirstWinsStrategy,
+    }
+    if name not in classes or arg:
+        raise ConfigError(f"--strategy {text}: give one of {STRATEGIES}")
+    return classes[name](backends)
+
+
+def _to_device(model: Any, dataset: Any, device: str | None) -> tuple[Any, Any]:
+    import torch
+
+    if device is None:
+        return model, dataset
+    if isinstance(model, torch.nn.Module):
+        model = model.to(device)
+
+    def move(x: Any) -> Any:
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    return model, torch.utils._pytree.tree_map(move, dataset)
+
+
+# -- the commands ----------------------------------------------------------------------------------
+def run_tune(args: argparse.Namespace) -> int:
+    import torch
+
+    import honed
+    from honed import config, entry
+
+    found = entry.load(args.entry)
+    name = args.name or found.name
+    model, dataset = _to_device(found.model, found.dataset, args.device)
+    if isinstance(model, torch.nn.Module) and not isinstance(model, honed.Module):
+        model = honed.Module(model, name)
+    kwargs = dict(found.tune_kwargs)
+    backends = [parse_backend(b) for b in args.backend] or None
+    if args.strategy or backends:
+        kwargs.pop("backends", None)
+        kwargs["strategy"] = parse_strategy(args.strategy or "max-throughput", backends)
+    if args.device:
+        kwargs["device"] = args.device
+    if args.isolation:
+        kwargs["isolation"] = args.isolation
+    console = _console()
+    with config.patch(cache_enabled=config.cache_enabled and not args.no_cache):
+        report = honed.tune(model, dataset, **kwargs)
+    console.print(report.table())
+    out = args.out or Path(f"{name}.honed")
+    honed.save(model, out)
+    console.print(f"saved {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    import honed
+    from honed import entry
+
+    found = entry.load(args.entry)
+    report = honed.inspect(found.model, found.dataset, max_depth=args.max_depth)
+    if args.json:
+        print(report.to_json())
+    else:
+        _console().print(report.table())
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    import honed
+    from honed import _core, entry
+    from honed.artifact import read_artifact
+    from honed.tuning import _call, _normalize_dataset
+
+    found = entry.load(args.entry)
+    manifest, _ = read_artifact(args.artifact)
+    names = [m["name"] for m in manifest["modules"]]
+    model = found.model
+    if not isinstance(model, torch.nn.Module):
+        raise EntryPointError(f"honed bench: {args.entry} must return a torch.nn.Module as model")
+    if not isinstance(model, honed.Module):
+        if len(names) != 1:
+            raise EntryPointError(
+                f"honed bench: {args.artifact} holds modules {names}; return a model that wraps "
+                "them in honed.Module(..., name) from the entry point"
+            )
+        model = honed.Module(model, names[0])
+    honed.load(model, args.artifact)
+    samples = _normalize_dataset(found.dataset)
+    try:
+        sample = samples[args.sample]
+    except IndexError as e:
+        raise EntryPointError(f"--sample {args.sample}: the dataset has {len(samples)}") from e
+    device = _device(model)
+    batch = _batch(sample)
+    eager = model.module
+    with torch.no_grad():
+        diff = _max_diff(_call(eager, sample), _call(model, sample))
+        rows = [
+            ("eager", _measure(_core, eager, sample, device, batch)),
+            ("tuned", _measure(_core, model, sample, device, batch)),
+        ]
+    _console().print(_bench_table(args.artifact, device, batch, rows, diff))
+    return 0
+
+
+def _measure(core: Any, fn: Any, sample: Any, device: Any, batch: int) -> Any:
+    from honed.candidate import _measure_config, make_timer
+    from honed.tuning import _call
+
+    return core.measure(lambda: _call(fn, sample), make_timer(device), _measure_config(batch))
+
+
+def _device(model: Any) -> Any:
+    import torch
+
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _batch(sample: Any) -> int:
+    import torch
+
+    for t in torch.utils._pytree.tree_leaves(sample):
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            return int(t.shape[0])
+    return 1
+
+
+def _max_diff(a: Any, b: Any) -> float:
+    import torch
+
+    pairs = zip(torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b), strict=True)
+    diffs = [
+        float((x.float() - y.float()).abs().max())
+        for x, y in pairs
+        if isinstance(x, torch.Tensor) and x.numel()
+    ]
+    return max(diffs, default=0.0)
+
+
+def _bench_table(path: Path, device: Any, batch: int, rows: list[Any], diff: float) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"honed bench {path} on {device} (batch {batch})")
+    for col in ("variant", "median ms", "p99 ms", "throughput/s", "cv", "speedup"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    eager_median = rows[0][1].median_ms
+    for label, m in rows:
+        table.add_row(
+            label,
+            f"{m.median_ms:.3f}",
+            f"{m.p99_ms:.3f}",
+            f"{m.throughput:,.0f}",
+            f"{m.cv:.3f}" + ("" if m.stable else " (unstable)"),
+            f"{eager_median / m.median_ms:.2f}x" if m.median_ms > 0 else "-",
+        )
+    table.caption = f"max abs difference tuned vs eager: {diff:.2e}"
+    table.caption_justify = "left"
+    return table

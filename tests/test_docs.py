@@ -1,0 +1,85 @@
+"""tests/test_docs.py: every ```python and ```bash block of README.md and docs/*.md runs.
+
+Python blocks run in a fresh interpreter with a temporary working directory; bash blocks run
+their `honed ...` lines in order (a later line may use what an earlier one wrote) and check
+that each `make X` line names a target of the Makefile (running `make test` here would recurse).
+A block right after ``<!-- not-run: reason -->`` is skipped (for fragments; use sparingly).
+Measurement windows are short and isolation is off: the docs are checked for running, not timed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"(<!--\s*not-run:[^>]*-->\s*\n)?```(python|bash)\n(.*?)```", re.S)
+HONED = Path(sys.executable).with_name("honed")
+
+
+def blocks() -> list[tuple[str, str, str]]:
+    found = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in BLOCK.finditer(text):
+            if m.group(1):
+                continue
+            line = text[: m.start(2)].count("\n") + 1
+            found.append((f"{doc.relative_to(ROOT)}:{line}", m.group(2), m.group(3)))
+    return found
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HONED_ISOLATION="none",
+        HONED_WARMUP_MS="2",
+        HONED_WARMUP_CALLS="2",
+        HONED_WINDOW_MS="2",
+        HONED_WINDOW_CALLS="3",
+        HONED_MAX_WINDOWS="4",
+        HONED_CACHE_DIR=str(tmp_path / "cache"),
+        HONED_PROGRESS="off",
+    )
+    return env
+
+
+def _makefile_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([A-Za-z][\w-]*):", text, re.M))
+
+
+def test_the_docs_have_blocks_of_both_kinds() -> None:
+    kinds = {(where.split(":")[0], kind) for where, kind, _ in blocks()}
+    assert ("README.md", "python") in kinds and ("README.md", "bash") in kinds
+    assert ("docs/cli.md", "python") in kinds and ("docs/cli.md", "bash") in kinds
+
+
+@pytest.mark.parametrize(("where", "kind", "code"), blocks(), ids=[b[0] for b in blocks()])
+def test_block_runs(where: str, kind: str, code: str, tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    if kind == "python":
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, f"{where}:\n{done.stdout}\n{done.stderr}"
+        return
+    for line in code.splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        if words[0] == "make":
+            assert set(words[1:]) <= _makefile_targets(), f"{where}: {line}"
+            continue
+        assert words[0] == "honed", f"{where}: only honed and make commands are run: {line}"
+        done = subprocess.run(
+            [str(HONED), *words[1:]], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, f"{where}: {line}\n{done.stdout}\n{done.stderr}"

@@ -1,0 +1,143 @@
+"""tests/test_progress.py: the live display of a tune and the per-candidate build.log files."""
+
+from __future__ import annotations
+
+import io
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from rich.console import Console
+
+import honed
+from honed import progress, tuning
+from honed.backend import Backend
+from honed.candidate import evaluate
+
+from conftest import TinyMLP, batches
+
+
+class Plain(Backend):
+    """Runs the module as it is: a candidate that builds in no time."""
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Any]) -> Any:
+        return module
+
+
+class Noisy(Backend):
+    """Like Plain, but talks while it builds, the way compilers do."""
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Any]) -> Any:
+        warnings.warn("noisy compiler: falling back to a slow kernel", stacklevel=1)
+        logging.getLogger("torch._inductor.noisy").warning("inductor chatter %d", 42)
+        return module
+
+
+def _console() -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, force_terminal=True, width=200), buf
+
+
+def _tune(tracker: progress.Tracker, backend: Backend) -> honed.TuneReport:
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "tiny")
+    with progress.tracking(tracker):
+        return honed.tune(model, batches(2, 4), strategy=honed.OneBackendStrategy(backend))
+
+
+def test_tracker_records_phases_in_order() -> None:
+    console, _ = _console()
+    tracker = progress.Tracker(console, show=False)
+    _tune(tracker, Plain())
+    phases = [e.phase for e in tracker.events]
+    assert phases == [
+        "record",
+        *("build", "check", "measure"),  # the eager baseline
+        *("build", "check", "measure"),  # Plain
+        "interleave",
+        "install",
+    ]
+    assert [e.candidate for e in tracker.events[1:7]] == ["TorchEagerBackend"] * 3 + ["Plain"] * 3
+    assert {(e.module, e.graph) for e in tracker.events[1:]} == {("tiny", "graph 0")}
+    assert [(f.candidate, f.status) for f in tracker.done] == [
+        ("TorchEagerBackend", "ok"),
+        ("Plain", "ok"),
+    ]
+    assert all(f.seconds >= 0 for f in tracker.done)
+
+
+def test_shown_tracker_prints_one_line_per_candidate() -> None:
+    console, buf = _console()
+    with honed.config.patch(progress="on"):
+        tracker = progress.Tracker(console)
+    assert tracker.show
+    _tune(tracker, Plain())
+    out = buf.getvalue()
+    assert "ok" in out and "tiny / graph 0 / Plain" in out
+    assert "tiny / graph 0 / TorchEagerBackend" in out
+
+
+@pytest.mark.parametrize(
+    ("mode", "level"), [("auto", "ERROR"), ("on", "ERROR"), ("off", "INFO"), ("off", "WARNING")]
+)
+def test_quiet_prints_nothing(mode: str, level: str) -> None:
+    console, buf = _console()
+    with honed.config.patch(progress=mode, log_level=level):
+        tracker = progress.Tracker(console)
+        assert not tracker.show
+        _tune(tracker, Plain())
+    assert buf.getvalue() == ""
+    assert len(tracker.done) == 2  # still recorded
+
+
+def test_auto_shows_on_a_terminal_only() -> None:
+    with honed.config.patch(progress="auto", log_level="WARNING"):
+        assert progress.should_show(Console(file=io.StringIO(), force_terminal=True))
+        assert not progress.should_show(Console(file=io.StringIO(), force_terminal=False))
+
+
+def test_compiler_output_goes_to_build_log(capsys: pytest.CaptureFixture[str]) -> None:
+    tracker = progress.Tracker(show=False)
+    report = _tune(tracker, Noisy())
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert rows["TorchEagerBackend"].build_log is None  # said nothing: no file
+    path = Path(str(rows["Noisy"].build_log))
+    assert path.name == "Noisy.build.log"
+    assert path.parent.name == "0" and path.parent.parent.name == "tiny"
+    assert path.is_relative_to(Path(honed.config.cache_dir) / "runs")
+    text = path.read_text()
+    assert "noisy compiler: falling back to a slow kernel" in text
+    assert "WARNING torch._inductor.noisy: inductor chatter 42" in text
+    captured = capsys.readouterr()
+    assert "chatter" not in captured.out + captured.err
+    assert "build.log file(s) in" in report.render(width=300)
+
+
+def test_worker_candidates_show_as_one_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_isolated(job: dict[str, Any]) -> Any:
+        outcome = evaluate(**job)
+        outcome.output = "== worker stderr ==\nptxas info: 12 registers"
+        return outcome
+
+    monkeypatch.setattr(tuning, "evaluate_isolated", fake_isolated)
+    monkeypatch.setattr(tuning, "interleave_isolated", lambda finalists, job: None)
+    tracker = progress.Tracker(show=False)
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "tiny")
+    with progress.tracking(tracker):
+        report = honed.tune(
+            model, batches(2, 4), strategy=honed.OneBackendStrategy(Plain()), isolation="process"
+        )
+    phases = [e.phase for e in tracker.events]
+    assert phases == [
+        "record",
+        progress.WORKER_PHASE,
+        progress.WORKER_PHASE,
+        "interleave",
+        "install",
+    ]
+    log = report.graphs[0].candidates[1].build_log
+    assert log is not None and "ptxas info: 12 registers" in Path(log).read_text()
