@@ -189,21 +189,31 @@ honed.save(model, sys.argv[1])
 """
 
 
-def _workers() -> set[int]:
+def _workers(parent: int) -> set[int]:
+    """Live honed worker processes whose parent is ``parent``."""
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes()
+                status = (entry / "status").read_text()
             except OSError:
                 continue
-            if b"honed._worker" in cmdline:
+            ppid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")), "")
+            if b"honed._worker" in cmdline and ppid == str(parent):
                 found.add(int(entry.name))
     return found
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "State:\tZ" not in state  # a zombie has ended
+
+
 def test_ctrl_c_stops_the_tune_leaving_no_worker_and_no_artifact(tmp_path: Path) -> None:
-    before = _workers()
     artifact = tmp_path / "never.honed"
     script = tmp_path / "hang.py"
     script.write_text(HANGING_SCRIPT)
@@ -211,14 +221,16 @@ def test_ctrl_c_stops_the_tune_leaving_no_worker_and_no_artifact(tmp_path: Path)
         [sys.executable, str(script), str(artifact)], stderr=subprocess.PIPE, text=True
     )
     deadline = time.time() + 120
-    while time.time() < deadline and not (_workers() - before):
+    workers: set[int] = set()
+    while time.time() < deadline and not workers:
+        workers = _workers(proc.pid)
         time.sleep(0.2)
-    assert _workers() - before, "no worker started"
+    assert workers, "no worker started"
     time.sleep(1.0)  # let the worker reach its hanging build
     os.kill(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert "KeyboardInterrupt" in stderr
     time.sleep(0.5)
-    assert not (_workers() - before), "a worker outlived the tune"
+    assert not [pid for pid in workers if _alive(pid)], "a worker outlived the tune"
     assert list(tmp_path.iterdir()) == [script]
