@@ -185,11 +185,27 @@ def _package_warning(p: PackageStatus, how: str, dist: str) -> str:
     )
 
 
-def _backends() -> list[dict[str, Any]]:
+def _backends(packages: list[PackageStatus]) -> list[dict[str, Any]]:
+    """Each backend's availability. A backend whose library failed its import probe is not asked
+    (its available() would import that library here, and a crash there would end the doctor)."""
     from honed.backend.registry import builtin_backends
 
+    broken = {p.name: p for p in packages if p.installed and p.imports is False}
     rows = []
     for cls in builtin_backends():
+        bad = [broken[name] for name in getattr(cls, "requires", ()) if name in broken]
+        if bad:
+            rows.append(
+                {
+                    "name": cls.__name__,
+                    "available": False,
+                    "reason": "; ".join(
+                        f"{p.name} {p.version or ''} does not import here: {p.error}" for p in bad
+                    ),
+                    "fix": "see the package warnings above",
+                }
+            )
+            continue
         try:
             a = cls.available()
             rows.append({"name": cls.__name__, "available": a.ok, "reason": a.reason, "fix": a.fix})
@@ -247,7 +263,7 @@ def diagnose(device: str = "cpu") -> DoctorReport:
         packages.append(status)
         if how:
             package_warnings.append(_package_warning(status, how, dists[0]))
-    backends = _backends()
+    backends = _backends(packages)
 
     cuda_problems = _cuda_problems(probe, torch_info, diag)
     problems: list[str] = []

@@ -112,6 +112,9 @@ class Backend:
     # True when the built callable can be stored as files in the artifact (e.g. an AOTInductor
     # .pt2) and loaded back without rebuilding; see export_payload / load_payload.
     saves_payload: ClassVar[bool] = False
+    # Import names of the optional libraries available() imports (the doctor probes those in a
+    # subprocess first, so a library that crashes on import cannot take it down).
+    requires: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

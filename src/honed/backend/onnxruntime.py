@@ -328,6 +328,8 @@ def _numpy_dtype(dtype: torch.dtype) -> Any:
 class ONNXRuntimeBackend(Backend):
     """Exports the module to ONNX and runs it with ONNX Runtime on the configured provider."""
 
+    requires = ("onnx", "onnxruntime", "onnxscript")
+
     config_class = ONNXRuntimeBackendConfig
     portability = 3
     saves_payload = True
