@@ -15,6 +15,9 @@ EXAMPLES = """examples:
   honed doctor                 what this machine can run (GPUs, driver, torch, packages, backends)
   honed doctor --device cuda --json
                                the same as JSON; exit status 1 when CUDA cannot run here
+  honed report demo.honed      the tuning report stored in an artifact, as markdown
+  honed report demo.honed --format html --out report.html
+                               the same as one self-contained HTML page with plots
 """
 
 
@@ -47,7 +50,41 @@ def _parser() -> argparse.ArgumentParser:
         help="what must be able to run for exit status 0 (default: cpu)",
     )
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    report = sub.add_parser(
+        "report",
+        help="print the tuning report stored in an artifact (markdown, JSON or HTML)",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument("artifact", type=Path, help="a .honed file written by honed.save")
+    report.add_argument(
+        "--format",
+        default="markdown",
+        choices=["markdown", "json", "html"],
+        help="markdown (default), json, or html (one self-contained page with plots)",
+    )
+    report.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
     return parser
+
+
+def _report(artifact: Path, fmt: str, out: Path | None) -> int:
+    from honed.errors import HonedError
+    from honed.report import load_report
+
+    try:
+        report = load_report(artifact)
+    except HonedError as e:
+        print(f"honed report: {e}", file=sys.stderr)
+        return 1
+    render = {"markdown": report.to_markdown, "json": report.to_json, "html": report.to_html}
+    text = render[fmt]()
+    if out is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out} ({fmt}, {len(text.encode()) / 1e3:.1f} kB)", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         from honed import doctor
 
         return doctor.run(args.device, as_json=args.json)
+    if args.command == "report":
+        return _report(args.artifact, args.format, args.out)
     return 2
 
 
