@@ -125,6 +125,9 @@ def test_markdown_lists_every_candidate_and_decision(
     for name in CANDIDATES:
         assert re.search(rf"^\| {name} \|", md, re.M), name
     assert "| TorchEagerBackend (baseline) | ok |" in md
+    header = md.index("| candidate | status |")
+    head, align = md[header:].splitlines()[:2]
+    assert head.count("|") == align.count("|") == 11  # ten columns, aligned right from build s
     fast = _rows(report)["FastBackend"]
     assert f"| {fast.speedup:.2f}x |" in md
     row = next(line for line in md.splitlines() if line.startswith("| ScriptBackend |"))

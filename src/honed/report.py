@@ -106,7 +106,8 @@ class TuneReport:
             lines += ["", f"## {_md(g.module)} / batch {g.batch_size}", ""]
             lines += [f"graph `{g.graph}` · {g.samples} sample(s) · {_md(g.profile)}", ""]
             lines.append("| " + " | ".join(MARKDOWN_COLUMNS) + " |")
-            lines.append("|" + "|".join("---" if i < 2 else "--:" for i in range(11)) + "|")
+            aligns = ["---" if i < 2 else "--:" for i in range(len(MARKDOWN_COLUMNS))]
+            lines.append("|" + "|".join(aligns) + "|")
             for c in g.candidates:
                 lines.append("| " + " | ".join(_md(cell) for cell in _cells(c)) + " |")
             lines.append("")

@@ -17,8 +17,8 @@ from honed._version import __version__
 if TYPE_CHECKING:
     from honed.report import CandidateReport, GraphReport, TuneReport
 
-LABEL_W = 210  # px left of every plot for the candidate names
-PLOT_W = 400  # px of the plotting area
+LABEL_W = 240  # px left of every plot for the candidate names
+PLOT_W = 300  # px of the plotting area (two plots side by side fit a 1280 px wide window)
 ROW_H = 26  # px per candidate in a plot
 COLOURS = {"selected": "#2e7d32", "baseline": "#9e9e9e", "other": "#1565c0", "bad": "#c62828"}
 
@@ -133,8 +133,9 @@ def _graph(g: GraphReport, index: int) -> str:
         '<div class="plots">'
         f"<figure>{_speedup_svg(g)}<figcaption>speed-up over eager (median latency ratio; "
         "dashed line: eager)</figcaption></figure>"
-        f"<figure>{_latency_svg(g)}<figcaption>latency distribution: whiskers min–max, box "
-        "median–p90, tick p99 (median–p99 only where no samples were kept)</figcaption></figure>"
+        f"<figure>{_latency_svg(g)}<figcaption>latency distribution (log scale): whiskers "
+        "min–max, box median–p90, tick p99 (median–p99 only where no samples were kept)"
+        "</figcaption></figure>"
         "</div></section>"
     )
 
@@ -179,7 +180,7 @@ def _colour(c: CandidateReport) -> str:
 
 
 def _label(c: CandidateReport, y: float) -> str:
-    short = c.name if len(c.name) <= 30 else c.name[:29] + "…"
+    short = c.name if len(c.name) <= 34 else c.name[:33] + "…"
     return (
         f'<text x="{LABEL_W - 8}" y="{y:.1f}" text-anchor="end" dominant-baseline="middle">'
         f"<title>{_e(c.name)}</title>{_e(short)}</text>"
@@ -267,12 +268,32 @@ def _spread(c: CandidateReport) -> dict[str, float] | None:
     return {"min": c.median_ms, "median": c.median_ms, "p90": p99, "p99": p99, "max": p99}
 
 
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """1-2-5 tick values between lo and hi (only the powers of ten when that makes too many)."""
+    ticks = []
+    for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1):
+        ticks += [d * 10.0**k for d in (1, 2, 5) if lo <= d * 10.0**k <= hi]
+    if len(ticks) > 8:
+        ticks = [t for t in ticks if math.isclose(10 ** round(math.log10(t)), t)]
+    return ticks
+
+
 def _latency_svg(g: GraphReport) -> str:
-    svg, height = _svg_open(len(g.candidates), "latency per call (ms)")
+    svg, height = _svg_open(len(g.candidates), "latency per call (ms, log scale)")
     top, bottom = 26, height - 28
     spreads = [_spread(c) for c in g.candidates]
-    hi = max([s["max"] for s in spreads if s is not None] + [1e-3]) * 1.08
-    parts = [svg, _axis(hi, top, bottom, "")]
+    values = [max(v, 1e-6) for s in spreads if s is not None for v in s.values()] or [1.0]
+    lo, hi = min(values) / 1.25, max(values) * 1.25
+
+    def at(v: float) -> float:
+        return LABEL_W + PLOT_W * math.log(max(v, 1e-6) / lo) / math.log(hi / lo)
+
+    parts = [svg]
+    for t in _log_ticks(lo, hi):
+        parts.append(
+            f'<line x1="{at(t):.1f}" y1="{top}" x2="{at(t):.1f}" y2="{bottom}" stroke="#e0e0e0"/>'
+            f'<text x="{at(t):.1f}" y="{bottom + 14}" text-anchor="middle">{t:g}</text>'
+        )
     for i, (c, s) in enumerate(zip(g.candidates, spreads, strict=True)):
         y = top + i * ROW_H + ROW_H / 2
         parts.append(_label(c, y))
@@ -282,21 +303,25 @@ def _latency_svg(g: GraphReport) -> str:
                 f'style="fill:{COLOURS["bad"]}">{_e(c.status)}</text>'
             )
             continue
-        x = {k: LABEL_W + PLOT_W * v / hi for k, v in s.items()}
-        box_w = max(x["p90"] - x["median"], 1.0)
-        tip = ", ".join(f"{k} {v:.3f} ms" for k, v in s.items())
-        colour = _colour(c)
-        parts.append(
-            f'<g class="box"><title>{_e(c.name)}: {_e(tip)}</title>'
-            f'<line x1="{x["min"]:.1f}" y1="{y:.1f}" x2="{x["max"]:.1f}" y2="{y:.1f}" '
-            f'stroke="{colour}"/>'
-            f'<rect x="{x["median"]:.1f}" y="{y - 7:.1f}" width="{box_w:.1f}" '
-            f'height="14" fill="{colour}" fill-opacity="0.35" stroke="{colour}"/>'
-            f'<line x1="{x["median"]:.1f}" y1="{y - 8:.1f}" x2="{x["median"]:.1f}" '
-            f'y2="{y + 8:.1f}" stroke="{colour}" stroke-width="3"/>'
-            f'<line x1="{x["p99"]:.1f}" y1="{y - 5:.1f}" x2="{x["p99"]:.1f}" y2="{y + 5:.1f}" '
-            f'stroke="{colour}" stroke-width="2"/>'
-            "</g>"
-        )
+        parts.append(_box(c, s, {k: at(v) for k, v in s.items()}, y))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _box(c: CandidateReport, s: dict[str, float], x: dict[str, float], y: float) -> str:
+    """One candidate's whiskers (min-max), box (median-p90) and p99 tick."""
+    tip = ", ".join(f"{k} {v:.3f} ms" for k, v in s.items())
+    colour = _colour(c)
+    box_w = max(x["p90"] - x["median"], 1.0)
+    return (
+        f'<g class="box"><title>{_e(c.name)}: {_e(tip)}</title>'
+        f'<line x1="{x["min"]:.1f}" y1="{y:.1f}" x2="{x["max"]:.1f}" y2="{y:.1f}" '
+        f'stroke="{colour}"/>'
+        f'<rect x="{x["median"]:.1f}" y="{y - 7:.1f}" width="{box_w:.1f}" '
+        f'height="14" fill="{colour}" fill-opacity="0.35" stroke="{colour}"/>'
+        f'<line x1="{x["median"]:.1f}" y1="{y - 8:.1f}" x2="{x["median"]:.1f}" '
+        f'y2="{y + 8:.1f}" stroke="{colour}" stroke-width="3"/>'
+        f'<line x1="{x["p99"]:.1f}" y1="{y - 5:.1f}" x2="{x["p99"]:.1f}" y2="{y + 5:.1f}" '
+        f'stroke="{colour}" stroke-width="2"/>'
+        "</g>"
+    )
