@@ -2,7 +2,8 @@
 
 One zip of stored (uncompressed) entries: ``manifest.json`` and payloads. The manifest holds the
 format version, honed version, creation time, environment fingerprint, every module and graph
-(input profile, chosen backend recipe, measured figures) and a SHA-256 for every other entry.
+(input profile, chosen backend recipe, measured figures), each module's tuning report (read back by
+honed.report.load_report) and a SHA-256 for every other entry.
 Weights and samples are safetensors; nothing is pickled, so loading runs no code but honed's.
 """
 
@@ -141,6 +142,7 @@ def _save_module(module: Module, entries: dict[str, bytes]) -> dict[str, Any]:
         "weights": weights_entry,
         "num_parameters": sum(p.numel() for p in module.module.parameters()),
         "graphs": graphs,
+        "report": _jsonable(module.report.to_dict()) if module.report is not None else None,
     }
 
 

@@ -21,6 +21,9 @@ EXAMPLES = """examples:
                                where the time goes, module by module
   honed bench demo.honed --entry honed.demo:entry
                                the saved artifact against eager: median, p99, throughput
+  honed report demo.honed      the tuning report stored in an artifact, as markdown
+  honed report demo.honed --format html --out report.html
+                               the same as one self-contained HTML page with plots
 """
 
 
@@ -56,7 +59,41 @@ def _parser() -> argparse.ArgumentParser:
     from honed import cli_entry
 
     cli_entry.add_parsers(sub)
+    report = sub.add_parser(
+        "report",
+        help="print the tuning report stored in an artifact (markdown, JSON or HTML)",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument("artifact", type=Path, help="a .honed file written by honed.save")
+    report.add_argument(
+        "--format",
+        default="markdown",
+        choices=["markdown", "json", "html"],
+        help="markdown (default), json, or html (one self-contained page with plots)",
+    )
+    report.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
     return parser
+
+
+def _report(artifact: Path, fmt: str, out: Path | None) -> int:
+    from honed.errors import HonedError
+    from honed.report import load_report
+
+    try:
+        report = load_report(artifact)
+    except HonedError as e:
+        print(f"honed report: {e}", file=sys.stderr)
+        return 1
+    render = {"markdown": report.to_markdown, "json": report.to_json, "html": report.to_html}
+    text = render[fmt]()
+    if out is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out} ({fmt}, {len(text.encode()) / 1e3:.1f} kB)", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         from honed import doctor
 
         return doctor.run(args.device, as_json=args.json)
+    if args.command == "report":
+        return _report(args.artifact, args.format, args.out)
     return 2
 
 

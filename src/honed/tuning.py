@@ -579,7 +579,14 @@ def _row(outcome: Outcome, baseline: Outcome, selected: bool) -> CandidateReport
         max_rel_error=check.max_rel_error if check is not None else None,
         cosine=check.min_cosine if check is not None else None,
         build_log=outcome.build_log,
+        samples_ms=_capped(list(m.samples_ms)) if m is not None else None,
     )
+
+
+def _capped(samples: list[float], cap: int = 2000) -> list[float]:
+    """At most ``cap`` samples, taken evenly across the run (the report's distribution plots)."""
+    stride = -(-len(samples) // cap)
+    return samples[::stride] if stride > 1 else samples
 
 
 __all__ = ["Sample", "tune"]
