@@ -1,4 +1,4 @@
-"""src/honed/jit/config.py: honed.jit.config, the JIT mode's settings (defaults from honed.config)."""
+"""src/honed/jit/config.py: honed.jit.config, JIT mode's settings (defaults from honed.config)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ from honed.errors import ConfigError
 if TYPE_CHECKING:
     from honed.backend.base import Backend
     from honed.tune_strategy import TuneStrategy
-
-
-def _default(flag: str) -> Any:
-    return dataclasses.field(default_factory=lambda: _copy(getattr(_flags, flag)))
 
 
 def _copy(value: Any) -> Any:
@@ -45,18 +41,28 @@ class JitConfig:
         max_samples: samples kept per module (bounded; new shapes may take up to twice this).
     """
 
-    min_samples: int = _default("jit_min_samples")
-    batch_axis_required: bool = _default("jit_batch_axis_required")
-    max_depth_level: int = _default("jit_max_depth_level")
-    min_parameters: int = _default("jit_min_parameters")
-    detect_graph_breaks: bool = _default("jit_detect_graph_breaks")
-    skip_modules: list[str] = _default("jit_skip_modules")
+    min_samples: int = dataclasses.field(default_factory=lambda: _copy(_flags.jit_min_samples))
+    batch_axis_required: bool = dataclasses.field(
+        default_factory=lambda: _copy(_flags.jit_batch_axis_required)
+    )
+    max_depth_level: int = dataclasses.field(
+        default_factory=lambda: _copy(_flags.jit_max_depth_level)
+    )
+    min_parameters: int = dataclasses.field(
+        default_factory=lambda: _copy(_flags.jit_min_parameters)
+    )
+    detect_graph_breaks: bool = dataclasses.field(
+        default_factory=lambda: _copy(_flags.jit_detect_graph_breaks)
+    )
+    skip_modules: list[str] = dataclasses.field(
+        default_factory=lambda: _copy(_flags.jit_skip_modules)
+    )
     device: str | None = dataclasses.field(default_factory=lambda: _flags.jit_device or None)
-    dry_run: bool = _default("jit_dry_run")
+    dry_run: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_dry_run))
     backends: list[Backend] | None = dataclasses.field(default_factory=lambda: _named_backends())
     strategy: TuneStrategy | None = None
     cache_dir: str | None = dataclasses.field(default_factory=lambda: _flags.jit_cache_dir or None)
-    max_samples: int = _default("jit_max_samples")
+    max_samples: int = dataclasses.field(default_factory=lambda: _copy(_flags.jit_max_samples))
 
     def tune_strategy(self) -> TuneStrategy:
         """The strategy JIT tunes with: ``strategy``, else measure ``backends`` (or defaults)."""

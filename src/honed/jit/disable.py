@@ -5,4 +5,3 @@ from __future__ import annotations
 from honed.jit.patcher import disable
 
 disable()
-

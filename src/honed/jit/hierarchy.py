@@ -40,7 +40,7 @@ class Node:
         self.name = type(module).__name__
         self.parameters = sum(p.numel() for p in module.parameters())
         self.parent = parent
-        self.level = 0 if parent is None else parent.level + 1
+        self.level: int = 0 if parent is None else parent.level + 1
         self.children: list[Node] = []
         self.state = State.INIT
         self.call_count = 0

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 
 from honed import config as _flags
+from honed.jit.config import config
+from honed.jit.hierarchy import Node, State, render
 from honed.jit.history import add as add_step
 from honed.jit.history import clear as clear_history
 from honed.jit.history import history as steps
-from honed.jit.config import config
-from honed.jit.hierarchy import Node, State, render
 
 log = logging.getLogger("honed.jit")
 

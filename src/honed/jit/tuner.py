@@ -1,4 +1,4 @@
-"""src/honed/jit/tuner.py: trying one discovered module: checks, graph breaks, honed.tune, states."""
+"""src/honed/jit/tuner.py: trying one discovered module: checks, graph breaks, tune, states."""
 
 from __future__ import annotations
 
@@ -6,14 +6,10 @@ import logging
 import time
 from typing import Any
 
-import torch
-
 from honed import _core
-from honed.jit.history import add as add_step
-from honed.jit.history import clear as clear_history
-from honed.jit.history import history as steps
 from honed.jit.config import config
 from honed.jit.hierarchy import Node, State
+from honed.jit.history import add as add_step
 from honed.jit.patcher import STATE
 
 log = logging.getLogger("honed.jit")
@@ -79,6 +75,7 @@ def _breaks(node: Node) -> bool:
     import torch._dynamo
 
     module = node.module
+    assert module is not None  # a node being tried is called, so alive
     args, kwargs = node.samples[0]
     started = time.perf_counter()
     STATE.bypass += 1
