@@ -31,6 +31,18 @@ def _env_int(name: str, default: int) -> int:
     return int(_env_float(name, default))
 
 
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() not in ("0", "false", "no", "off")
+
+
+def _env_list(name: str) -> list[str]:
+    raw = os.environ.get(name, "")
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
 def _default_cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     return Path(xdg) / "honed" if xdg else Path.home() / ".cache" / "honed"
@@ -80,6 +92,49 @@ first_wins_min_speedup: float = _env_float("HONED_FIRST_WINS_MIN_SPEEDUP", 1.0)
 # honed doctor: how long importing one optional package (probed in a subprocess) may take before
 # it is reported as hanging. Packages that import torch need a few seconds.
 doctor_import_timeout_s: float = _env_float("HONED_DOCTOR_IMPORT_TIMEOUT_S", 60.0)
+
+# -- JIT mode (honed.jit; its config object honed.jit.config takes its defaults from these) ----
+# HONED_JIT=1 starts JIT tuning at interpreter start-up (through the .pth hook installed with the
+# package). The hook itself tests the variable with os.environ before importing anything: the one
+# read outside this module, so that an unset variable costs nothing.
+jit: bool = _env_bool("HONED_JIT", False)
+
+# Calls of a module recorded before it is tried (at least 1; 2+ lets dynamic axes show).
+jit_min_samples: int = _env_int("HONED_JIT_MIN_SAMPLES", 2)
+
+# Try a module only once its samples show a batch axis (two batch sizes seen).
+jit_batch_axis_required: bool = _env_bool("HONED_JIT_BATCH_AXIS_REQUIRED", False)
+
+# Deepest module level tried (0: the top modules only, 1: also their children, ...).
+jit_max_depth_level: int = _env_int("HONED_JIT_MAX_DEPTH_LEVEL", 3)
+
+# Modules with fewer parameters than this are SKIPPED (their children are smaller still).
+jit_min_parameters: int = _env_int("HONED_JIT_MIN_PARAMETERS", 1000)
+
+# Check a module with torch._dynamo.explain before tuning; a graph break sends JIT to its children.
+jit_detect_graph_breaks: bool = _env_bool("HONED_JIT_DETECT_GRAPH_BREAKS", True)
+
+# Module class names never tuned (comma-separated), e.g. "BatchNorm2d,LayerNorm".
+jit_skip_modules: list[str] = _env_list("HONED_JIT_SKIP_MODULES")
+
+# Device JIT tunes for ("" = the device the module's parameters are on).
+jit_device: str = _env_str("HONED_JIT_DEVICE", "")
+
+# Log and record what would be tuned, without tuning anything.
+jit_dry_run: bool = _env_bool("HONED_JIT_DRY_RUN", False)
+
+# Backend class names JIT tries (comma-separated, e.g. "TorchInductorBackend"); empty = the
+# default candidates of MaxThroughputStrategy.
+jit_backends: list[str] = _env_list("HONED_JIT_BACKENDS")
+
+# Where JIT's tuning cache lives ("" = cache_dir above).
+jit_cache_dir: str = _env_str("HONED_JIT_CACHE_DIR", "")
+
+# At exit, print JIT's hierarchy and history to stderr (for scripts run with no code change).
+jit_report: bool = _env_bool("HONED_JIT_REPORT", False)
+
+# Samples kept per module while recording (the first ones, and new shapes up to twice this).
+jit_max_samples: int = _env_int("HONED_JIT_MAX_SAMPLES", 8)
 
 # Test hook (STYLE.md rule 6): candidate name or backend class name -> latencies in ms that the
 # engine's InjectedTimer returns instead of real time, so the picker can be tested

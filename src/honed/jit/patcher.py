@@ -1,0 +1,230 @@
+"""src/honed/jit/patcher.py: the patched torch.nn.Module.__call__ that discovers and routes modules.
+
+Why patch ``__call__`` rather than a global forward pre-hook: a pre-hook cannot skip the forward
+(a tuned module must not run its eager body), and any global hook sends every module call in
+the process through ``_call_impl``'s slow path. The patched ``__call__`` is one Python frame and
+one dict look-up per module call, and the original is put back exactly by ``disable()``.
+Not thread-safe: JIT assumes one inference thread, as the seed does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from honed import config as _flags
+from honed.jit.config import config
+from honed.jit.hierarchy import Node, State, render
+from honed.jit.history import add as add_step
+from honed.jit.history import clear as clear_history
+from honed.jit.history import history as steps
+
+log = logging.getLogger("honed.jit")
+
+_ORIGINAL_CALL: Callable[..., Any] = torch.nn.Module.__call__
+
+
+class _Jit:
+    """Process-wide JIT state: which modules were seen, and what is running now."""
+
+    def __init__(self) -> None:
+        self.enabled = False  # every module is discovered (import honed.jit.enable)
+        self.installed = False  # torch.nn.Module.__call__ is ours
+        self.nodes: weakref.WeakKeyDictionary[torch.nn.Module, Node] = weakref.WeakKeyDictionary()
+        self.roots: list[Node] = []
+        self.stack: list[Node] = []  # the discovered modules whose forward is running
+        self.bypass = 0  # > 0: JIT's own calls (tuning, checking, routing): run originals
+        self.opted_in: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # decorator's models
+        self.grad_warned: set[int] = set()
+        self.report_registered = False
+
+
+STATE = _Jit()
+
+
+def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    st = STATE
+    if st.bypass or torch.compiler.is_compiling():
+        return _ORIGINAL_CALL(self, *args, **kwargs)
+    node = st.nodes.get(self)
+    if node is None:
+        if not (st.enabled or st.stack or self in st.opted_in):
+            return _ORIGINAL_CALL(self, *args, **kwargs)
+        node = _discover(self)
+    else:
+        node.call_count += 1
+    state = node.state
+    if state is State.TUNED:
+        return _route(node, args, kwargs)
+    if state in (State.INIT, State.RECORDING) and not node.tried:
+        _record(node, args, kwargs)
+    st.stack.append(node)
+    try:
+        out = _ORIGINAL_CALL(self, *args, **kwargs)
+    finally:
+        st.stack.pop()
+    if node.state is State.INIT:
+        node.state = State.RECORDING
+    if node.state is State.RECORDING and not node.tried:
+        from honed.jit.tuner import maybe_try
+
+        maybe_try(node)
+    return out
+
+
+def _discover(module: torch.nn.Module) -> Node:
+    st = STATE
+    parent = st.stack[-1] if st.stack else None
+    node = Node(module, parent)
+    node.call_count = 1
+    st.nodes[module] = node
+    if parent is None:
+        st.roots.append(node)
+        add_step(f"New top module: {node.describe()}")
+    else:
+        if parent.state in (State.TUNED, State.DETACHED):
+            node.state = State.DETACHED
+        add_step(f"New child module: {node.describe()}", logging.DEBUG)
+    return node
+
+
+def _record(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    if node.level > config.max_depth_level:
+        return
+    shapes = tuple(
+        tuple(t.shape)
+        for t in torch.utils._pytree.tree_leaves((args, kwargs))
+        if isinstance(t, torch.Tensor)
+    )
+    cap = max(config.max_samples, config.min_samples)
+    new_shape = shapes not in node.shapes_seen
+    if len(node.samples) < cap or (new_shape and len(node.samples) < 2 * cap):
+        node.samples.append(_detach((args, kwargs)))
+        node.shapes_seen.add(shapes)
+
+
+def _detach(value: Any) -> Any:
+    return torch.utils._pytree.tree_map(
+        lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, value
+    )
+
+
+def _route(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A TUNED module's call: through its honed.Module (eager for shapes it was not tuned for)."""
+    module = node.module
+    if torch.is_grad_enabled():
+        if id(node) not in STATE.grad_warned:
+            STATE.grad_warned.add(id(node))
+            add_step(
+                f"{node.short()} runs eager while autograd is on; call it under "
+                "torch.no_grad() or torch.inference_mode() to use its tuned variant",
+                logging.WARNING,
+            )
+        return _ORIGINAL_CALL(module, *args, **kwargs)
+    STATE.bypass += 1
+    try:
+        return node.tuned(*args, **kwargs)
+    finally:
+        STATE.bypass -= 1
+
+
+def install() -> None:
+    """Put the patched __call__ in place (idempotent)."""
+    if not STATE.installed:
+        torch.nn.Module.__call__ = _patched_call  # type: ignore[method-assign]
+        STATE.installed = True
+
+
+def uninstall() -> None:
+    """Put torch's own __call__ back (idempotent)."""
+    if STATE.installed:
+        torch.nn.Module.__call__ = _ORIGINAL_CALL  # type: ignore[method-assign]
+        STATE.installed = False
+
+
+def enable() -> None:
+    """Discover and tune every module that runs from now on."""
+    STATE.enabled = True
+    install()
+    if _flags.jit_report and not STATE.report_registered:
+        STATE.report_registered = True
+        atexit.register(_report)
+    log.info("honed.jit: JIT tuning enabled")
+
+
+def disable() -> None:
+    """Stop JIT: every module runs its original forward again (what was learned stays readable)."""
+    STATE.enabled = False
+    STATE.opted_in = weakref.WeakSet()
+    uninstall()
+    log.info("honed.jit: JIT tuning disabled")
+
+
+def reset() -> None:
+    """Forget every discovered module and the history (for tests and long-lived processes)."""
+    disable()
+    STATE.nodes = weakref.WeakKeyDictionary()
+    STATE.roots = []
+    STATE.stack = []
+    STATE.grad_warned = set()
+    clear_history()
+
+
+def opt_in(value: Any) -> None:
+    """Tune the modules in ``value`` (a module, or an object holding modules) when they run."""
+    seen: set[int] = set()
+
+    def visit(v: Any, depth: int) -> None:
+        if id(v) in seen or depth > 3:
+            return
+        seen.add(id(v))
+        if isinstance(v, torch.nn.Module):
+            STATE.opted_in.add(v)
+            return
+        items = v if isinstance(v, list | tuple) else getattr(v, "__dict__", {}).values()
+        for item in items:
+            visit(item, depth + 1)
+
+    visit(value, 0)
+    if len(STATE.opted_in):
+        install()
+
+
+def _report() -> None:
+    """HONED_JIT_REPORT=1: the hierarchy and the history, on stderr, when the program ends."""
+    lines = [render(STATE.roots), "JIT Tuning History:", *(f"  {s}" for s in steps())]
+    print("\n".join(lines), file=sys.stderr)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Run a block with JIT out of the way: modules run their originals, nothing is counted."""
+    STATE.bypass += 1
+    try:
+        yield
+    finally:
+        STATE.bypass -= 1
+
+
+def roots() -> list[Node]:
+    return list(STATE.roots)
+
+
+__all__ = [
+    "STATE",
+    "disable",
+    "enable",
+    "install",
+    "opt_in",
+    "paused",
+    "reset",
+    "roots",
+    "uninstall",
+]

@@ -1,0 +1,414 @@
+"""tests/test_jit.py: JIT mode: discovery, states, graph breaks, hierarchy, history, cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import honed
+import honed.jit
+from honed.jit import State
+from honed.jit.patcher import _ORIGINAL_CALL
+
+from conftest import TinyMLP, batches
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class DynamicModule(nn.Module):
+    """The seed's graph-break example: forward branches on the data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.child_a = nn.Linear(10, 20)
+        self.child_b = nn.Linear(10, 20)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return self.child_a(x)
+        return self.child_b(x)
+
+
+class DLPackModule(nn.Module):
+    """The dlpack seed: a round trip through DLPack that Dynamo cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        capsule = torch.utils.dlpack.to_dlpack(y)
+        return torch.utils.dlpack.from_dlpack(capsule) * 2
+
+
+@pytest.fixture(autouse=True)
+def jit(tmp_path: Path) -> Iterator[honed.jit.JitConfig]:
+    """JIT on with deterministic settings (Inductor only), a private cache, a clean slate."""
+    honed.jit.reset()
+    honed.jit.config.reset()
+    inductor = honed.OneBackendStrategy(honed.backend.TorchInductorBackend())
+    with honed.jit.config.patch(
+        strategy=inductor, min_parameters=100, cache_dir=str(tmp_path / "jit-cache")
+    ):
+        honed.jit.enable_jit_tuning()
+        try:
+            yield honed.jit.config
+        finally:
+            honed.jit.reset()
+
+
+def node_states() -> list[tuple[str, int, str]]:
+    out = []
+    for root in honed.jit.roots():
+        for node in [root, *root.descendants()]:
+            out.append((node.name, node.level, node.state.name))
+    return out
+
+
+def run(model: nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [model(x) for x in inputs]
+
+
+def eager(model: nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    with torch.no_grad(), honed.jit.paused():
+        return [model(x) for x in inputs]
+
+
+def assert_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+# -- config ------------------------------------------------------------------------------------
+def test_config_defaults_come_from_honed_config() -> None:
+    with honed.config.patch(jit_min_samples=5, jit_skip_modules=["LayerNorm"], jit_dry_run=True):
+        fresh = honed.jit.JitConfig()
+    assert (fresh.min_samples, fresh.skip_modules, fresh.dry_run) == (5, ["LayerNorm"], True)
+    assert honed.jit.JitConfig().min_samples == 2
+    assert honed.jit.JitConfig().detect_graph_breaks is True
+    with pytest.raises(AttributeError, match="no field"):
+        with honed.jit.config.patch(min_sample=3):
+            pass
+
+
+def test_config_from_environment_variables() -> None:
+    env = dict(
+        os.environ,
+        HONED_JIT_MIN_SAMPLES="4",
+        HONED_JIT_SKIP_MODULES="BatchNorm2d, LayerNorm",
+        HONED_JIT_DETECT_GRAPH_BREAKS="0",
+        HONED_JIT_MAX_DEPTH_LEVEL="1",
+        HONED_JIT_MIN_PARAMETERS="7",
+        HONED_JIT_BATCH_AXIS_REQUIRED="1",
+        HONED_JIT_DRY_RUN="yes",
+        HONED_JIT_DEVICE="cpu",
+        HONED_JIT_CACHE_DIR="/tmp/x",
+        HONED_JIT_BACKENDS="TorchInductorBackend",
+    )
+    code = (
+        "import json, honed.jit as j; c = j.config; print(json.dumps([c.min_samples, "
+        "c.skip_modules, c.detect_graph_breaks, c.max_depth_level, c.min_parameters, "
+        "c.batch_axis_required, c.dry_run, c.device, c.cache_dir, "
+        "[type(b).__name__ for b in c.backends]]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [
+        4,
+        ["BatchNorm2d", "LayerNorm"],
+        False,
+        1,
+        7,
+        True,
+        True,
+        "cpu",
+        "/tmp/x",
+        ["TorchInductorBackend"],
+    ]
+
+
+# -- the top module is tuned whole ---------------------------------------------------------------
+def test_top_module_tuned_children_detached() -> None:
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    inputs = batches(2, 4, 4, 3)
+    got = run(model, inputs)
+    assert_close(got, eager(model, inputs))
+    assert node_states() == [
+        ("TinyMLP", 0, "TUNED"),
+        ("Linear", 1, "DETACHED"),
+        ("Linear", 1, "DETACHED"),
+    ]
+    root = honed.jit.roots()[0]
+    assert root.call_count == 4 and root.backend == "TorchInductorBackend"
+    # after tuning the children no longer run: the compiled variant does their work
+    assert [c.call_count for c in root.children] == [2, 2]
+    steps = honed.jit.history()
+    assert steps[0] == "New top module: TinyMLP 📊676 level=0🪜 state=init⏳ call_count=1"
+    assert "New child module: Linear 📊544 level=1🪜 state=init⏳ call_count=1" in steps
+    assert any(
+        re.fullmatch(r"No graph breaks in TinyMLP 📊676\. Checking took \d+\.\d\ds", s)
+        for s in steps
+    )
+    assert any(re.fullmatch(r"Tuning TinyMLP 📊676 took \d+\.\d\ds", s) for s in steps)
+    assert "Unpatching child module: Linear 📊544 level=1🪜 state=detached☑️ call_count=2" in steps
+    text = honed.jit.hierarchy().splitlines()
+    assert text == [
+        "JIT Tuning Hierarchy:",
+        "├─ TinyMLP 📊676 level=0🪜 state=tuned🎯 (TorchInductorBackend) call_count=4",
+        "   ├─ Linear 📊544 level=1🪜 state=detached☑️ call_count=2",
+        "   ├─ Linear 📊132 level=1🪜 state=detached☑️ call_count=2",
+    ]
+
+
+def test_shapes_outside_the_tuned_profile_run_eager() -> None:
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    run(model, batches(2, 4))
+    assert honed.jit.roots()[0].state is State.TUNED
+    odd = [torch.randn(64, 16), torch.randn(3, 5, 16)]
+    assert_close(run(model, odd), eager(model, odd))
+
+
+def test_min_samples_waits_before_tuning(jit: honed.jit.JitConfig) -> None:
+    jit.min_samples = 3
+    model = TinyMLP().eval()
+    run(model, batches(2, 4))
+    assert honed.jit.roots()[0].state is State.RECORDING
+    run(model, batches(8))
+    assert honed.jit.roots()[0].state is State.TUNED
+
+
+def test_batch_axis_required_waits_for_two_batch_sizes(jit: honed.jit.JitConfig) -> None:
+    jit.batch_axis_required = True
+    model = TinyMLP().eval()
+    run(model, batches(4, 4, 4))
+    assert honed.jit.roots()[0].state is State.RECORDING
+    run(model, batches(2))
+    assert honed.jit.roots()[0].state is State.TUNED
+
+
+# -- the seed's failure cases ------------------------------------------------------------------
+def test_dynamic_module_ends_eager_with_children_tuned() -> None:
+    torch.manual_seed(0)
+    model = DynamicModule().eval()
+    pos = [torch.rand(2, 10) + 0.1, torch.rand(4, 10) + 0.1, torch.rand(3, 10) + 0.1]
+    neg = [-p for p in pos]
+    inputs = [pos[0], neg[0], pos[1], neg[1], pos[2], neg[2]]
+    assert_close(run(model, inputs), eager(model, inputs))
+    assert node_states() == [
+        ("DynamicModule", 0, "EAGER"),
+        ("Linear", 1, "TUNED"),
+        ("Linear", 1, "TUNED"),
+    ]
+    steps = honed.jit.history()
+    assert any(s.startswith("1 graph break(s) in DynamicModule 📊440:") for s in steps)
+    assert sum(s.startswith("Tuning Linear 📊220 took") for s in steps) == 2
+    line = "   ├─ Linear 📊220 level=1🪜 state=tuned🎯 (TorchInductorBackend) call_count=3"
+    assert honed.jit.hierarchy().splitlines()[2] == line
+
+
+def test_dlpack_round_trip_is_a_graph_break_not_compiled_whole() -> None:
+    torch.manual_seed(0)
+    model = DLPackModule().eval()
+    inputs = batches(2, 4, 4, 2)
+    assert_close(run(model, inputs), eager(model, inputs))
+    root = honed.jit.roots()[0]
+    assert root.state is State.EAGER and root.reason == "graph breaks"
+    assert root.tuned is None  # never compiled (with fullgraph or otherwise)
+    assert [c.state for c in root.children] == [State.TUNED]
+    steps = " | ".join(honed.jit.history())
+    assert "graph break(s) in DLPackModule" in steps and "dlpack" in steps.lower()
+
+
+def test_max_depth_level_zero_leaves_children_alone(jit: honed.jit.JitConfig) -> None:
+    jit.max_depth_level = 0
+    model = DynamicModule().eval()
+    inputs = [torch.rand(2, 10), -torch.rand(2, 10)] * 3
+    assert_close(run(model, inputs), eager(model, inputs))
+    assert node_states() == [
+        ("DynamicModule", 0, "EAGER"),
+        ("Linear", 1, "SKIPPED"),
+        ("Linear", 1, "SKIPPED"),
+    ]
+    assert all(not c.samples for c in honed.jit.roots()[0].children)
+
+
+# -- skipping, dry run ---------------------------------------------------------------------------
+def test_skip_modules_skips_the_module_and_tries_its_children(jit: honed.jit.JitConfig) -> None:
+    jit.skip_modules = ["TinyMLP"]
+    model = TinyMLP().eval()
+    inputs = batches(2, 4, 2, 4)
+    assert_close(run(model, inputs), eager(model, inputs))
+    assert node_states() == [
+        ("TinyMLP", 0, "SKIPPED"),
+        ("Linear", 1, "TUNED"),
+        ("Linear", 1, "TUNED"),
+    ]
+    assert "Skipping TinyMLP 📊676: listed in skip_modules" in honed.jit.history()
+
+
+def test_min_parameters_skips_small_modules(jit: honed.jit.JitConfig) -> None:
+    jit.min_parameters = 600  # TinyMLP has 676, its Linears 544 and 132
+    model = DynamicModule().eval()  # 440 parameters: too small, and so are its children
+    run(model, [torch.rand(2, 10)] * 3)
+    assert node_states() == [("DynamicModule", 0, "SKIPPED"), ("Linear", 1, "SKIPPED")]
+    honed.jit.reset()
+    honed.jit.enable_jit_tuning()
+    run(TinyMLP().eval(), batches(2, 4))
+    assert node_states()[0] == ("TinyMLP", 0, "TUNED")
+
+
+def test_dry_run_logs_without_tuning(jit: honed.jit.JitConfig) -> None:
+    jit.dry_run = True
+    model = TinyMLP().eval()
+    inputs = batches(2, 4, 8)
+    assert_close(run(model, inputs), eager(model, inputs))
+    root = honed.jit.roots()[0]
+    assert root.state is State.RECORDING and root.tuned is None and root.reason == "dry run"
+    steps = honed.jit.history()
+    assert (
+        "Dry run: would tune TinyMLP 📊676 level=0🪜 state=recording🔴 call_count=2 on 2 sample(s)"
+        in steps
+    )
+    assert not any(s.startswith("Tuning ") for s in steps)
+
+
+# -- activation ------------------------------------------------------------------------------
+def test_disable_restores_torch_call() -> None:
+    assert torch.nn.Module.__call__ is not _ORIGINAL_CALL
+    import honed.jit.disable
+
+    assert torch.nn.Module.__call__ is _ORIGINAL_CALL
+    run(TinyMLP().eval(), batches(2, 4, 8))
+    assert honed.jit.roots() == []
+
+
+def test_patch_for_jit_tuning_tunes_only_what_the_function_built() -> None:
+    honed.jit.disable_jit_tuning()
+
+    @honed.jit.patch_for_jit_tuning
+    def build() -> nn.Module:
+        return TinyMLP().eval()
+
+    tuned, plain = build(), TinyMLP().eval()
+    assert not honed.jit.patcher.STATE.enabled
+    run(plain, batches(2, 4, 8))
+    run(tuned, batches(2, 4, 8))
+    assert node_states()[0] == ("TinyMLP", 0, "TUNED")
+    assert len(honed.jit.roots()) == 1 and honed.jit.roots()[0].module is tuned
+
+
+def test_autograd_calls_run_eager() -> None:
+    model = TinyMLP().eval()
+    run(model, batches(2, 4))
+    x = batches(4)[0]
+    out = model(x)  # grad enabled: the tuned variant (built without autograd) is not used
+    assert out.requires_grad
+    with honed.jit.paused():
+        torch.testing.assert_close(out, model(x))
+    assert any("runs eager while autograd is on" in s for s in honed.jit.history())
+
+
+# -- a plain script, twice, with the tuning cache ------------------------------------------------
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+
+        def forward(self, x):
+            return self.body(x).softmax(-1)
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    g = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(b, 32, generator=g) for b in (2, 4, 4, 2, 3)]
+    with torch.no_grad():
+        outputs = [model(x) for x in inputs]
+    torch.save({"inputs": inputs, "outputs": outputs, "state": model.state_dict()}, sys.argv[1])
+    """
+)
+
+
+def run_script(tmp_path: Path, cache: Path, tag: str) -> tuple[str, dict[str, object]]:
+    script = tmp_path / "plain_script.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / f"{tag}.pt"
+    env = dict(
+        os.environ,
+        HONED_JIT="1",
+        HONED_JIT_REPORT="1",
+        HONED_CACHE_DIR=str(cache),
+        HONED_ISOLATION="none",
+        HONED_JIT_BACKENDS="TorchInductorBackend",
+        HONED_WARMUP_MS="2",
+        HONED_WARMUP_CALLS="2",
+        HONED_WINDOW_MS="2",
+        HONED_WINDOW_CALLS="3",
+        HONED_MAX_WINDOWS="4",
+    )
+    launcher = os.environ.get("HONED_TEST_JIT_LAUNCHER", "pth")
+    cmd = [sys.executable, str(script), str(out)]
+    if launcher != "pth":  # no .pth hook installed: the same thing, started by hand
+        cmd = [
+            sys.executable,
+            "-c",
+            "import honed.jit; honed.jit._autoload(); import runpy, sys; "
+            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+            str(script),
+            str(out),
+        ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr, torch.load(out)
+
+
+def tuning_seconds(report: str, name: str) -> float:
+    found = re.search(rf"Tuning {name} 📊\S+ took (\d+\.\d+)s", report)
+    assert found, report[-3000:]
+    return float(found.group(1))
+
+
+def test_plain_script_is_tuned_and_the_second_run_reuses_the_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "shared-cache"
+    first, saved = run_script(tmp_path, cache, "first")
+    second, _ = run_script(tmp_path, cache, "second")
+    assert "JIT Tuning Hierarchy:" in first
+    assert re.search(
+        r"├─ Net 📊2\.6K level=0🪜 state=tuned🎯 \(Torch\w+Backend\) call_count=5", first
+    )
+    assert re.search(r"├─ Sequential 📊2\.6K level=1🪜 state=detached☑️ call_count=2", first)
+    assert "Reused" not in first
+    # the second run takes every candidate's outcome from the cache: nothing is re-measured;
+    # what remains is building the winner in the new process (Inductor's own compile)
+    assert re.search(r"Reused (\d+) of \1 cached result\(s\) for Net", second)
+    t1, t2 = tuning_seconds(first, "Net"), tuning_seconds(second, "Net")
+    print(f"JIT tuning: first run {t1:.2f}s, second run (cache) {t2:.2f}s")
+    # outputs equal eager
+    net = {}
+    exec(compile(SCRIPT.split("torch.manual_seed(0)")[0], "plain", "exec"), net)
+    model = net["Net"]().eval()
+    model.load_state_dict(saved["state"])
+    with torch.no_grad():
+        for x, y in zip(saved["inputs"], saved["outputs"], strict=True):
+            torch.testing.assert_close(y, _ORIGINAL_CALL(model, x), rtol=1e-4, atol=1e-5)
