@@ -64,3 +64,11 @@ __all__ = [
     "tune",
     "tune_strategy",
 ]
+
+# JIT mode (imported last: it reads honed.config and wraps honed.tune).
+from honed import jit
+from honed.jit import patch_for_jit_tuning
+
+jit_config = jit.config
+
+__all__ += ["jit", "jit_config", "patch_for_jit_tuning"]
