@@ -141,9 +141,17 @@ class Backend:
         return Availability(True)
 
     def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
-        """Return a callable that computes what ``module`` computes, faster."""
-        raise NotImplementedError(
-            f"{type(self).__name__} must implement build(module, example_inputs)"
+        """Return a callable that computes what ``module`` computes, faster.
+
+        Built-in backends implement ``build_graph``; called directly, ``build`` gives them the
+        device of the module (or of its inputs) as the graph's device.
+        """
+        if type(self).build_graph is Backend.build_graph:
+            raise NotImplementedError(
+                f"{type(self).__name__} must implement build(module, example_inputs)"
+            )
+        return self.build_graph(
+            module, example_inputs, GraphInfo(device=device_of(module, example_inputs))
         )
 
     def export_payload(self, fn: Callable[..., Any]) -> dict[str, bytes]:
@@ -215,3 +223,14 @@ def autocast_wrapper(
         )
 
     return run
+
+
+def device_of(module: torch.nn.Module, example_inputs: list[Sample]) -> torch.device:
+    """Where ``module`` runs: its first parameter's device, else its inputs', else the CPU."""
+    for p in module.parameters():
+        return p.device
+    for sample in example_inputs:
+        for leaf in torch.utils._pytree.tree_leaves((sample.args, sample.kwargs)):
+            if isinstance(leaf, torch.Tensor):
+                return leaf.device
+    return torch.device("cpu")

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.backend.torch_eager import _device_of
 from honed.errors import ConfigError, InputError, TuneError
 
 log = logging.getLogger("honed")
@@ -87,11 +86,6 @@ class CudaGraphsBackend(Backend):
             "needs a CUDA device (torch.cuda.is_available() is False)",
             "run on a machine with an NVIDIA GPU and a CUDA build of torch; `honed doctor` says "
             "why CUDA cannot start here",
-        )
-
-    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
-        return self.build_graph(
-            module, example_inputs, GraphInfo(device=_device_of(module, example_inputs))
         )
 
     def build_graph(

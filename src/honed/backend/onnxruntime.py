@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.backend.torch_eager import _device_of
 from honed.backend.torch_inductor_aot import (
     Calling,
     _check_tensors,
@@ -341,16 +340,6 @@ class ONNXRuntimeBackend(Backend):
             return onnx_available()
         except Exception as e:  # never raise from available()
             return Availability(False, f"checking ONNX Runtime failed: {e}", _INSTALL)
-
-    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
-        if not example_inputs:
-            raise InputError(
-                "ONNXRuntimeBackend.build needs at least one example input: the ONNX exporter "
-                "traces the module on one"
-            )
-        return self.build_graph(
-            module, example_inputs, GraphInfo(device=_device_of(module, example_inputs))
-        )
 
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo

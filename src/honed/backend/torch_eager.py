@@ -37,10 +37,6 @@ class TorchEagerBackend(Backend):
     portability = 0
     config: TorchEagerBackendConfig
 
-    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
-        device = _device_of(module, example_inputs)
-        return self.build_graph(module, example_inputs, GraphInfo(device=device))
-
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
     ) -> Callable[..., Any]:
@@ -48,13 +44,3 @@ class TorchEagerBackend(Backend):
             dtype = self.config.autocast_dtype or torch.bfloat16
             return autocast_wrapper(module, graph.device.type, dtype)
         return module
-
-
-def _device_of(module: torch.nn.Module, example_inputs: list[Sample]) -> torch.device:
-    for p in module.parameters():
-        return p.device
-    for sample in example_inputs:
-        for leaf in torch.utils._pytree.tree_leaves((sample.args, sample.kwargs)):
-            if isinstance(leaf, torch.Tensor):
-                return leaf.device
-    return torch.device("cpu")

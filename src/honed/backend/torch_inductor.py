@@ -21,7 +21,6 @@ from honed.backend.base import (
     Sample,
     autocast_wrapper,
 )
-from honed.backend.torch_eager import _device_of
 from honed.errors import ConfigError
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -113,11 +112,6 @@ class TorchInductorBackend(Backend):
         if cfg.mode in ("reduce-overhead", "max-autotune"):
             return True
         return bool((cfg.options or {}).get("triton.cudagraphs", False))
-
-    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
-        return self.build_graph(
-            module, example_inputs, GraphInfo(device=_device_of(module, example_inputs))
-        )
 
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.backend.torch_eager import _device_of
 from honed.backend.torch_inductor import cpu_available
 from honed.errors import ConfigError, InputError, TuneError
 
@@ -297,16 +296,6 @@ class TorchInductorAotBackend(Backend):
             return aot_available()
         except Exception as e:  # never raise from available()
             return Availability(False, f"checking AOTInductor failed: {e}", "reinstall torch")
-
-    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
-        if not example_inputs:
-            raise InputError(
-                "TorchInductorAotBackend.build needs at least one example input: torch.export "
-                "traces the module on one"
-            )
-        return self.build_graph(
-            module, example_inputs, GraphInfo(device=_device_of(module, example_inputs))
-        )
 
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
