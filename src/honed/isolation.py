@@ -71,7 +71,7 @@ def _launch(kind: str, job: dict[str, Any], work: Path, timeout_s: float) -> Any
     (work / "spec.json").write_text(json.dumps(spec))
     options = _core.IsolateOptions(
         argv=[sys.executable, "-m", "honed._worker", str(work)],
-        env=[("PYTHONUNBUFFERED", "1")],
+        env=[("PYTHONUNBUFFERED", "1"), ("HONED_JIT", "0")],  # workers never JIT-tune
         timeout_s=timeout_s,
         memory_limit_bytes=memory_ceiling_bytes(),
     )
