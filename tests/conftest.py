@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +20,18 @@ class TinyMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(x)))
+
+
+class KwModel(nn.Module):
+    """Keyword tensor input, a non-tensor constant and a nested dict/tuple output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor, *, bias: torch.Tensor, scale: float = 1.0) -> Any:
+        y = self.fc(x) * scale + bias
+        return {"y": y, "parts": (y.relu(), y.sum(dim=1))}
 
 
 def batches(*sizes: int, dim: int = 16, seed: int = 0) -> list[torch.Tensor]:

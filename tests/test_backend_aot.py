@@ -25,24 +25,12 @@ from honed.backend.torch_inductor_aot import (
     _plan,
 )
 
-from conftest import TinyMLP, batches
+from conftest import KwModel, TinyMLP, batches
 
 CPU = torch.device("cpu")
 
 # The FutureWarning comes from inside torch's AOT compile (a deprecated LeafSpec check).
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")]
-
-
-class KwModel(nn.Module):
-    """Keyword tensor input and a non-tensor constant, to exercise the calling convention."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(16, 8)
-
-    def forward(self, x: torch.Tensor, *, bias: torch.Tensor, scale: float = 1.0) -> Any:
-        y = self.fc(x) * scale + bias
-        return {"y": y, "parts": (y.relu(), y.sum(dim=1))}
 
 
 class Branchy(nn.Module):

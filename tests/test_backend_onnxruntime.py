@@ -30,7 +30,7 @@ from honed.backend.onnxruntime import (
     tensorrt_profiles,
 )
 
-from conftest import TinyMLP, batches
+from conftest import KwModel, TinyMLP, batches
 
 CPU = torch.device("cpu")
 
@@ -41,18 +41,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*The axis name:UserWarning"),
     pytest.mark.filterwarnings("ignore:.*legacy TorchScript-based ONNX export:DeprecationWarning"),
 ]
-
-
-class KwModel(nn.Module):
-    """Keyword tensor input, a non-tensor constant and a nested dict/tuple output."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(16, 8)
-
-    def forward(self, x: torch.Tensor, *, bias: torch.Tensor, scale: float = 1.0) -> Any:
-        y = self.fc(x) * scale + bias
-        return {"y": y, "parts": (y.relu(), y.sum(dim=1))}
 
 
 def _samples(*xs: torch.Tensor) -> list[Sample]:
