@@ -6,6 +6,11 @@ AOT compiles take seconds each on CPU: the built results are shared through modu
 
 from __future__ import annotations
 
+import io
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +27,7 @@ from honed.backend.torch_inductor_aot import (
     TensorGuard,
     TorchInductorAotBackend,
     TorchInductorAotBackendConfig,
+    _link_options,
     _plan,
 )
 
@@ -260,6 +266,34 @@ def test_payload_round_trip_loads_without_compiling(
             torch.testing.assert_close(loaded(x), mlp(x))
     with pytest.raises(honed.InputError, match=r"must be in \[1, 8\]"):
         loaded(torch.randn(10, 16))
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="needs binutils' readelf")
+def test_the_wrapper_links_the_shared_cxx_runtime(dynamic_fn: AotCompiled, tmp_path: Path) -> None:
+    """A wrapper.so with a private static libstdc++ segfaults on load (seen on the H100 machine)."""
+    assert ":libstdc++.so.6" in _link_options(None)["aot_inductor.custom_op_libs"]
+    assert _link_options({"aot_inductor.custom_op_libs": ["x"]})["aot_inductor.custom_op_libs"] == [
+        "x",
+        ":libstdc++.so.6",
+    ]
+    with zipfile.ZipFile(io.BytesIO(dynamic_fn.package)) as z:
+        wrappers = [n for n in z.namelist() if n.endswith(".so")]
+        assert wrappers, z.namelist()
+        z.extractall(tmp_path)
+    for name in wrappers:
+        dynamic = subprocess.run(
+            ["readelf", "-d", str(tmp_path / name)], capture_output=True, text=True, check=True
+        ).stdout
+        assert "[libstdc++.so.6]" in dynamic, dynamic
+        symbols = subprocess.run(
+            ["readelf", "--dyn-syms", "-W", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        # A static copy of libstdc++ would export its locale machinery from the wrapper itself.
+        defined = [ln for ln in symbols.splitlines() if "codecvt" in ln and " UND " not in ln]
+        assert not defined, defined[:3]
 
 
 def test_incomplete_payload_is_refused() -> None:

@@ -21,9 +21,12 @@ eager returns, so callers see eager's dtypes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
+import os
 import re
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -576,6 +579,49 @@ def _export(wrapper: _FlatForward, plan: _Plan, strict: bool, model: str) -> Any
         ) from e
 
 
+def _link_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """The user's options plus an explicit dynamic libstdc++ for the generated wrapper.
+
+    On some toolchains (seen: Ubuntu 24.04, GCC 13, torch 2.11.0+cu130) the wrapper.so that
+    AOTInductor links picks up the static libstdc++.a, so it carries a private copy of the C++
+    runtime next to the process's shared one. Loading a CUDA package then dies with a segfault in
+    std::regex (the two copies disagree about locale facets). Naming ``libstdc++.so.6`` as a
+    library resolves every C++ runtime symbol from the shared library before the linker's implicit
+    ``-lstdc++`` is reached, so no static copy is linked. Only done where the file can be found.
+    """
+    merged = dict(options or {})
+    if sys.platform.startswith("linux") and _shared_libstdcxx_found():
+        libs = list(merged.get("aot_inductor.custom_op_libs") or [])
+        if _LIBSTDCXX not in libs:
+            libs.append(_LIBSTDCXX)
+        merged["aot_inductor.custom_op_libs"] = libs
+    return merged
+
+
+_LIBSTDCXX = ":libstdc++.so.6"
+
+
+@functools.cache
+def _shared_libstdcxx_found() -> bool:
+    """Whether the C++ compiler Inductor uses resolves libstdc++.so.6 (it is GCC's runtime)."""
+    import subprocess
+
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        done = subprocess.run(
+            [get_cpp_compiler(), "-print-file-name=libstdc++.so.6"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except Exception:
+        return False
+    found = done.stdout.strip()
+    # An unknown file is echoed back as its bare name; a found one comes back as a path.
+    return done.returncode == 0 and os.path.isabs(found) and os.path.exists(found)
+
+
 def _compile(exported: Any, options: dict[str, Any] | None) -> bytes:
     import torch._inductor
 
@@ -585,7 +631,7 @@ def _compile(exported: Any, options: dict[str, Any] | None) -> bytes:
             torch._inductor.aoti_compile_and_package(
                 exported,
                 package_path=str(path),
-                inductor_configs=dict(options) if options else None,
+                inductor_configs=_link_options(options),
             )
         except Exception as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -607,8 +653,9 @@ def _load(package: bytes, device_type: str) -> Any:
         return torch._inductor.aoti_load_package(str(path))
 
 
-# AOTInductor's package loader kills the whole process with a segfault in some torch builds (seen
-# with torch 2.11.0+cu130 on an H100 machine, for CPU and CUDA packages alike). So the first
+# AOTInductor's package loader can kill the whole process with a segfault (seen with torch
+# 2.11.0+cu130 on an H100 machine before _link_options existed: a static libstdc++ in the
+# wrapper). Any such crash must stay out of the user's process, so the first
 # package of each device type per process is loaded in a child process first; a crash there
 # becomes an error here. Results are kept: device type -> "" (loads) or the failure.
 _PROBE_CODE = "import sys, torch._inductor; torch._inductor.aoti_load_package(sys.argv[1])"
