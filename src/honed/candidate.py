@@ -67,6 +67,7 @@ class Outcome:
     payload_files: dict[str, bytes] | None = None  # a worker's payload (e.g. the .pt2)
     output: str = ""  # third-party output while it was evaluated (see buildlog.py)
     build_log: str | None = None  # the file that output was written to
+    install_s: float = 0.0  # building/loading it in the caller's process once selected
 
     @property
     def passed(self) -> bool:

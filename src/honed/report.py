@@ -52,6 +52,7 @@ class GraphReport:
     selected: str | None
     decision: str
     sweep: str = ""  # the batch sweep's outcome, when one ran
+    install_s: float = 0.0  # building (or loading) the winner here after it was chosen elsewhere
 
 
 @dataclasses.dataclass

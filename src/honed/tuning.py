@@ -407,6 +407,7 @@ def _tune_graph(
         selected=chosen.backend.name if chosen is not None else None,
         decision=decision.reason,
         sweep=swept,
+        install_s=chosen.install_s if chosen is not None else 0.0,
     )
     variant = None
     if chosen is not None and chosen.fn is not None:
@@ -463,8 +464,10 @@ def _select(
             files = ctx.cache.files(chosen.cache_key, record) if record else None
         progress.current().candidate(chosen.backend.name)
         progress.current().phase("install")
+        started = time.perf_counter()
         try:
             chosen.fn = build_for_install(chosen.backend, module, samples, info, measure_at, files)
+            chosen.install_s = time.perf_counter() - started
             return decision, chosen
         except Exception as e:
             log.warning(
