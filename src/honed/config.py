@@ -136,6 +136,10 @@ jit_report: bool = _env_bool("HONED_JIT_REPORT", False)
 # Samples kept per module while recording (the first ones, and new shapes up to twice this).
 jit_max_samples: int = _env_int("HONED_JIT_MAX_SAMPLES", 8)
 
+# A tuned module that receives shapes outside its tuned profile runs them eager; with this flag,
+# min_samples such calls trigger a re-tune over the old and the new shapes (at most 3 per module).
+jit_retune_on_new_shapes: bool = _env_bool("HONED_JIT_RETUNE_ON_NEW_SHAPES", False)
+
 # Test hook (STYLE.md rule 6): candidate name or backend class name -> latencies in ms that the
 # engine's InjectedTimer returns instead of real time, so the picker can be tested
 # deterministically. Never set outside tests and benchmarks that distort on purpose.

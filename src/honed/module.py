@@ -24,6 +24,7 @@ log = logging.getLogger("honed")
 
 _core.set_tensor_type(torch.Tensor)
 _MISS = _core.MISS
+MISS = _MISS  # what Module.dispatch returns for inputs no tuned variant covers
 
 
 @dataclasses.dataclass
@@ -147,6 +148,21 @@ class Module(torch.nn.Module):
                 RECORDING.modules.append(self)
         graph.add(sig, Sample(_detach(args), _detach(kwargs)))
         return self.module(*args, **kwargs)
+
+    def dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The tuned variant's output for these inputs, or ``MISS`` when none covers them.
+
+        No eager fallback and no warning: for callers (JIT) that handle misses themselves;
+        ``miss_reason`` says why the inputs were not covered.
+        """
+        if self._dispatcher is None:
+            return _MISS
+        return self._dispatcher.call(args, kwargs)
+
+    def miss_reason(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        if self._dispatcher is None:
+            return "not tuned"
+        return str(self._dispatcher.explain(args, kwargs))
 
     def _fallback(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         index = self._dispatcher.lookup(args, kwargs)

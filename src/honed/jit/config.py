@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from honed.tune_strategy import TuneStrategy
 
 
+# Re-tunes of one module for new shapes (retune_on_new_shapes); then new shapes stay eager.
+MAX_RETUNES = 3
+
+
 def _copy(value: Any) -> Any:
     return list(value) if isinstance(value, list) else value
 
@@ -39,6 +43,9 @@ class JitConfig:
         cache_dir: the persistent tuning cache (None: honed.config.cache_dir), so a second run
             of the same script reuses the first run's results.
         max_samples: samples kept per module (bounded; new shapes may take up to twice this).
+        retune_on_new_shapes: a TUNED module runs shapes outside its tuned profile eager; with
+            this on, ``min_samples`` such calls trigger a re-tune over the shapes tuned before
+            and the new ones (at most ``MAX_RETUNES`` per module; the history records each).
     """
 
     min_samples: int = dataclasses.field(default_factory=lambda: _copy(_flags.jit_min_samples))
@@ -63,6 +70,9 @@ class JitConfig:
     strategy: TuneStrategy | None = None
     cache_dir: str | None = dataclasses.field(default_factory=lambda: _flags.jit_cache_dir or None)
     max_samples: int = dataclasses.field(default_factory=lambda: _copy(_flags.jit_max_samples))
+    retune_on_new_shapes: bool = dataclasses.field(
+        default_factory=lambda: _copy(_flags.jit_retune_on_new_shapes)
+    )
 
     def tune_strategy(self) -> TuneStrategy:
         """The strategy JIT tunes with: ``strategy``, else measure ``backends`` (or defaults)."""
@@ -125,4 +135,4 @@ def _named_backends() -> list[Backend] | None:
 
 config = JitConfig()
 
-__all__ = ["JitConfig", "config"]
+__all__ = ["MAX_RETUNES", "JitConfig", "config"]

@@ -51,6 +51,13 @@ class Node:
         self.tuned: Any = None  # the honed.Module calls route through, when TUNED
         self.reason = ""  # why EAGER or SKIPPED
         self.report: Any = None  # the TuneReport, when tuned
+        self.from_cache = False  # the tune reused the cached decision (nothing measured)
+        self.decision_s = 0.0  # tuning time spent deciding (or reading the cached decision)
+        self.rebuild_s = 0.0  # tuning time spent building the winner in this process
+        self.tuned_samples: list[tuple[tuple[Any, ...], dict[str, Any]]] = []  # for re-tunes
+        self.new_samples: list[tuple[tuple[Any, ...], dict[str, Any]]] = []  # outside profile
+        self.outside_seen: set[str] = set()
+        self.retunes = 0
         if parent is not None:
             parent.children.append(self)
 
@@ -62,9 +69,13 @@ class Node:
         return f"{self.name} 📊{format_count(self.parameters)}"
 
     def describe(self) -> str:
-        backend = f" ({self.backend})" if self.state is State.TUNED and self.backend else ""
+        extra = ""
+        if self.state is State.TUNED and self.backend:
+            extra = f" ({self.backend}{', from cache' if self.from_cache else ''})"
+        if self.retunes:
+            extra += f" retunes={self.retunes}"
         return (
-            f"{self.short()} level={self.level}🪜 state={self.state.label}{backend} "
+            f"{self.short()} level={self.level}🪜 state={self.state.label}{extra} "
             f"call_count={self.call_count}"
         )
 

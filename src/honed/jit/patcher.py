@@ -25,6 +25,7 @@ from honed.jit.hierarchy import Node, State, render
 from honed.jit.history import add as add_step
 from honed.jit.history import clear as clear_history
 from honed.jit.history import history as steps
+from honed.module import MISS
 
 log = logging.getLogger("honed.jit")
 
@@ -130,7 +131,13 @@ def _route(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return _ORIGINAL_CALL(module, *args, **kwargs)
     STATE.bypass += 1
     try:
-        return node.tuned(*args, **kwargs)
+        out = node.tuned.dispatch(args, kwargs)
+        if out is not MISS:
+            return out
+        from honed.jit.tuner import outside_profile
+
+        outside_profile(node, args, kwargs, node.tuned.miss_reason(args, kwargs))
+        return _ORIGINAL_CALL(module, *args, **kwargs)  # eager: never a crash or a wrong answer
     finally:
         STATE.bypass -= 1
 

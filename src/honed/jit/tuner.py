@@ -6,8 +6,11 @@ import logging
 import time
 from typing import Any
 
+import torch
+
 from honed import _core
-from honed.jit.config import config
+from honed.jit.config import MAX_RETUNES, config
+from honed.jit.decisions import cached_graph_breaks, graph_break_key, store_graph_breaks
 from honed.jit.hierarchy import Node, State
 from honed.jit.history import add as add_step
 from honed.jit.patcher import STATE
@@ -71,13 +74,39 @@ def _try_children(node: Node) -> None:
 
 
 def _breaks(node: Node) -> bool:
-    """Whether torch._dynamo.explain finds a graph break (or cannot trace) on a recorded sample."""
-    import torch._dynamo
+    """Whether torch._dynamo.explain finds a graph break (or cannot trace) on a recorded sample.
 
+    The answer is kept in the persistent cache (decisions.py): a restarted script reuses it.
+    """
     module = node.module
     assert module is not None  # a node being tried is called, so alive
-    args, kwargs = node.samples[0]
     started = time.perf_counter()
+    key = graph_break_key(module, node.samples[0])
+    found = cached_graph_breaks(key)
+    if found is None:
+        count, reasons = _explain(module, node.samples[0])
+        store_graph_breaks(key, count, reasons)
+        how = "Checking"
+    else:
+        count, reasons = found
+        how = "Reusing the cached check"
+    took = time.perf_counter() - started
+    if count == 0:
+        add_step(f"No graph breaks in {node.short()}. {how} took {took:.2f}s")
+        return False
+    add_step(
+        f"{count} graph break(s) in {node.short()}: {'; '.join(reasons)}. "
+        f"{how} took {took:.2f}s; trying its children"
+    )
+    return True
+
+
+def _explain(
+    module: torch.nn.Module, sample: tuple[tuple[Any, ...], dict[str, Any]]
+) -> tuple[int, list[str]]:
+    import torch._dynamo
+
+    args, kwargs = sample
     STATE.bypass += 1
     try:
         with torch.no_grad():
@@ -89,15 +118,7 @@ def _breaks(node: Node) -> bool:
     finally:
         STATE.bypass -= 1
         torch._dynamo.reset()
-    took = time.perf_counter() - started
-    if count == 0:
-        add_step(f"No graph breaks in {node.short()}. Checking took {took:.2f}s")
-        return False
-    add_step(
-        f"{count} graph break(s) in {node.short()}: {'; '.join(reasons)}. "
-        f"Checking took {took:.2f}s; trying its children"
-    )
-    return True
+    return count, reasons
 
 
 def _reason(r: Any) -> str:
@@ -129,30 +150,84 @@ def _tune(node: Node) -> None:
             "running it eager and trying its children",
             logging.WARNING,
         )
+        if node.state is State.TUNED:  # a re-tune failed: the earlier variants stay
+            node.new_samples = []
+            return
         _eager(node, f"tune failed: {type(e).__name__}")
         return
     finally:
         STATE.bypass -= 1
     took = time.perf_counter() - started
-    node.samples = []
+    node.samples, node.new_samples = [], []
+    node.tuned_samples = dataset if config.retune_on_new_shapes else []
     add_step(f"Tuning {node.short()} took {took:.2f}s")
-    rows = [c for g in report.graphs for c in g.candidates]
-    cached = sum(1 for c in rows if c.cached)
-    if cached:
-        add_step(f"Reused {cached} of {len(rows)} cached result(s) for {node.short()}")
+    _account(node, report, took)
     if not wrapper.is_tuned:
         decisions = "; ".join(g.decision for g in report.graphs)
         add_step(f"No variant selected for {node.short()} ({decisions})", logging.WARNING)
-        _eager(node, "no variant selected")
+        if node.state is not State.TUNED:
+            _eager(node, "no variant selected")
         return
     node.tuned = wrapper
     node.backend = ", ".join(sorted({type(v.backend).__name__ for v in wrapper.variants}))
-    node.state = State.TUNED
     node.report = report
     add_step(f"Selected {node.backend} for {node.short()}: {report.graphs[0].decision}")
+    if node.state is State.TUNED:
+        return  # a re-tune: the children are detached already
+    node.state = State.TUNED
     for child in node.descendants():
         child.state, child.samples = State.DETACHED, []
         add_step(f"Unpatching child module: {child.describe()}", logging.DEBUG)
+
+
+def _account(node: Node, report: Any, took: float) -> None:
+    """Split the tuning time: deciding (or reusing the cached decision) vs building the winner."""
+    rows = [c for g in report.graphs for c in g.candidates]
+    cached = sum(1 for c in rows if c.cached)
+    node.rebuild_s = sum(g.install_s for g in report.graphs)
+    node.decision_s = max(0.0, took - node.rebuild_s)
+    node.from_cache = bool(rows) and cached == len(rows)
+    if node.from_cache:
+        add_step(
+            f"Decision for {node.short()} reused from the cache in {node.decision_s:.2f}s "
+            f"({cached} of {len(rows)} candidates cached, none measured); rebuilding the "
+            f"winner took {node.rebuild_s:.2f}s"
+        )
+    elif cached:
+        add_step(f"Reused {cached} of {len(rows)} cached result(s) for {node.short()}")
+
+
+def outside_profile(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], why: str) -> None:
+    """A TUNED module got inputs its variants do not cover (they run eager): maybe re-tune."""
+    if why not in node.outside_seen:
+        node.outside_seen.add(why)
+        then = (
+            "re-tuning after min_samples such calls"
+            if config.retune_on_new_shapes and node.retunes < MAX_RETUNES
+            else "running them eager"
+        )
+        add_step(
+            f"Inputs outside the tuned profile of {node.short()} ({why}); {then}", logging.WARNING
+        )
+    if not config.retune_on_new_shapes or node.retunes >= MAX_RETUNES:
+        return
+    node.new_samples.append(_detach((args, kwargs)))
+    if len(node.new_samples) < max(1, config.min_samples):
+        return
+    node.retunes += 1
+    node.samples = node.tuned_samples + node.new_samples
+    add_step(
+        f"Re-tuning {node.short()} (re-tune {node.retunes} of at most {MAX_RETUNES}) for "
+        f"{len(node.new_samples)} new sample(s) and {len(node.tuned_samples)} tuned before"
+    )
+    node.outside_seen = set()
+    _tune(node)
+
+
+def _detach(value: Any) -> Any:
+    return torch.utils._pytree.tree_map(
+        lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, value
+    )
 
 
 def _has_batch_axis(node: Node) -> bool:
@@ -170,4 +245,4 @@ def _has_batch_axis(node: Node) -> bool:
         return False
 
 
-__all__ = ["maybe_try", "try_node"]
+__all__ = ["maybe_try", "outside_profile", "try_node"]

@@ -1,0 +1,60 @@
+"""src/honed/jit/decisions.py: JIT's own decisions in the persistent cache (graph-break checks).
+
+The tuning cache (honed/cache.py) already keeps every candidate's outcome, so a second run of a
+script re-measures nothing. What it does not keep is JIT's check before tuning, a
+``torch._dynamo.explain`` trace of the module (a second or more on big models): its result is
+stored here, keyed by the module's fingerprint (class, forward source, weights), the input
+signature it was traced with, and the environment, so a restarted script goes straight to the
+cached decision.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from honed import _core
+from honed import config as _flags
+from honed.cache import TuneCache, model_fingerprint
+from honed.environment import fingerprint
+from honed.jit.config import config
+
+log = logging.getLogger("honed.jit")
+
+
+def _cache() -> TuneCache | None:
+    if not _flags.cache_enabled:
+        return None
+    return TuneCache(Path(config.cache_dir) if config.cache_dir else _flags.cache_dir)
+
+
+def graph_break_key(module: torch.nn.Module, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> str:
+    args, kwargs = sample
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    return TuneCache.key(
+        jit="graph_breaks",
+        model=model_fingerprint(module),
+        signature=_core.signature(args, kwargs).graph_key,
+        environment=fingerprint(device),
+    )
+
+
+def cached_graph_breaks(key: str) -> tuple[int, list[str]] | None:
+    """(break count, reasons) found for ``key`` by an earlier run, or None."""
+    cache = _cache()
+    record = cache.get(key) if cache is not None else None
+    if record is None or "graph_breaks" not in record:
+        return None
+    return int(record["graph_breaks"]), [str(r) for r in record.get("reasons", [])]
+
+
+def store_graph_breaks(key: str, count: int, reasons: list[str]) -> None:
+    cache = _cache()
+    if cache is not None:
+        cache.put(key, {"graph_breaks": count, "reasons": reasons})
+
+
+__all__ = ["cached_graph_breaks", "graph_break_key", "store_graph_breaks"]
