@@ -8,7 +8,7 @@ STAMP := .stamp
 CPP_BUILD := build/cpp
 TORCH_VERSION ?= 2.13.0
 APT_PACKAGES := g++ make libgtest-dev chromium
-ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml
+ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml src/honed_jit.pth src/_honed_jit_hook.py
 
 .PHONY: demo test test-cpp test-py lint gpu-test clean setup
 

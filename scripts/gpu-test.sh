@@ -58,5 +58,18 @@ if [ "$STAGE" = bench ] || [ "$STAGE" = all ]; then
   step "tuning cache speed-up (cuda)"
   run $PY bench/cache_speedup.py --device cuda --json "$OUT/cache-cuda.json"
 fi
+# jit: a plain script (no honed import) under HONED_JIT=1 on CUDA, twice in fresh processes (cold,
+# then warm from the caches); prints each run's hierarchy + history, the cold/warm timings, checks
+# the outputs equal eager and that the warm run reused the cached decision; then what the .pth
+# hook adds to `python -c pass`. Self-contained: `scripts/gpu-test.sh jit`.
+if [ "$STAGE" = jit ] || [ "$STAGE" = all ]; then
+  step "JIT cold vs warm start (cuda)"
+  timeout 480 $PY bench/jit_restart.py --device cuda --runs 2 --reps 40 \
+    --json "$OUT/jit-restart-cuda.json" 2>&1 \
+    | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
+    | tee "$OUT/jit-restart-cuda.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: bench/jit_restart.py --device cuda"; status=1; }
+fi
+
 echo "gpu-test $STAGE: status $status"
 exit $status

@@ -7,16 +7,19 @@ from the shell, including the short helper processes torch itself spawns (Induct
 CPU's vector ISA in ten ``python -c`` children that deliberately never import torch): those must
 not pay for importing honed and torch, which an eager import here made cost ~2 s each.
 
-A top-level module with no imports beyond the standard library, installed beside the .pth.
+A top-level module installed beside the .pth; it imports only ``sys`` (importlib.abc and typing
+would add ~25 ms to every Python start with HONED_JIT=1: bench/jit_restart.py measures it).
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
-from types import ModuleType
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
 
 
 def _enable() -> None:
@@ -28,12 +31,12 @@ def _enable() -> None:
         print(f"honed: HONED_JIT=1 but JIT tuning could not start: {e!r}", file=sys.stderr)
 
 
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
+class _AfterTorchImport:
     """Finds ``torch`` through the other finders and runs ``_enable`` after it has executed."""
 
     def find_spec(
         self, name: str, path: Any = None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
+    ) -> ModuleSpec | None:
         if name != "torch":
             return None
         uninstall()

@@ -117,12 +117,13 @@ def test_config_from_environment_variables() -> None:
         HONED_JIT_DEVICE="cpu",
         HONED_JIT_CACHE_DIR="/tmp/x",
         HONED_JIT_BACKENDS="TorchInductorBackend",
+        HONED_JIT_RETUNE_ON_NEW_SHAPES="1",
     )
     code = (
         "import json, honed.jit as j; c = j.config; print(json.dumps([c.min_samples, "
         "c.skip_modules, c.detect_graph_breaks, c.max_depth_level, c.min_parameters, "
         "c.batch_axis_required, c.dry_run, c.device, c.cache_dir, "
-        "[type(b).__name__ for b in c.backends]]))"
+        "[type(b).__name__ for b in c.backends], c.retune_on_new_shapes]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
@@ -138,7 +139,26 @@ def test_config_from_environment_variables() -> None:
         "cpu",
         "/tmp/x",
         ["TorchInductorBackend"],
+        True,
     ]
+    assert honed.jit.JitConfig().retune_on_new_shapes is False
+
+
+def test_pth_hook_waits_for_torch() -> None:
+    """HONED_JIT=1 imports neither honed nor torch at start-up (Inductor's helper processes
+    never import torch); JIT is on as soon as the program imports torch."""
+    code = (
+        "import sys; before = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('honed', 'torch')); import torch, honed.jit.patcher as p; "
+        "print(before, torch.nn.Module.__call__ is p._patched_call, p.STATE.enabled)"
+    )
+    env = dict(os.environ, HONED_JIT="1")
+    if os.environ.get("HONED_TEST_JIT_LAUNCHER", "pth") != "pth":
+        pytest.skip("no .pth hook installed in this environment")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["[]", "True", "True"], out.stderr[-2000:]
 
 
 # -- the top module is tuned whole ---------------------------------------------------------------
@@ -180,8 +200,52 @@ def test_shapes_outside_the_tuned_profile_run_eager() -> None:
     model = TinyMLP().eval()
     run(model, batches(2, 4))
     assert honed.jit.roots()[0].state is State.TUNED
-    odd = [torch.randn(64, 16), torch.randn(3, 5, 16)]
+    odd = [torch.randn(64, 16), torch.randn(3, 5, 16)] * 2
     assert_close(run(model, odd), eager(model, odd))
+    root = honed.jit.roots()[0]
+    assert root.state is State.TUNED and root.retunes == 0  # retune_on_new_shapes is off
+    outside = [s for s in honed.jit.history() if s.startswith("Inputs outside")]
+    assert len(outside) == 2 and all(s.endswith("; running them eager") for s in outside)
+    assert not any(s.startswith("Re-tuning") for s in honed.jit.history())
+
+
+def test_retune_on_new_shapes(jit: honed.jit.JitConfig) -> None:
+    jit.retune_on_new_shapes = True
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    run(model, batches(2, 4))
+    root = honed.jit.roots()[0]
+    first = root.tuned
+    odd = [torch.randn(3, 5, 16), torch.randn(2, 7, 16)]  # a new signature (rank 3)
+    assert_close(run(model, odd[:1]), eager(model, odd[:1]))  # 1 < min_samples: eager
+    assert root.retunes == 0 and root.tuned is first
+    assert_close(run(model, odd[1:]), eager(model, odd[1:]))  # the 2nd: re-tune, then eager
+    assert root.state is State.TUNED and root.retunes == 1 and root.tuned is not first
+    for x in [*batches(2, 4), *odd]:  # old and new shapes now run tuned variants
+        assert root.tuned.dispatch((x,), {}) is not honed.module.MISS
+    assert_close(run(model, odd), eager(model, odd))
+    steps = honed.jit.history()
+    assert any(s.endswith("re-tuning after min_samples such calls") for s in steps)
+    assert (
+        "Re-tuning TinyMLP 📊676 (re-tune 1 of at most 3) for 2 new sample(s) and 2 tuned "
+        "before" in steps
+    )
+    assert sum(s.startswith("Tuning TinyMLP 📊676 took") for s in steps) == 2
+    line = honed.jit.hierarchy().splitlines()[1]
+    assert "state=tuned🎯 (TorchInductorBackend) retunes=1 call_count=" in line
+
+
+def test_graph_break_check_is_cached(jit: honed.jit.JitConfig) -> None:
+    jit.dry_run = True  # stops right after the check: no compile needed here
+    for attempt in range(2):
+        honed.jit.reset()
+        honed.jit.enable_jit_tuning()
+        torch.manual_seed(0)  # the same weights: the same module fingerprint
+        run(DynamicModule().eval(), [torch.rand(2, 10)] * 2)
+        steps = [s for s in honed.jit.history() if "graph break(s) in DynamicModule" in s]
+        assert len(steps) == 1
+        how = "Checking took" if attempt == 0 else "Reusing the cached check took"
+        assert how in steps[0] and "trying its children" in steps[0]
 
 
 def test_min_samples_waits_before_tuning(jit: honed.jit.JitConfig) -> None:
@@ -398,12 +462,23 @@ def test_plain_script_is_tuned_and_the_second_run_reuses_the_cache(tmp_path: Pat
         r"├─ Net 📊2\.6K level=0🪜 state=tuned🎯 \(Torch\w+Backend\) call_count=5", first
     )
     assert re.search(r"├─ Sequential 📊2\.6K level=1🪜 state=detached☑️ call_count=2", first)
-    assert "Reused" not in first
-    # the second run takes every candidate's outcome from the cache: nothing is re-measured;
-    # what remains is building the winner in the new process (Inductor's own compile)
-    assert re.search(r"Reused (\d+) of \1 cached result\(s\) for Net", second)
+    assert "Reused" not in first and "from cache" not in first
+    assert re.search(r"No graph breaks in Net \S+\. Checking took", first)
+    # the second run takes the graph-break check and every candidate's outcome from the cache:
+    # nothing is traced or measured; what remains is building the winner in the new process
+    assert re.search(r"No graph breaks in Net \S+\. Reusing the cached check took", second)
+    reused = re.search(
+        r"Decision for Net \S+ reused from the cache in (\d+\.\d+)s \((\d+) of \2 candidates "
+        r"cached, none measured\); rebuilding the winner took (\d+\.\d+)s",
+        second,
+    )
+    assert reused, second[-3000:]
+    assert re.search(r"state=tuned🎯 \(Torch\w+Backend, from cache\) call_count=5", second)
     t1, t2 = tuning_seconds(first, "Net"), tuning_seconds(second, "Net")
-    print(f"JIT tuning: first run {t1:.2f}s, second run (cache) {t2:.2f}s")
+    print(
+        f"JIT tuning: first run {t1:.2f}s, second run {t2:.2f}s (decision {reused.group(1)}s, "
+        f"rebuild {reused.group(3)}s)"
+    )
     # outputs equal eager
     net = {}
     exec(compile(SCRIPT.split("torch.manual_seed(0)")[0], "plain", "exec"), net)

@@ -29,6 +29,7 @@ from honed.candidate import (
     evaluate,
     finalists,
     measure_interleaved,
+    measurement_record,
     watch_phases,
 )
 from honed.environment import fingerprint
@@ -381,15 +382,8 @@ def _tune_graph(
             continue  # eager with default config is the baseline itself
         outcomes.append(run(backend))
     competing = ([baseline] if strategy.uses_baseline else []) + outcomes
-    progress.current().candidate("finalists")
-    progress.current().phase("interleave")
-    if ctx.isolation == "process":
-        job = dict(
-            module=inner, samples=samples, graph=info, measure_at=measure_at, batch_size=batch
-        )
-        interleave_isolated(finalists(competing), job)
-    else:
-        measure_interleaved(competing, samples[measure_at], ctx.device, batch)
+    if not all(o.cached for o in competing):  # all cached: their figures are the final ones
+        _interleave(competing, ctx, inner, samples, info, measure_at, batch)
     decision, chosen = _select(strategy, competing, inner, samples, info, measure_at, ctx)
     if chosen is None:
         log.warning(
@@ -417,6 +411,33 @@ def _tune_graph(
         if o is not chosen:
             o.fn = None  # let the losers' compiled code go
     return report, variant
+
+
+def _interleave(
+    competing: list[Outcome],
+    ctx: _Context,
+    module: torch.nn.Module,
+    samples: list[Sample],
+    info: GraphInfo,
+    measure_at: int,
+    batch: int,
+) -> None:
+    """Re-measure the finalists side by side; the cache keeps these final figures."""
+    progress.current().candidate("finalists")
+    progress.current().phase("interleave")
+    if ctx.isolation == "process":
+        job = dict(
+            module=module, samples=samples, graph=info, measure_at=measure_at, batch_size=batch
+        )
+        interleave_isolated(finalists(competing), job)
+    else:
+        measure_interleaved(competing, samples[measure_at], ctx.device, batch)
+    if ctx.cache is None:
+        return
+    for o in competing:
+        record = ctx.cache.get(o.cache_key) if o.cache_key else None
+        if o.cache_key and record is not None and o.measurement is not None:
+            ctx.cache.put(o.cache_key, dict(record, measurement=measurement_record(o.measurement)))
 
 
 def _evaluate(ctx: _Context, **job: Any) -> Outcome:
