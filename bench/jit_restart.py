@@ -1,17 +1,18 @@
 """bench/jit_restart.py: JIT mode's cold vs warm start, and what the .pth hook costs at start-up.
 
-restart: a plain script (no honed import; a small MLP, a few batch sizes) is run with HONED_JIT=1
-in fresh processes, ``--runs`` times (default 2: cold, then warm) with one honed cache and one
-Inductor cache (TORCHINDUCTOR_CACHE_DIR), both new, so the first run is really cold. Each run's
-wall time, and from JIT's history (HONED_JIT_REPORT=1) its tuning time split into deciding (or
-reusing the cached decision) and rebuilding the winner; the outputs are compared with eager.
+restart: a plain script (no honed import; a small MLP with pointwise ops, a few batch sizes) is
+run with HONED_JIT=1 in fresh processes, ``--runs`` times (default 2: cold, then warm) with one
+honed cache and one Inductor cache (TORCHINDUCTOR_CACHE_DIR), both new, so the first run is
+really cold. Each run's wall time, and from JIT's history (HONED_JIT_REPORT=1) its tuning time
+split into deciding (or reusing the cached decision) and rebuilding the winner; the outputs are
+compared with eager. Exits 1 when outputs differ or a warm run did not reuse the decision.
 
 hook: ``python -c pass`` in a bare venv of this interpreter, with and without honed_jit.pth (and
 with HONED_JIT=1, where the hook module is imported but torch is not), interleaved, ``--reps``
 times each; medians and the engine's bootstrap interval of the ratio of medians.
 
     python bench/jit_restart.py [--device cpu|cuda] [--runs 2] [--backends TorchInductorBackend]
-                                [--reps 60] [--skip-restart] [--skip-hook] [--json FILE]
+                                [--reps 200] [--skip-restart] [--skip-hook] [--json FILE]
 """
 
 from __future__ import annotations
@@ -44,10 +45,13 @@ SCRIPT = textwrap.dedent(
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.body = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 64))
+            self.body = nn.Sequential(
+                nn.Linear(256, 1024), nn.GELU(), nn.LayerNorm(1024), nn.Linear(1024, 256)
+            )
 
-        def forward(self, x):
-            return self.body(x).softmax(-1)
+        def forward(self, x):  # pointwise-heavy: what a compiler fuses
+            y = self.body(x)
+            return (y * torch.sigmoid(y) + 0.5 * y.tanh()).softmax(-1)
 
     device = sys.argv[2]
     torch.manual_seed(0)
@@ -258,7 +262,7 @@ def main() -> int:
     parser.add_argument(
         "--backends", default="TorchInductorBackend", help="HONED_JIT_BACKENDS ('' = defaults)"
     )
-    parser.add_argument("--reps", type=int, default=60)
+    parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--skip-restart", action="store_true")
     parser.add_argument("--skip-hook", action="store_true")
     parser.add_argument("--keep", type=Path, default=None, help="work here and keep it")
