@@ -206,6 +206,8 @@ def render(merged: dict[str, Any], goals: dict[str, Any], plots: list[str], note
         "suite and re-measured round-robin with CUDA events, outside honed's selection.",
         "",
     ]
+    if not merged["runs"]:
+        lines += ["**No suite run yet**: run `make bench-gpu` on the GPU machine (README).", ""]
     lines += _targets_md(goals)
     lines += _summary_md(merged)
     lines += _compile_md(goals["max_autotune"])

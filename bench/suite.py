@@ -101,6 +101,8 @@ def environment(device: torch.device) -> dict[str, Any]:
     env["commit"] = commit()
     env["triton"] = _version("triton", "pytorch-triton")
     env["driver"] = None
+    env["float32_matmul_precision"] = torch.get_float32_matmul_precision()  # "highest": no TF32
+    env["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32  # convolutions in eager fp32
     if device.type == "cuda":
         probe = _core.probe_gpus()
         env["driver"] = probe.driver_version or None
@@ -364,11 +366,12 @@ def max_autotune_time(
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # the child and its compile workers
-            proc.communicate()
+            _kill_group(proc)
             record.update(status="timeout", wall_s=time.perf_counter() - started)
             return record
+        finally:  # also when the suite itself is stopped (Ctrl-C, SIGTERM)
+            if proc.poll() is None:
+                _kill_group(proc)
     record["wall_s"] = time.perf_counter() - started
     line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode == 0 and line is not None:
@@ -377,6 +380,13 @@ def max_autotune_time(
         tail = [ln for ln in out.strip().splitlines() if ln.strip()][-3:]
         record.update(status="failed", reason=f"exit {proc.returncode}: {' | '.join(tail)}")
     return record
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Kill the child we started and its compile workers (its own process group), and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
 
 
 # -- the batch knee (the engine's sweep rule over eager throughput) ----------------------------
@@ -477,10 +487,12 @@ def fits(run: Run, durations: dict[str, list[float]], model: str, budget: float)
 
 def run_suite(args: argparse.Namespace) -> Path:
     device = torch.device(args.device)
-    out = args.out or RESULTS_DIR / _default_name(args)
+    out = args.out if args.out is not None else RESULTS_DIR
+    if args.out is None or out.is_dir():
+        out = out / _default_name(args)
     run = Run(out, args, device)
     print(f"suite: writing {out}", flush=True)
-    with _signals_exit(), _compile_caches(args.keep_caches):
+    with _stopped_by_signal(run), _compile_caches(args.keep_caches):
         if "overhead" in args.phases and args.overhead_calls > 0:
             run.data["overhead"] = _overhead(device, args.overhead_calls)
             run.write()
@@ -550,11 +562,7 @@ def _one_max_autotune(
 
 
 def _overhead(device: torch.device, calls: int) -> dict[str, Any]:
-    from overhead import measure  # bench/overhead.py
-
-    class _Eager(Backend):
-        def build(self, module: torch.nn.Module, example_inputs: list[Any]) -> Any:
-            return module
+    from overhead import _Eager, measure  # bench/overhead.py
 
     out: dict[str, Any] = {"device": str(device), "calls": calls}
     variants: list[tuple[str, Backend]] = [
@@ -621,15 +629,21 @@ def _default_name(args: argparse.Namespace) -> str:
 
 
 @contextlib.contextmanager
-def _signals_exit() -> Iterator[None]:
-    """SIGTERM (e.g. from `timeout`) ends the run like Ctrl-C; the JSON so far stays valid."""
+def _stopped_by_signal(run: Run) -> Iterator[None]:
+    """SIGTERM (e.g. from `timeout`) stops the run like Ctrl-C (honed then leaves no worker
+    behind); the JSON keeps every finished row and says the run was stopped."""
 
     def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
+        raise KeyboardInterrupt(f"signal {signum}")
 
     saved = signal.signal(signal.SIGTERM, stop)
     try:
         yield
+    except KeyboardInterrupt as e:
+        run.data["stopped"] = str(e) or "interrupted"
+        run.write()
+        print(f"suite: stopped ({run.data['stopped']}); finished rows are in {run.path}")
+        raise SystemExit(130) from None
     finally:
         signal.signal(signal.SIGTERM, saved)
 
@@ -676,7 +690,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--indep-block-ms", type=float, default=25.0)
     p.add_argument("--tiny", action="store_true", help="test-sized models (CPU tests)")
     p.add_argument("--keep-caches", action="store_true", help="use the usual compile caches")
-    p.add_argument("--out", type=Path, default=None, help="the JSON file to write")
+    p.add_argument("--out", type=Path, default=None, help="JSON file, or a folder for it")
     args = p.parse_args(argv)
     full, cuda = args.full, args.device.startswith("cuda")
     defaults = {
@@ -701,10 +715,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """0 when every row that ran finished; 1 when a row failed (its reason is in the JSON)."""
     args = parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(
+            f"suite: --device {args.device} but torch cannot use CUDA here (torch "
+            f"{torch.__version__}); run `honed doctor --device cuda` for why, or pass --device cpu",
+            file=sys.stderr,
+        )
+        return 2
     out = run_suite(args)
-    print(f"suite: done, {out}")
-    return 0
+    failed = [r for r in json.loads(out.read_text())["rows"] if r["status"] == "failed"]
+    print(f"suite: done, {out}" + (f" ({len(failed)} row(s) failed)" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
