@@ -238,8 +238,8 @@ def independent_check(
         results = round_robin(fns, device, batch, args.indep_rounds, args.indep_block_ms)
     fns.clear()
     best = min(results, key=lambda n: results[n]["median_ms"]) if results else None
-    selected = next((r["name"] for r in rows if r["selected"]), None)
     baseline = next((r["name"] for r in rows if r["is_baseline"]), None)
+    selected = next((r["name"] for r in rows if r["selected"]), baseline)  # none: eager runs
     gap = None
     if best is not None and selected in results:
         gap = (results[selected]["median_ms"] / results[best]["median_ms"] - 1.0) * 100.0
@@ -570,8 +570,9 @@ def _overhead(device: torch.device, calls: int) -> dict[str, Any]:
         ("inductor variant", TorchInductorBackend()),
     ]
     for label, backend in variants:
-        try:
-            out[label] = measure(backend, device, calls)
+        try:  # in-process: the installed variant is called here either way; no worker start-up
+            with honed.config.patch(isolation="none"):
+                out[label] = measure(backend, device, calls)
         except Exception as e:
             out[label] = {"error": f"{type(e).__name__}: {_first_line(e)}"}
     return out

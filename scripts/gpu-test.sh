@@ -83,7 +83,7 @@ if [ "$STAGE" = suite ]; then
   shopt -s nullglob
   suite_files=(bench/results/*.json "$OUT"/results/*.json)
   shopt -u nullglob
-  run $PY bench/report.py --out-dir "$OUT/bench" "${suite_files[@]}"
+  run $PY bench/report.py --out-dir "$OUT/bench" ${suite_files[@]+"${suite_files[@]}"}
   sed -n '/^## Targets/,/^## Summary/p' "$OUT/bench/RESULTS.md" 2>/dev/null | head -20
 fi
 echo "gpu-test $STAGE: status $status"
