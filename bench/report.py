@@ -55,6 +55,7 @@ def merge(runs: list[dict[str, Any]], device: str) -> dict[str, Any]:
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     mat: dict[tuple[str, int], dict[str, Any]] = {}
     overhead = None
+    knees: dict[str, int] = {}
     used = []
     for run in runs:
         if run["env"].get("device", "cpu").split(":")[0] != device:
@@ -68,6 +69,9 @@ def merge(runs: list[dict[str, Any]], device: str) -> dict[str, Any]:
             key = (rec["model"], int(rec["batch"]))
             if _mat_rank(rec) >= _mat_rank(mat.get(key)):
                 mat[key] = dict(rec, run=run["file"])
+        for model, found in (run.get("knees") or {}).items():
+            if "knee" in found:
+                knees[model] = int(found["knee"])
         if run.get("overhead"):
             overhead = dict(run["overhead"], run=run["file"])
     order = {m: i for i, m in enumerate(SUITE_MODELS)}
@@ -77,6 +81,7 @@ def merge(runs: list[dict[str, Any]], device: str) -> dict[str, Any]:
         "rows": [rows[k] for k in keys],
         "max_autotune": mat,
         "overhead": overhead,
+        "knees": knees,
     }
 
 
@@ -288,8 +293,10 @@ def _summary_md(merged: dict[str, Any]) -> list[str]:
             continue
         m = row_metrics(row)
         mark = "" if m["source"] == "independent" else " (honed)"
+        knee = " (knee)" if merged["knees"].get(m["model"]) == m["batch"] else ""
         lines.append(
-            f"| {m['model']} | {m['batch']} | {_f(m['indep_eager_ms'] or m['eager_ms'], 3)} | "
+            f"| {m['model']} | {m['batch']}{knee} | "
+            f"{_f(m['indep_eager_ms'] or m['eager_ms'], 3)} | "
             f"{_md(m['selected'])} | {m['selected_precision']} | "
             f"{_f(m['indep_selected_ms'] or m['selected_ms'], 3)} | "
             f"{_f(m['speedup'], 2, 'x')}{mark} | {_md(m['best'] or '-')} | {_f(m['best_ms'], 3)} | "
