@@ -6,11 +6,14 @@ import importlib.util
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+import honed
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
@@ -124,8 +127,8 @@ def test_max_autotune_child_timeout_is_a_lower_bound() -> None:
 
 def test_round_robin_rotates_and_counts() -> None:
     calls: list[str] = []
-    fns = {n: (lambda n=n: calls.append(n)) for n in "abc"}
-    with __import__("honed").config.patch(warmup_calls=1, warmup_ms=0.0):
+    fns: dict[str, Callable[[], Any]] = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+    with honed.config.patch(warmup_calls=1, warmup_ms=0.0):
         out = suite.round_robin(fns, torch.device("cpu"), 4, rounds=3, block_ms=1e-6)
     timed = calls[3:]  # after one warm-up call each, one call per block
     assert timed == list("abc") + list("bca") + list("cab")
