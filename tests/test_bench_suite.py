@@ -127,7 +127,11 @@ def test_max_autotune_child_timeout_is_a_lower_bound() -> None:
 
 def test_round_robin_rotates_and_counts() -> None:
     calls: list[str] = []
-    fns: dict[str, Callable[[], Any]] = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+
+    def call(name: str) -> Callable[[], None]:
+        return lambda: calls.append(name)
+
+    fns: dict[str, Callable[[], Any]] = {n: call(n) for n in "abc"}
     with honed.config.patch(warmup_calls=1, warmup_ms=0.0):
         out = suite.round_robin(fns, torch.device("cpu"), 4, rounds=3, block_ms=1e-6)
     timed = calls[3:]  # after one warm-up call each, one call per block
