@@ -10,14 +10,14 @@ TORCH_VERSION ?= 2.13.0
 APT_PACKAGES := g++ make libgtest-dev chromium
 ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml src/honed_jit.pth src/_honed_jit_hook.py
 
-.PHONY: demo test test-cpp test-py lint gpu-test clean setup
+.PHONY: demo test test-cpp test-py lint gpu-test bench-gpu bench-report clean setup
 
 demo: $(STAMP)/package
 	$(VENV)/bin/honed demo
 
 test: lint test-cpp test-py
 
-setup: $(STAMP)/package
+setup: $(STAMP)/package $(STAMP)/bench-deps
 
 $(STAMP)/apt:
 	@mkdir -p $(STAMP)
@@ -31,6 +31,11 @@ $(STAMP)/venv: $(STAMP)/apt
 	$(VPY) -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" cmake ninja \
 	    numpy "safetensors>=0.4" "rich>=13" "cloudpickle>=3" "pytest>=8" "ruff>=0.6" "mypy>=1.10" clang-format
 	$(VPY) -m pip install -q onnx onnxruntime onnxscript  # ONNXRuntimeBackend; none needs torch
+	@touch $@
+
+# bench/report.py draws its plots with matplotlib (tests/test_bench_suite.py checks them).
+$(STAMP)/bench-deps: $(STAMP)/venv
+	$(VPY) -m pip install -q matplotlib
 	@touch $@
 
 # --no-build-isolation: build against the torch already installed, never pull another one.
@@ -47,7 +52,7 @@ test-cpp: $(CPP_BUILD)/build.ninja
 	$(VENV)/bin/cmake --build $(CPP_BUILD)
 	cd $(CPP_BUILD) && $(abspath $(VENV)/bin/ctest) --output-on-failure
 
-test-py: $(STAMP)/package
+test-py: $(STAMP)/package $(STAMP)/bench-deps
 	$(VPY) -m pytest -q
 
 lint: $(STAMP)/package
@@ -59,6 +64,15 @@ lint: $(STAMP)/package
 # On the GPU machine: no network; builds against the preinstalled torch and runs everything with CUDA.
 gpu-test:  ## tests + benchmarks on a CUDA machine (scripts/gpu-test.sh [tests|bench|all])
 	bash scripts/gpu-test.sh
+
+# The benchmark suite (README, "Benchmarks"). On the GPU machine: light subset by default,
+# SUITE_ARGS="--full" or e.g. SUITE_ARGS="--models gpt2 vit_b16" for more; results under $$OUT.
+bench-gpu:  ## the GPU benchmark suite in one device call (scripts/gpu-test.sh suite)
+	bash scripts/gpu-test.sh suite
+
+# Here or there: bench/RESULTS.md and its plots from every bench/results/*.json.
+bench-report: $(STAMP)/package $(STAMP)/bench-deps
+	$(VPY) bench/report.py
 
 clean:
 	rm -rf build $(STAMP)

@@ -71,5 +71,33 @@ if [ "$STAGE" = jit ] || [ "$STAGE" = all ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: bench/jit_restart.py --device cuda"; status=1; }
 fi
 
+# -- stage "suite" (not part of "all": it takes most of one device call) ------------------------
+# The benchmark suite, bench/suite.py (README, "Benchmarks"): the light subset by default;
+# SUITE_ARGS adds or overrides flags ("--full", "--models gpt2 vit_b16", "--batches 8", ...).
+# The whole call is held under SUITE_WALL seconds (default 530; the device allows 600): the suite
+# gets what is left after the build minus time for the report, starts no row that would not fit
+# (--budget-s) and is stopped by `timeout` past that; its JSON keeps every finished row.
+# HONED_COMMIT names the commit in the JSON (this copy of the tree has no .git).
+# Writes $OUT/results/suite-*.json, $OUT/suite.log and $OUT/bench/{RESULTS.md,*.png} (merged with
+# bench/results/*.json already in the tree).
+if [ "$STAGE" = suite ]; then
+  suite_left=$(( ${SUITE_WALL:-530} - SECONDS - 30 ))
+  suite_budget=$(( suite_left - 45 ))
+  step "benchmark suite: ${SUITE_ARGS:-light subset}, stop at ${suite_left} s, budget ${suite_budget} s"
+  mkdir -p "$OUT/results" "$OUT/bench"
+  timeout -k 20 "$suite_left" $PY bench/suite.py --device cuda --budget-s "$suite_budget" \
+      --out "$OUT/results" ${SUITE_ARGS:-} 2>&1 | tee "$OUT/suite.log" \
+    | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
+    | tail -60
+  suite_rc=${PIPESTATUS[0]}
+  [ "$suite_rc" -eq 0 ] || { echo "FAILED: suite exit $suite_rc (124/130: stopped at the time limit; finished rows are kept)"; status=1; }
+
+  step "benchmark report (bench/report.py)"
+  shopt -s nullglob
+  suite_files=(bench/results/*.json "$OUT"/results/*.json)
+  shopt -u nullglob
+  run $PY bench/report.py --out-dir "$OUT/bench" ${suite_files[@]+"${suite_files[@]}"}
+  sed -n '/^## Targets/,/^## Summary/p' "$OUT/bench/RESULTS.md" 2>/dev/null | head -20
+fi
 echo "gpu-test $STAGE: status $status"
 exit $status
