@@ -71,7 +71,10 @@ PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 
 # -- environment -------------------------------------------------------------------------------
 def commit() -> str:
-    """git rev-parse HEAD, else HONED_COMMIT (the device's copy of the tree has no .git)."""
+    """HONED_COMMIT when set (the device's copy of the tree has no .git of its own), else git."""
+    named = os.environ.get("HONED_COMMIT")
+    if named:
+        return named
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
@@ -84,7 +87,7 @@ def commit() -> str:
             return out
     except (OSError, subprocess.CalledProcessError):
         pass
-    return os.environ.get("HONED_COMMIT", "unknown")
+    return "unknown"
 
 
 def _version(*dists: str) -> str | None:

@@ -206,3 +206,29 @@ class TestOnCuda:
             for batch in (2, 5, 8):
                 x = _x(batch, 7)
                 torch.testing.assert_close(model(x), model.module(x))
+
+    def test_replays_survive_reduce_overhead_recording_after_the_capture(self) -> None:
+        """torch.compile(mode="reduce-overhead") clears cuBLAS workspaces when it warms up and
+        records; our graph must not have captured a workspace it does not own (on the H100 this
+        was an illegal memory access in the replay after such a recording)."""
+        torch.manual_seed(0)
+
+        def mlp() -> nn.Module:  # GEMMs big enough for cuBLAS to use its workspace
+            return nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 512))
+
+        model, other = mlp().cuda().eval(), mlp().cuda().eval()
+        compiled = torch.compile(other, mode="reduce-overhead")
+        x = torch.randn(1, 512, device="cuda")
+        with torch.no_grad():
+            torch.compiler.cudagraph_mark_step_begin()
+            compiled(x)  # its warm-up run: before our capture
+            fn = CudaGraphsBackend().build_graph(model, [Sample((x,), {})], GraphInfo(x.device))
+            for _ in range(3):  # its recording and replays: after our capture
+                torch.compiler.cudagraph_mark_step_begin()
+                compiled(x)
+            for seed in range(3):
+                y = torch.randn(
+                    1, 512, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)
+                )
+                torch.testing.assert_close(fn(y), model(y))
+            torch.cuda.synchronize()

@@ -17,9 +17,10 @@ One process thread at a time (CUDA graph capture is not thread safe).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -216,7 +217,10 @@ class CudaGraphed:
             eager_dtypes = self._warm_up(args, kwargs)
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+                with (
+                    _workspaces_in_graph_pool(),
+                    torch.cuda.graph(graph, pool=self._pool, stream=self._stream),
+                ):
                     out = self._run(*args, **kwargs)
                     if eager_dtypes is not None:
                         out = _cast_back(out, eager_dtypes)
@@ -251,6 +255,35 @@ class CudaGraphed:
                 self._run(*args, **kwargs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return eager_dtypes
+
+
+@contextlib.contextmanager
+def _workspaces_in_graph_pool() -> Iterator[None]:
+    """cuBLAS workspaces dropped before and after a capture (as Inductor's CUDA graph trees do).
+
+    A GEMM captured into a graph keeps the address of the cuBLAS workspace of its stream. If that
+    workspace was allocated before the capture, it belongs to the ordinary allocator, and anyone
+    who clears the workspaces later (torch.compile's reduce-overhead mode does, each time it
+    warms up or records) frees memory our graph still writes to on every replay: seen on the H100
+    as "an illegal memory access" once a reduce-overhead function recorded after our capture.
+    Dropped first, the workspace is allocated during the capture, inside the graph's private pool,
+    which lives as long as the graph; dropped after, eager work never shares it.
+    """
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    conv_flag = getattr(torch._C, "_cuda_get_conv_benchmark_empty_cache", None)
+    set_conv = getattr(torch._C, "_cudnn_set_conv_benchmark_empty_cache", None)
+    previous = conv_flag() if conv_flag is not None and set_conv is not None else None
+    if clear is not None:
+        clear()
+    if previous is not None and set_conv is not None:
+        set_conv(False)  # cuDNN benchmarking must not empty the cache mid-capture either
+    try:
+        yield
+    finally:
+        if previous is not None and set_conv is not None:
+            set_conv(previous)
+        if clear is not None:
+            clear()
 
 
 def _cast_back(out: Any, dtypes: list[torch.dtype | None]) -> Any:
