@@ -7,7 +7,7 @@ VPY := $(VENV)/bin/python
 STAMP := .stamp
 CPP_BUILD := build/cpp
 TORCH_VERSION ?= 2.13.0
-APT_PACKAGES := g++ make libgtest-dev chromium
+APT_PACKAGES := g++ make libgtest-dev chromium libzip-dev libssl-dev libcli11-dev
 ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml
 
 .PHONY: demo test test-cpp test-py lint gpu-test clean setup
