@@ -41,6 +41,7 @@ $(STAMP)/package: $(STAMP)/venv $(ENGINE_SOURCES)
 
 $(CPP_BUILD)/build.ninja: $(STAMP)/venv CMakeLists.txt
 	$(VENV)/bin/cmake -S . -B $(CPP_BUILD) -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=ON \
+	    -DPython_EXECUTABLE=$(abspath $(VPY)) \
 	    -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja)
 
 test-cpp: $(CPP_BUILD)/build.ninja
