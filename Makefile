@@ -58,7 +58,7 @@ lint: $(STAMP)/package
 	$(VENV)/bin/clang-format --dry-run -Werror $(shell git ls-files 'cpp/*.cpp' 'cpp/*.h')
 
 # On the GPU machine: no network; builds against the preinstalled torch and runs everything with CUDA.
-gpu-test:  ## tests + benchmarks on a CUDA machine (scripts/gpu-test.sh [tests|bench|all])
+gpu-test:  ## tests + benchmarks on a CUDA machine (scripts/gpu-test.sh [tests|bench|runtime|all])
 	bash scripts/gpu-test.sh
 
 clean:

@@ -124,7 +124,7 @@ def test_honed_run_checks_and_benchmarks(
     assert result["check"]["ok"] is True
     assert result["check"]["graphs"][0]["max_abs_error"] < 1e-3
     assert result["calls"] == 50 and result["batch_size"] == 4
-    assert result["device"] == DEVICE
+    assert result["device"] in (DEVICE, f"{DEVICE}:0")
     assert 0 < result["load_s"] < 30
     lat = result["latency"]
     assert 0 < lat["median_ms"] <= lat["p99_ms"] and lat["cv"] >= 0

@@ -182,11 +182,11 @@ int main_impl(const Options& opt) {
   mo.module = opt.module;
   mo.runners = std::max(opt.threads, 1);
   honed::Model model(opt.artifact, device, mo);
-  json report = {{"artifact", opt.artifact},     {"module", model.module_name()},
-                 {"device", device.str()},       {"honed", honed::version()},
-                 {"torch", HONED_TORCH_VERSION}, {"load_s", model.load_seconds()}};
+  json report = {{"artifact", opt.artifact},       {"module", model.module_name()},
+                 {"device", model.device().str()}, {"honed", honed::version()},
+                 {"torch", HONED_TORCH_VERSION},   {"load_s", model.load_seconds()}};
   std::printf("honed-run %s · module %s · %d graph(s) on %s\n%s", opt.artifact.c_str(),
-              model.module_name().c_str(), model.num_graphs(), device.str().c_str(),
+              model.module_name().c_str(), model.num_graphs(), model.device().str().c_str(),
               model.describe().c_str());
   std::printf("load      %.3f s\n", model.load_seconds());
   bool ok = true;

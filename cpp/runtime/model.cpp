@@ -265,7 +265,8 @@ std::string Model::Impl::profiles() const {
 Model::Model(const std::string& path, const c10::Device& device, const ModelOptions& options)
     : impl_(std::make_unique<Impl>()) {
   auto start = std::chrono::steady_clock::now();
-  impl_->device = device;
+  // "cuda" means the first GPU: inputs' devices are compared with an indexed device.
+  impl_->device = device.is_cuda() && !device.has_index() ? c10::Device(c10::kCUDA, 0) : device;
   impl_->options = options;
   impl_->path = path;
   impl_->load(path);

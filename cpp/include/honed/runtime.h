@@ -49,7 +49,8 @@ struct Sample {
 class Model {
  public:
   // Reads and verifies the artifact (every entry's SHA-256, format, environment), then loads each
-  // graph runnable from C++ on `device`. Throws honed::ArtifactError / honed::RuntimeError.
+  // graph runnable from C++ on `device` ("cuda" without an index means cuda:0). Throws
+  // honed::ArtifactError / honed::RuntimeError.
   explicit Model(const std::string& path, const c10::Device& device = c10::Device(c10::kCPU),
                  const ModelOptions& options = {});
   ~Model();
