@@ -90,7 +90,7 @@ if [ "$STAGE" = runtime ] || [ "$STAGE" = all ]; then
     done
     step "honed-run vs honed.load, batch 1 (cuda)"
     $PY bench/cpp_vs_python.py --honed-run $RT/cpp/runtime/honed-run --device cuda \
-      --models mlp convnet --batches 1 8 --json "$OUT/cpp-vs-python.json" 2>&1 \
+      --models ${CPP_VS_PY_MODELS:-mlp convnet} --batches 1 8 --json "$OUT/cpp-vs-python.json" 2>&1 \
       | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
       | tee "$OUT/cpp-vs-python.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
