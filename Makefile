@@ -7,7 +7,7 @@ VPY := $(VENV)/bin/python
 STAMP := .stamp
 CPP_BUILD := build/cpp
 TORCH_VERSION ?= 2.13.0
-APT_PACKAGES := g++ make libgtest-dev chromium
+APT_PACKAGES := g++ make libgtest-dev chromium libzip-dev libssl-dev libcli11-dev
 ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml src/honed_jit.pth src/_honed_jit_hook.py
 
 .PHONY: demo test test-cpp test-py lint gpu-test bench-gpu bench-report clean setup
@@ -46,6 +46,7 @@ $(STAMP)/package: $(STAMP)/venv $(ENGINE_SOURCES)
 
 $(CPP_BUILD)/build.ninja: $(STAMP)/venv CMakeLists.txt
 	$(VENV)/bin/cmake -S . -B $(CPP_BUILD) -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=ON \
+	    -DPython_EXECUTABLE=$(abspath $(VPY)) \
 	    -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja)
 
 test-cpp: $(CPP_BUILD)/build.ninja
@@ -62,7 +63,7 @@ lint: $(STAMP)/package
 	$(VENV)/bin/clang-format --dry-run -Werror $(shell git ls-files 'cpp/*.cpp' 'cpp/*.h')
 
 # On the GPU machine: no network; builds against the preinstalled torch and runs everything with CUDA.
-gpu-test:  ## tests + benchmarks on a CUDA machine (scripts/gpu-test.sh [tests|bench|all])
+gpu-test:  ## tests + benchmarks on a CUDA machine (scripts/gpu-test.sh [tests|bench|runtime|all])
 	bash scripts/gpu-test.sh
 
 # The benchmark suite (README, "Benchmarks"). On the GPU machine: light subset by default,

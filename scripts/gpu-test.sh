@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# scripts/gpu-test.sh [tests|bench|all]: on the GPU machine (no network): build against the
-# preinstalled torch, then
+# scripts/gpu-test.sh [tests|bench|runtime|all]: on the GPU machine (no network): build against
+# the preinstalled torch, then
 #   tests: the C++ tests, the whole Python suite with CUDA, and `honed doctor`;
-#   bench: `honed demo --device cuda`, the overhead and cache benchmarks, a BERT-base-like tune.
+#   bench: `honed demo --device cuda`, the overhead and cache benchmarks, a BERT-base-like tune;
+#   runtime: the C++ runtime (libhoned_runtime, honed-run) built against the device's torch with
+#     CUDA, its tests on CPU and CUDA (tune, save, honed-run --check, GoogleTest, examples/cpp),
+#     and honed-run against honed.load on the same artifacts (bench/cpp_vs_python.py).
+# libzip: the machine has none; run scripts/fetch-device-deps.sh where apt works and carry .deps/.
 # Logs go to $OUT (or ./gpu-out) so they come back from the device.
 set -uo pipefail
 STAGE=${1:-all}
@@ -18,13 +22,23 @@ step "environment"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
 
+# libzip from .deps/ (scripts/fetch-device-deps.sh) when the system has none.
+if [ -d .deps/usr ]; then
+  export CMAKE_PREFIX_PATH=$PWD/.deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+elif [ ! -e /usr/include/zip.h ]; then
+  echo "libzip is missing: run scripts/fetch-device-deps.sh on a machine with apt and carry .deps/"
+  exit 1
+fi
+
 step "build (no network, no build isolation)"
 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . 2>&1 | grep -v "^WARNING" | tail -20
 $PY -c "import honed; print('honed', honed.__version__)" || exit 1
 
 if [ "$STAGE" = tests ] || [ "$STAGE" = all ]; then
   step "C++ tests"
-  cmake -S . -B build/cpp-gpu -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=ON >/dev/null \
+  cmake -S . -B build/cpp-gpu -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=ON \
+      -DHONED_BUILD_RUNTIME=OFF >/dev/null \
     && cmake --build build/cpp-gpu 2>&1 | tail -2 \
     && (cd build/cpp-gpu && ctest --output-on-failure 2>&1 | tail -6) || status=1
 
@@ -98,6 +112,31 @@ if [ "$STAGE" = suite ]; then
   shopt -u nullglob
   run $PY bench/report.py --out-dir "$OUT/bench" ${suite_files[@]+"${suite_files[@]}"}
   sed -n '/^## Targets/,/^## Summary/p' "$OUT/bench/RESULTS.md" 2>/dev/null | head -20
+fi
+
+if [ "$STAGE" = runtime ] || [ "$STAGE" = all ]; then
+  RT=build/cpp-gpu-runtime
+  step "C++ runtime build (torch with CUDA)"
+  cmake -S . -B $RT -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=ON \
+      -DHONED_BUILD_RUNTIME=ON -DPython_EXECUTABLE="$(command -v "$PY")" 2>&1 | grep -E "torch|libzip|Error" \
+    && cmake --build $RT 2>&1 | grep -E "warning|error|FAILED|Linking" | tail -20
+  if [ ! -x $RT/cpp/runtime/honed-run ]; then
+    echo "FAILED: the runtime did not build"; status=1
+  else
+    (cd $RT && ctest --output-on-failure 2>&1 | tail -8) || status=1
+    for dev in cpu cuda; do
+      step "runtime tests on $dev (tune, save, honed-run --check, GoogleTest, examples/cpp)"
+      HONED_TEST_CPP_BUILD=$RT HONED_TEST_DEVICE=$dev $PY -m pytest -q -p no:cacheprovider -rs \
+        tests/test_runtime_cpp.py 2>&1 | tee "$OUT/runtime-$dev.log" | tail -15
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+    step "honed-run vs honed.load, batch 1 (cuda)"
+    $PY bench/cpp_vs_python.py --honed-run $RT/cpp/runtime/honed-run --device cuda \
+      --models ${CPP_VS_PY_MODELS:-mlp convnet} --batches 1 8 --json "$OUT/cpp-vs-python.json" 2>&1 \
+      | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
+      | tee "$OUT/cpp-vs-python.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
 fi
 echo "gpu-test $STAGE: status $status"
 exit $status

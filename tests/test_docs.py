@@ -3,7 +3,9 @@
 Python blocks run in a fresh interpreter with a temporary working directory; bash blocks run
 their `honed ...` lines in order (a later line may use what an earlier one wrote) and check
 that each `make X` line names a target of the Makefile (running `make test` here would recurse).
-A block right after ``<!-- not-run: reason -->`` is skipped (for fragments; use sparingly).
+A block right after ``<!-- not-run: reason -->`` is skipped (for fragments; use sparingly); one
+after ``<!-- run-by: tests/test_runtime_cpp.py -->`` (honed-run and the C++ example need the C++
+build and a saved artifact) is run by that test instead.
 Measurement windows are short and isolation is off: the docs are checked for running, not timed.
 """
 
@@ -20,7 +22,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCK = re.compile(r"(<!--\s*not-run:[^>]*-->\s*\n)?```(python|bash)\n(.*?)```", re.S)
+BLOCK = re.compile(
+    r"(<!--\s*(?:not-run:|run-by: tests/test_runtime_cpp.py)[^>]*-->\s*\n)?"
+    r"```(python|bash)\n(.*?)```",
+    re.S,
+)
 HONED = Path(sys.executable).with_name("honed")
 
 

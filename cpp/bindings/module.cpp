@@ -3,7 +3,7 @@
 #include "honed/version.h"
 
 NB_MODULE(_core, m) {
-  m.doc() = "honed engine: shapes, dispatch, measurement and selection (C++)";
+  m.doc() = "honed engine: shapes, dispatch, measurement, selection and the artifact format (C++)";
   m.attr("__version__") = honed::version();
   // Objects still referenced at interpreter exit (e.g. by torch's caches) are not leaks of ours.
   nanobind::set_leak_warnings(false);
@@ -12,4 +12,5 @@ NB_MODULE(_core, m) {
   honed::py::bind_select(m);
   honed::py::bind_isolate(m);
   honed::py::bind_env(m);
+  honed::py::bind_artifact(m);
 }

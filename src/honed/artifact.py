@@ -35,7 +35,7 @@ from honed.shapes import graph_info
 log = logging.getLogger("honed")
 
 FORMAT = "honed"
-FORMAT_VERSION = 1
+FORMAT_VERSION = _core.ARTIFACT_FORMAT_VERSION  # the engine reads this version (artifact.h)
 MANIFEST = "manifest.json"
 ON_INCOMPATIBLE = ("error", "rebuild", "eager")
 
@@ -119,6 +119,7 @@ def _save_module(module: Module, entries: dict[str, bytes]) -> dict[str, Any]:
             "figures": _jsonable(variant.figures),
             "runnable_from_cpp": bool(getattr(variant.backend, "cpp_runnable", False)),
             "samples": None,
+            "outputs": None,
             "payload": None,
         }
         if variant.backend.saves_payload:
@@ -135,6 +136,11 @@ def _save_module(module: Module, entries: dict[str, bytes]) -> dict[str, Any]:
                 spec, tensors = encoded
                 entries[entry] = st_save(tensors, metadata={"treespec": spec})
                 graph["samples"] = entry
+                outputs = _eager_outputs(module, variant.warm_sample)
+                if outputs is not None:
+                    entry = f"samples/{module.name}/{i}.outputs.safetensors"
+                    entries[entry] = st_save(outputs)
+                    graph["outputs"] = entry
         graphs.append(graph)
     return {
         "name": module.name,
@@ -144,6 +150,17 @@ def _save_module(module: Module, entries: dict[str, bytes]) -> dict[str, Any]:
         "graphs": graphs,
         "report": _jsonable(module.report.to_dict()) if module.report is not None else None,
     }
+
+
+def _eager_outputs(module: Module, sample: Sample) -> dict[str, torch.Tensor] | None:
+    """Eager PyTorch's outputs for a stored sample ("out<i>" in flatten order), for checks such
+    as ``honed-run --check``; None when an output is not a tensor."""
+    with torch.no_grad():
+        out = module.module(*sample.args, **sample.kwargs)
+    leaves = pytree.tree_leaves(out)
+    if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+        return None
+    return {f"out{i}": t.detach().to("cpu", copy=True).contiguous() for i, t in enumerate(leaves)}
 
 
 def _jsonable(value: Any) -> Any:
@@ -232,69 +249,32 @@ def load(
 
 
 def read_artifact(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The manifest and every verified entry of an artifact; raises ArtifactError on damage."""
+    """The manifest and every verified entry of an artifact; raises ArtifactError on damage.
+
+    Reading and verifying is the engine's (cpp/src/artifact.cpp), shared with the C++ runtime.
+    """
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"honed.load: {path} does not exist (or is not a file)")
     try:
-        with zipfile.ZipFile(path) as zf:
-            names = set(zf.namelist())
-            if MANIFEST not in names:
-                raise ArtifactError(f"honed.load: {path} is not a honed artifact (no {MANIFEST})")
-            manifest = json.loads(zf.read(MANIFEST))
-            if manifest.get("format") != FORMAT:
-                raise ArtifactError(f"honed.load: {path} is not a honed artifact")
-            if manifest.get("format_version") != FORMAT_VERSION:
-                raise IncompatibleArtifactError(
-                    f"honed.load: {path} has format version {manifest.get('format_version')}, "
-                    f"this honed reads {FORMAT_VERSION}; load it with the honed that wrote it"
-                )
-            entries: dict[str, bytes] = {}
-            for name, digest in manifest["entries"].items():
-                if name not in names:
-                    raise ArtifactError(f"honed.load: {path} is missing entry {name!r}")
-                data = zf.read(name)
-                if hashlib.sha256(data).hexdigest() != digest:
-                    raise ArtifactError(
-                        f"honed.load: entry {name!r} of {path} does not match its SHA-256: the "
-                        "file was modified or damaged; re-save it from the tuned model"
-                    )
-                entries[name] = data
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
-        if isinstance(e, ArtifactError):
-            raise
-        raise ArtifactError(
-            f"honed.load: {path} is not a readable honed artifact (truncated or not a zip: {e})"
-        ) from e
-    return manifest, entries
+        manifest_json, entries = _core.read_artifact(str(path))
+    except _core.IncompatibleArtifactError as e:
+        raise IncompatibleArtifactError(f"honed.load: {e}") from None
+    except _core.ArtifactError as e:
+        raise ArtifactError(f"honed.load: {e}") from None
+    return json.loads(manifest_json), entries
 
 
 def _incompatibility(manifest: dict[str, Any]) -> str:
-    """Why this artifact cannot be loaded as it is here ("" when it can)."""
-    saved = manifest["environment"]
-    has_payload = any(g.get("payload") for m in manifest["modules"] for g in m["graphs"])
-    saved_torch = str(saved.get("torch", ""))
-    if has_payload and _minor(saved_torch) != _minor(torch.__version__):
-        return (
-            f"torch {saved_torch} (compiled payloads are tied to the torch that built them; "
-            f"this is torch {torch.__version__})"
-        )
+    """Why this artifact cannot be loaded as it is here ("" when it can); the engine's rules."""
+    gpu, cc = "", ""
     here_cuda = torch.cuda.is_available()
-    if str(saved.get("device", "cpu")).startswith("cuda"):
-        if not here_cuda:
-            return f"GPU {saved.get('gpu')} (CUDA), and torch cannot use CUDA here"
+    if here_cuda and str(manifest["environment"].get("device", "cpu")).startswith("cuda"):
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        cc = f"{props.major}.{props.minor}"
-        if saved.get("gpu") != props.name or saved.get("compute_capability") != cc:
-            return (
-                f"GPU {saved.get('gpu')} (sm {saved.get('compute_capability')}), this is "
-                f"{props.name} (sm {cc})"
-            )
-    return ""
-
-
-def _minor(version: str) -> str:
-    return ".".join(version.split("+")[0].split(".")[:2])
+        gpu, cc = props.name, f"{props.major}.{props.minor}"
+    return str(
+        _core.artifact_incompatibility(json.dumps(manifest), torch.__version__, here_cuda, gpu, cc)
+    )
 
 
 def _load_module(

@@ -62,6 +62,7 @@ class TuneReport:
     strategy: str
     wall_s: float
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
+    target: str = "python"  # honed.tune(target=): "cpp" restricted candidates to the C++ runtime
 
     def selected(self, module: str | None = None) -> list[str | None]:
         """The selected candidate of every graph (of one module when named)."""
@@ -96,7 +97,8 @@ class TuneReport:
         lines = [
             "# honed tuning report",
             "",
-            f"device `{self.device}` · strategy {_md(self.strategy)} · {self.wall_s:.1f} s",
+            f"device `{self.device}` · strategy {_md(self.strategy)} · {self.wall_s:.1f} s"
+            + (f" · target {_md(self.target)}" if self.target != "python" else ""),
             "",
             "## Environment",
             "",

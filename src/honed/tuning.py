@@ -57,6 +57,7 @@ def tune(
     cache_dir: str | os.PathLike[str] | None = None,
     clear_cache: bool = False,
     isolation: str | None = None,
+    target: str = "python",
 ) -> TuneReport:
     """Tune every honed.Module that ``func`` calls, on the inputs it really receives.
 
@@ -82,6 +83,10 @@ def tune(
         isolation: "process" (default, from HONED_ISOLATION): each candidate is built, checked
             and measured in a worker process, so a crash, hang or runaway allocation fails only
             that candidate; "none": in this process (faster to start, not crash-proof).
+        target: where the tuned model will run. "python" (default): any backend, eager
+            included. "cpp": only backends the C++ runtime (honed::Model, honed-run) can run
+            (TorchInductorAotBackend); eager is measured as the reference but never selected,
+            and the report says so.
 
     Returns:
         A TuneReport; each module also keeps its own part in ``module.report``.
@@ -98,6 +103,8 @@ def tune(
         )
     if strategy is not None and backends is not None:
         raise InputError("honed.tune: pass either strategy= or backends=, not both")
+    if target not in TARGETS:
+        raise InputError(f"honed.tune: target must be one of {TARGETS}, got {target!r}")
     default_strategy = strategy or MaxThroughputStrategy(backends)
     samples = _normalize_dataset(dataset)
     sizes = _validate_batch_sizes(batch_sizes)
@@ -112,7 +119,7 @@ def tune(
                 "honed.tune: no honed.Module was called while running the dataset; wrap the model "
                 "with honed.Module(model, 'name') and call it inside func"
             )
-        target = _resolve_device(device, modules)
+        run_device = _resolve_device(device, modules)
         cache = TuneCache(Path(cache_dir) if cache_dir is not None else config.cache_dir)
         isolation = isolation or config.isolation
         if isolation not in ("process", "none"):
@@ -121,11 +128,12 @@ def tune(
             )
         ctx = _Context(
             isolation=isolation,
-            device=target,
+            device=run_device,
             sweep_to=max_batch if batch_sweep else 0,
             cache=cache if config.cache_enabled else None,
             refresh=clear_cache,
             run_dir=buildlog.new_run_dir(),
+            target=target,
         )
         graphs: list[GraphReport] = []
         with _dynamo_limits():
@@ -145,19 +153,49 @@ def tune(
                 module.install(variants)
                 module.graphs = {}
                 module.report = TuneReport(
-                    module_graphs, str(target), module_strategy.describe(), 0.0, fingerprint(target)
+                    module_graphs,
+                    str(run_device),
+                    module_strategy.describe(),
+                    0.0,
+                    fingerprint(run_device),
+                    ctx.target,
                 )
                 graphs += module_graphs
         overall = TuneReport(
             graphs,
-            str(target),
+            str(run_device),
             default_strategy.describe(),
             time.perf_counter() - started,
-            fingerprint(target),
+            fingerprint(run_device),
+            ctx.target,
         )
         for module in modules:
             module.report.wall_s = overall.wall_s
         return overall
+
+
+TARGETS = ("python", "cpp")
+
+
+def _for_target(backends: list[Backend], target: str, module: str) -> tuple[list[Backend], str]:
+    """The candidates a target can run, and the note the report's decision carries."""
+    if target == "python":
+        return backends, ""
+    runnable = [b for b in backends if b.cpp_runnable]
+    dropped = sorted({b.name for b in backends if not b.cpp_runnable})
+    if not runnable:
+        raise InputError(
+            f"honed.tune(target='cpp'): module {module!r}: none of the candidates "
+            f"({', '.join(dropped) or 'none'}) can run in the C++ runtime; include "
+            "honed.backend.TorchInductorAotBackend() (or leave backends unset)"
+        )
+    note = (
+        " · target cpp: only backends the C++ runtime runs were candidates "
+        f"({', '.join(sorted({b.name for b in runnable}))}); eager is the reference only"
+    )
+    if dropped:
+        note += f"; left out: {', '.join(dropped)}"
+    return runnable, note
 
 
 # -- dataset and recording ---------------------------------------------------------------------
@@ -301,6 +339,7 @@ class _Context:
     refresh: bool  # clear_cache: re-evaluate and overwrite instead of reading the cache
     isolation: str = "process"
     run_dir: Path | None = None  # where the candidates' build.log files go (buildlog.py)
+    target: str = "python"  # "cpp": only candidates the C++ runtime can run (see tune())
     fingerprints: dict[int, str] = dataclasses.field(default_factory=dict)
     warned: set[str] = dataclasses.field(default_factory=set)
 
@@ -376,12 +415,15 @@ def _tune_graph(
         return outcome
 
     baseline = run(TorchEagerBackend(), is_baseline=True)
+    candidates, target_note = _for_target(strategy.backends(ctx.device), ctx.target, module.name)
+    # Eager competes (and is the fallback) unless the tuned graph must run from C++.
+    uses_baseline = strategy.uses_baseline and ctx.target == "python"
     outcomes: list[Outcome] = []
-    for backend in strategy.backends(ctx.device):
-        if strategy.uses_baseline and backend.name == baseline.backend.name:
+    for backend in candidates:
+        if uses_baseline and backend.name == baseline.backend.name:
             continue  # eager with default config is the baseline itself
         outcomes.append(run(backend))
-    competing = ([baseline] if strategy.uses_baseline else []) + outcomes
+    competing = ([baseline] if uses_baseline else []) + outcomes
     if not all(o.cached for o in competing):  # all cached: their figures are the final ones
         _interleave(competing, ctx, inner, samples, info, measure_at, batch)
     decision, chosen = _select(strategy, competing, inner, samples, info, measure_at, ctx)
@@ -399,7 +441,7 @@ def _tune_graph(
         profile=_describe_profile(profile),
         candidates=rows,
         selected=chosen.backend.name if chosen is not None else None,
-        decision=decision.reason,
+        decision=decision.reason + target_note,
         sweep=swept,
         install_s=chosen.install_s if chosen is not None else 0.0,
     )

@@ -112,6 +112,9 @@ class Backend:
     # True when the built callable can be stored as files in the artifact (e.g. an AOTInductor
     # .pt2) and loaded back without rebuilding; see export_payload / load_payload.
     saves_payload: ClassVar[bool] = False
+    # True when the C++ runtime (libhoned_runtime, honed-run) can run the saved payload;
+    # honed.tune(target="cpp") keeps only such backends.
+    cpp_runnable: ClassVar[bool] = False
     # Import names of the optional libraries available() imports (the doctor probes those in a
     # subprocess first, so a library that crashes on import cannot take it down).
     requires: ClassVar[tuple[str, ...]] = ()

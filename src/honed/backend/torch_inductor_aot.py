@@ -291,6 +291,7 @@ class TorchInductorAotBackend(Backend):
     config_class = TorchInductorAotBackendConfig
     portability = 2
     saves_payload = True
+    cpp_runnable = True  # cpp/runtime loads model.pt2 + calling.json with libtorch
     config: TorchInductorAotBackendConfig
 
     @classmethod

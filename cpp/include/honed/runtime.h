@@ -1,0 +1,85 @@
+// cpp/include/honed/runtime.h: honed::Model runs a .honed artifact from C++ (libhoned_runtime).
+//
+//   honed::Model model("model.honed", torch::kCPU);     // or torch::Device("cuda:0")
+//   std::vector<at::Tensor> outputs = model.run(inputs);
+//
+// Inputs are the module's tensor inputs in flatten order of (args, kwargs), the order honed's
+// profiles use; non-tensor inputs were baked in when the graph was compiled. Outputs are the
+// module's output tensors in flatten order. (at::Tensor is torch::Tensor; c10::Device is
+// torch::Device: this header includes only the ATen parts it needs.)
+//
+// Threads: run() may be called from several threads at once. Each graph is one AOTInductor
+// package loaded once, holding ModelOptions::runners model instances (AOTInductor's own pool,
+// which shares the weights); a call takes a free instance and waits when all are busy. So set
+// runners to the number of threads that call at once.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace honed {
+
+// A call the artifact cannot serve (inputs outside every tuned profile, wrong device or dtype),
+// or an artifact that cannot run here (no graph runnable from C++, other GPU or torch). The
+// engine's honed::ArtifactError (honed/artifact.h) is thrown for damaged files.
+class RuntimeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelOptions {
+  std::string module;        // which module of the artifact; "" = its only one
+  int runners = 1;           // model instances per graph (concurrent calls); see above
+  bool check_inputs = true;  // dtypes, devices and sizes against what each graph was compiled for
+};
+
+// A sample stored in the artifact: the inputs a graph was tuned on and eager PyTorch's outputs
+// for them (empty when the artifact has none), on the model's device.
+struct Sample {
+  int graph = 0;
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> expected;
+};
+
+class Model {
+ public:
+  // Reads and verifies the artifact (every entry's SHA-256, format, environment), then loads each
+  // graph runnable from C++ on `device` ("cuda" without an index means cuda:0). Throws
+  // honed::ArtifactError / honed::RuntimeError.
+  explicit Model(const std::string& path, const c10::Device& device = c10::Device(c10::kCPU),
+                 const ModelOptions& options = {});
+  ~Model();
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+
+  // Runs the graph whose profile holds these inputs. cuda_stream: a cudaStream_t to run on;
+  // nullptr runs on the current CUDA stream of the device. Thread-safe.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs,
+                              void* cuda_stream = nullptr) const;
+
+  // The graph run() would pick, or a RuntimeError naming every stored profile.
+  int select(const std::vector<at::Tensor>& inputs) const;
+
+  const c10::Device& device() const;
+  const std::string& module_name() const;
+  int num_graphs() const;
+  std::string describe() const;         // one line per graph: backend, profile
+  std::vector<Sample> samples() const;  // stored samples of the runnable graphs
+  double load_seconds() const;          // wall time of the constructor
+  // Per graph and tensor input: its batch axis (-1 for none), from the tuned profile.
+  std::vector<int> batch_axes(int graph) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Maps torch dtypes to the names honed's graph keys use ("float32", "int64", ...).
+std::string dtype_name(c10::ScalarType type);
+
+}  // namespace honed

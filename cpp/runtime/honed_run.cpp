@@ -1,0 +1,281 @@
+// cpp/runtime/honed_run.cpp: honed-run: load a .honed artifact in C++, check it and benchmark it.
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "bench.h"
+#include "honed/artifact.h"
+#include "honed/runtime.h"
+#include "honed/shapes.h"
+#include "honed/version.h"
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Options {
+  std::string artifact;
+  std::string device = "cpu";
+  std::string module;
+  int64_t batch = 0;
+  std::string shapes;
+  double warmup_ms = 200;
+  double duration_s = 0;
+  int64_t iterations = 0;
+  int threads = 1;
+  std::string percentiles = "50,90,95,99";
+  std::string json_file;
+  bool check = false;
+  double rtol = -1;
+  double atol = -1;
+};
+
+std::vector<double> parse_list(const std::string& text) {
+  std::vector<double> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(std::stod(item));
+  }
+  return out;
+}
+
+// "8x16,8" -> {{8, 16}, {8}}: one shape per tensor input, in flatten order.
+std::vector<std::vector<int64_t>> parse_shapes(const std::string& text) {
+  std::vector<std::vector<int64_t>> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    std::vector<int64_t> shape;
+    std::stringstream dims(item);
+    for (std::string d; std::getline(dims, d, 'x');) shape.push_back(std::stoll(d));
+    out.push_back(shape);
+  }
+  return out;
+}
+
+std::string shape_str(const at::Tensor& t) {
+  std::string s = honed::dtype_name(t.scalar_type()) + "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// The benchmark's inputs: the first stored sample, resized to --batch along each input's batch
+// axis (rows repeated or cut, as honed.tune(batch_sizes=) does), or fresh tensors of --shapes.
+std::vector<at::Tensor> bench_inputs(const honed::Model& model, const Options& opt) {
+  std::vector<honed::Sample> samples = model.samples();
+  if (!opt.shapes.empty()) {
+    std::vector<std::vector<int64_t>> shapes = parse_shapes(opt.shapes);
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      at::ScalarType dtype = at::kFloat;
+      if (!samples.empty() && i < samples[0].inputs.size()) {
+        dtype = samples[0].inputs[i].scalar_type();
+      }
+      auto options = at::TensorOptions().dtype(dtype).device(model.device());
+      out.push_back(at::isFloatingType(dtype) ? at::randn(shapes[i], options)
+                                              : at::zeros(shapes[i], options));
+    }
+    return out;
+  }
+  if (samples.empty()) {
+    throw honed::RuntimeError("the artifact stores no sample inputs; give --shapes");
+  }
+  std::vector<at::Tensor> inputs = samples[0].inputs;
+  if (opt.batch > 0) {
+    std::vector<int> axes = model.batch_axes(samples[0].graph);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      int axis = i < axes.size() ? axes[i] : -1;
+      if (axis < 0) continue;
+      std::vector<int64_t> rows = honed::batch_indices(inputs[i].size(axis), opt.batch);
+      at::Tensor index = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(model.device());
+      inputs[i] = inputs[i].index_select(axis, index).contiguous();
+    }
+  }
+  return inputs;
+}
+
+// Compares every stored sample's outputs with eager PyTorch's, stored next to it. Per-dtype
+// tolerances as honed's correctness check (src/honed/correctness.py) unless --rtol/--atol.
+bool check(const honed::Model& model, const Options& opt, json& report) {
+  bool ok = true;
+  int checked = 0;
+  json rows = json::array();
+  for (const honed::Sample& s : model.samples()) {
+    if (s.expected.empty()) continue;
+    std::vector<at::Tensor> outs = model.run(s.inputs);
+    json row = {{"graph", s.graph}, {"ok", true}};
+    std::string why;
+    if (outs.size() != s.expected.size()) {
+      why = std::to_string(outs.size()) + " outputs, expected " + std::to_string(s.expected.size());
+    }
+    double max_abs = 0;
+    for (size_t i = 0; why.empty() && i < outs.size(); ++i) {
+      const at::Tensor& want = s.expected[i];
+      at::Tensor got = outs[i];
+      if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
+        why = "output " + std::to_string(i) + " is " + shape_str(got) + ", expected " +
+              shape_str(want);
+        break;
+      }
+      bool reduced = want.scalar_type() == at::kHalf || want.scalar_type() == at::kBFloat16;
+      double rtol = opt.rtol >= 0 ? opt.rtol : (reduced ? 3e-2 : 1e-3);
+      double atol = opt.atol >= 0 ? opt.atol : (reduced ? 3e-2 : 1e-4);
+      if (at::isFloatingType(want.scalar_type())) {
+        at::Tensor g64 = got.to(at::kDouble), w64 = want.to(at::kDouble);
+        max_abs = std::max(max_abs, (g64 - w64).abs().max().item<double>());
+        if (!at::allclose(g64, w64, rtol, atol)) {
+          why = "output " + std::to_string(i) + " differs from eager beyond rtol " +
+                std::to_string(rtol) + " / atol " + std::to_string(atol);
+        }
+      } else if (!at::equal(got, want)) {
+        why = "output " + std::to_string(i) + " differs from eager";
+      }
+    }
+    ++checked;
+    row["max_abs_error"] = max_abs;
+    if (!why.empty()) {
+      ok = false;
+      row["ok"] = false;
+      row["reason"] = why;
+    }
+    std::printf("check     graph %d: %s (max abs error %.3g)%s%s\n", s.graph,
+                why.empty() ? "ok" : "MISMATCH", max_abs, why.empty() ? "" : ": ", why.c_str());
+    rows.push_back(row);
+  }
+  if (checked == 0) {
+    std::printf("check     FAILED: the artifact stores no reference outputs to compare with\n");
+    ok = false;
+  }
+  report["check"] = {{"ok", ok}, {"graphs", rows}};
+  return ok;
+}
+
+json stats_json(const honed::Stats& s, const std::vector<double>& samples,
+                const std::vector<double>& percentiles) {
+  json out = {{"median_ms", s.median_ms}, {"mean_ms", s.mean_ms},     {"min_ms", s.min_ms},
+              {"max_ms", s.max_ms},       {"p90_ms", s.p90_ms},       {"p95_ms", s.p95_ms},
+              {"p99_ms", s.p99_ms},       {"stddev_ms", s.stddev_ms}, {"cv", s.cv}};
+  std::vector<double> sorted = samples;
+  std::sort(sorted.begin(), sorted.end());
+  json pct = json::object();
+  for (double p : percentiles) {
+    std::ostringstream key;
+    key << "p" << p;
+    pct[key.str()] = honed::quantile_sorted(sorted, p / 100.0);
+  }
+  out["percentiles_ms"] = pct;
+  return out;
+}
+
+int main_impl(const Options& opt) {
+  at::Device device(opt.device);
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    throw honed::RuntimeError("--device " + opt.device + ": torch cannot use CUDA here (" +
+                              std::to_string(torch::cuda::device_count()) + " GPUs visible)");
+  }
+  honed::ModelOptions mo;
+  mo.module = opt.module;
+  mo.runners = std::max(opt.threads, 1);
+  honed::Model model(opt.artifact, device, mo);
+  json report = {{"artifact", opt.artifact},       {"module", model.module_name()},
+                 {"device", model.device().str()}, {"honed", honed::version()},
+                 {"torch", HONED_TORCH_VERSION},   {"load_s", model.load_seconds()}};
+  std::printf("honed-run %s · module %s · %d graph(s) on %s\n%s", opt.artifact.c_str(),
+              model.module_name().c_str(), model.num_graphs(), model.device().str().c_str(),
+              model.describe().c_str());
+  std::printf("load      %.3f s\n", model.load_seconds());
+  bool ok = true;
+  if (opt.check) ok = check(model, opt, report);
+
+  std::vector<at::Tensor> inputs = bench_inputs(model, opt);
+  std::string shapes;
+  for (const at::Tensor& t : inputs) shapes += (shapes.empty() ? "" : ", ") + shape_str(t);
+  int64_t batch_size = 1;
+  std::vector<int> axes = model.batch_axes(model.select(inputs));
+  for (size_t i = 0; i < axes.size(); ++i) {
+    if (axes[i] >= 0) {
+      batch_size = inputs[i].size(axes[i]);
+      break;
+    }
+  }
+  std::printf("inputs    %s (batch %lld)\n", shapes.c_str(), static_cast<long long>(batch_size));
+
+  honed::run::BenchConfig cfg{opt.warmup_ms, opt.duration_s, opt.iterations, opt.threads,
+                              batch_size};
+  const bool cuda = device.is_cuda();
+  auto make_timer = [&]() -> std::unique_ptr<honed::Timer> {
+    if (cuda && opt.threads <= 1) return std::make_unique<honed::CudaEventTimer>(0);
+    if (cuda) return std::make_unique<honed::HostTimer>([] { torch::cuda::synchronize(); });
+    return std::make_unique<honed::HostTimer>();
+  };
+  auto call = [&] { model.run(inputs); };
+  honed::run::BenchResult r = honed::run::bench(call, make_timer, cfg);
+  const honed::Measurement& m = r.measurement;
+  const honed::Stats& s = m.stats;
+  const char* clock = cuda && opt.threads <= 1 ? "CUDA events" : "host clock";
+  std::printf("latency   median %.4f ms · p90 %.4f · p95 %.4f · p99 %.4f · mean %.4f · CV %.1f%%\n",
+              s.median_ms, s.p90_ms, s.p95_ms, s.p99_ms, s.mean_ms, 100 * s.cv);
+  std::printf("          %lld calls on %d thread(s), %s%s\n", static_cast<long long>(m.calls),
+              r.threads, clock, r.adaptive ? (m.stable ? ", stable" : ", UNSTABLE") : "");
+  if (m.has_host) std::printf("host      median %.4f ms\n", m.host_stats.median_ms);
+  std::printf("throughput %.1f samples/s\n", m.throughput);
+
+  std::vector<double> percentiles = parse_list(opt.percentiles);
+  report["inputs"] = shapes;
+  report["batch_size"] = batch_size;
+  report["threads"] = r.threads;
+  report["clock"] = clock;
+  report["calls"] = m.calls;
+  report["wall_s"] = m.wall_ms / 1000;
+  report["stable"] = m.stable;
+  report["adaptive"] = r.adaptive;
+  report["throughput"] = m.throughput;
+  report["latency"] = stats_json(s, m.samples_ms, percentiles);
+  if (m.has_host) report["host_latency"] = {{"median_ms", m.host_stats.median_ms}};
+  if (!opt.json_file.empty()) {
+    std::ofstream(opt.json_file) << report.dump(2) << "\n";
+  }
+  if (!ok) std::printf("check     FAILED: outputs differ from the stored eager outputs\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"honed-run: load a .honed artifact with the C++ runtime, check and benchmark it"};
+  Options opt;
+  app.add_option("artifact", opt.artifact, "the .honed file")->required();
+  app.add_option("--device", opt.device, "cpu, cuda or cuda:N (the artifact's device type)")
+      ->capture_default_str();
+  app.add_option("--module", opt.module, "which module of the artifact (default: its only one)");
+  app.add_option("--batch", opt.batch, "resize the stored sample to this batch size");
+  app.add_option("--shapes", opt.shapes, "input shapes instead of the stored sample: 8x16,8");
+  app.add_option("--warmup-ms", opt.warmup_ms, "warm-up time (at least 10 calls)")
+      ->capture_default_str();
+  app.add_option("--duration-s", opt.duration_s,
+                 "measure this long per thread (default: the engine's adaptive protocol)");
+  app.add_option("--iterations", opt.iterations, "measure exactly this many calls per thread");
+  app.add_option("--threads", opt.threads, "threads calling the model at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--percentiles", opt.percentiles, "percentiles for --json, comma-separated")
+      ->capture_default_str();
+  app.add_option("--json", opt.json_file, "write the results as JSON to this file");
+  app.add_flag(
+      "--check", opt.check,
+      "compare outputs with the eager outputs stored in the artifact (exit 1 on mismatch)");
+  app.add_option("--rtol", opt.rtol, "--check relative tolerance (default: by dtype)");
+  app.add_option("--atol", opt.atol, "--check absolute tolerance (default: by dtype)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return main_impl(opt);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "honed-run: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,373 @@
+// cpp/runtime/model.cpp: honed::Model: verify the artifact, load its AOTInductor graphs, dispatch.
+#include <ATen/ATen.h>
+#include <stdlib.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/cuda.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "honed/artifact.h"
+#include "honed/dispatch.h"
+#include "honed/env.h"
+#include "honed/runtime.h"
+#include "honed/shapes.h"
+#include "tensors.h"
+
+namespace honed {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kPackage = "model.pt2";  // backend/torch_inductor_aot.py PAYLOAD_PACKAGE
+constexpr const char* kCalling = "calling.json";
+
+// What one tensor input of a package must look like (TensorGuard of torch_inductor_aot.py).
+struct Guard {
+  c10::ScalarType dtype;
+  std::string device_type;
+  std::vector<int64_t> lo, hi;
+  std::vector<std::string> groups;  // shared-dimension name per axis, "" for none
+};
+
+// A graph key split into its structure and per-leaf template: a tensor leaf takes the call's
+// dtype and rank (and the stored device string), a constant is fixed.
+struct KeyTemplate {
+  std::string structure;
+  std::vector<std::optional<Constant>> leaves;  // nullopt: a tensor leaf
+  std::vector<std::string> devices;             // per tensor leaf, as stored ("cuda:0")
+};
+
+struct Graph {
+  ArtifactGraph stored;
+  KeyTemplate key;
+  std::vector<Guard> guards;
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
+};
+
+std::string unescape_bar(std::string s) {
+  for (size_t at = s.find("\\x7c"); at != std::string::npos; at = s.find("\\x7c", at + 1)) {
+    s.replace(at, 4, "|");
+  }
+  return s;
+}
+
+KeyTemplate parse_key(const std::string& key) {
+  KeyTemplate t;
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string part; std::getline(ss, part, '|');) parts.push_back(part);
+  if (parts.empty()) throw RuntimeError("honed runtime: empty graph key in the manifest");
+  t.structure = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) {
+    if (!parts[i].empty() && parts[i][0] == '=') {
+      t.leaves.emplace_back(Constant{unescape_bar(parts[i].substr(1))});
+      continue;
+    }
+    size_t first = parts[i].find(','), last = parts[i].rfind(',');
+    t.leaves.emplace_back(std::nullopt);
+    t.devices.push_back(parts[i].substr(first + 1, last - first - 1));
+  }
+  return t;
+}
+
+std::vector<Guard> parse_guards(const std::string& calling_json) {
+  json c = json::parse(calling_json);
+  if (c.value("format", 0) != 1) {
+    throw RuntimeError("honed runtime: calling.json has format " +
+                       c.value("format", json()).dump() +
+                       "; this runtime reads format 1: re-save with this honed version");
+  }
+  std::vector<Guard> guards;
+  for (const json& g : c.at("guards")) {
+    guards.push_back(Guard{
+        detail::dtype_from_name(g.at("dtype").get<std::string>()),
+        g.at("device").get<std::string>(), g.at("lo").get<std::vector<int64_t>>(),
+        g.at("hi").get<std::vector<int64_t>>(), g.at("groups").get<std::vector<std::string>>()});
+  }
+  return guards;
+}
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+void check_guards(const std::vector<Guard>& guards, const std::vector<at::Tensor>& inputs) {
+  std::map<std::string, int64_t> sizes;
+  for (size_t i = 0; i < guards.size(); ++i) {
+    const Guard& g = guards[i];
+    const at::Tensor& t = inputs[i];
+    if (t.scalar_type() != g.dtype || static_cast<size_t>(t.dim()) != g.lo.size()) {
+      throw RuntimeError("honed runtime: tensor input " + std::to_string(i) + " is " +
+                         dtype_name(t.scalar_type()) + " " + shape_str(t.sizes()) +
+                         ", but the graph was compiled for " + dtype_name(g.dtype) + " of rank " +
+                         std::to_string(g.lo.size()));
+    }
+    for (size_t a = 0; a < g.lo.size(); ++a) {
+      int64_t size = t.size(static_cast<int64_t>(a));
+      if (size < g.lo[a] || size > g.hi[a]) {
+        throw RuntimeError("honed runtime: tensor input " + std::to_string(i) + " has shape " +
+                           shape_str(t.sizes()) + "; axis " + std::to_string(a) + " must be in [" +
+                           std::to_string(g.lo[a]) + ", " + std::to_string(g.hi[a]) +
+                           "] as compiled");
+      }
+      if (!g.groups[a].empty() && sizes.emplace(g.groups[a], size).first->second != size) {
+        throw RuntimeError("honed runtime: axis " + std::to_string(a) + " of tensor input " +
+                           std::to_string(i) + " must equal the other axes of dimension '" +
+                           g.groups[a] + "' (" + std::to_string(sizes[g.groups[a]]) + ")");
+      }
+    }
+  }
+}
+
+HostEnvironment host_environment(const c10::Device& device) {
+  HostEnvironment here;
+  here.torch = HONED_TORCH_VERSION;
+  here.cuda_available = torch::cuda::is_available();
+  if (here.cuda_available) {
+    GpuProbe probe = probe_gpus();
+    int index = device.is_cuda() && device.has_index() ? device.index() : 0;
+    for (const GpuInfo& gpu : probe.gpus) {
+      if (gpu.index != index) continue;
+      here.gpu = gpu.name;
+      here.compute_capability = std::to_string(gpu.cc_major) + "." + std::to_string(gpu.cc_minor);
+    }
+  }
+  return here;
+}
+
+// Writes the package where the loader can read it, and removes it once loaded (the loader
+// extracts what it needs into its own folder).
+std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const std::string& data,
+                                                                      const c10::Device& device,
+                                                                      int runners) {
+  std::string pattern = (fs::temp_directory_path() / "honed-runtime-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) {
+    throw RuntimeError("honed runtime: cannot create a temporary folder in " +
+                       fs::temp_directory_path().string() + "; set TMPDIR to a writable folder");
+  }
+  fs::path dir(pattern);
+  fs::path file = dir / kPackage;
+  std::ofstream(file, std::ios::binary)
+      .write(data.data(), static_cast<std::streamsize>(data.size()));
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
+  try {
+    c10::DeviceIndex index = device.is_cuda() ? (device.has_index() ? device.index() : 0) : -1;
+    loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+        file.string(), "model", false, static_cast<size_t>(std::max(runners, 1)), index);
+  } catch (...) {
+    fs::remove_all(dir);
+    throw;
+  }
+  fs::remove_all(dir);
+  return loader;
+}
+
+std::string describe_profile(const GraphProfile& p) {
+  std::string out;
+  for (size_t i = 0; i < p.axes.size(); ++i) {
+    out += (i ? ", " : "") + std::string("[");
+    for (size_t a = 0; a < p.axes[i].size(); ++a) {
+      const Axis& ax = p.axes[i][a];
+      out += (a ? ", " : "");
+      out += ax.min == ax.max ? std::to_string(ax.min)
+                              : (ax.name.empty() ? "" : ax.name + " ") + std::to_string(ax.min) +
+                                    ".." + std::to_string(ax.max);
+    }
+    out += "]";
+  }
+  return out;
+}
+
+}  // namespace
+
+struct Model::Impl {
+  c10::Device device{c10::kCPU};
+  ModelOptions options;
+  std::string path;
+  std::string module;
+  std::vector<Graph> graphs;
+  Dispatcher dispatcher;
+  Artifact artifact;  // the verified payload, sample and output entries
+  double load_seconds = 0;
+
+  void load(const std::string& artifact_path);
+  const ArtifactModule& pick_module() const;
+  std::string profiles() const;
+};
+
+const ArtifactModule& Model::Impl::pick_module() const {
+  std::string names;
+  for (const ArtifactModule& m : artifact.modules) {
+    if (m.name == options.module || (options.module.empty() && artifact.modules.size() == 1)) {
+      return m;
+    }
+    names += (names.empty() ? "" : ", ") + m.name;
+  }
+  throw RuntimeError("honed runtime: " + path + " holds module(s) " + names + "; " +
+                     (options.module.empty() ? "choose one with ModelOptions::module"
+                                             : "it has no module '" + options.module + "'"));
+}
+
+void Model::Impl::load(const std::string& artifact_path) {
+  auto keep = [](const std::string& name) { return name.rfind("weights/", 0) != 0; };
+  artifact = read_artifact(artifact_path, keep);  // the packages carry their own weights
+  std::string why =
+      incompatibility(artifact.environment, artifact.has_payload(), host_environment(device));
+  if (!why.empty()) {
+    throw IncompatibleArtifactError(path + " was made for " + why +
+                                    "; re-tune on this machine (honed.tune(..., target='cpp'))");
+  }
+  const ArtifactModule& m = pick_module();
+  module = m.name;
+  const bool saved_cuda = artifact.environment.device.rfind("cuda", 0) == 0;
+  if (saved_cuda != device.is_cuda()) {
+    throw RuntimeError("honed runtime: " + path + " was compiled for " +
+                       artifact.environment.device + ", not for " + device.str() +
+                       "; load it on a " + (saved_cuda ? "CUDA" : "CPU") + " device");
+  }
+  std::string skipped;
+  for (const ArtifactGraph& g : m.graphs) {
+    if (!g.runnable_from_cpp || !g.payload.count(kPackage) || !g.payload.count(kCalling)) {
+      skipped += (skipped.empty() ? "" : ", ") + g.backend;
+      continue;
+    }
+    Graph graph{g, parse_key(g.profile.graph_key),
+                parse_guards(artifact.entry(g.payload.at(kCalling))),
+                load_package(artifact.entry(g.payload.at(kPackage)), device, options.runners)};
+    dispatcher.add(g.profile, static_cast<int>(graphs.size()));
+    graphs.push_back(std::move(graph));
+  }
+  if (graphs.empty()) {
+    throw RuntimeError("honed runtime: module '" + module + "' of " + path +
+                       " has no graph the C++ runtime can run (its graphs use: " +
+                       (skipped.empty() ? "none" : skipped) +
+                       "); tune it with honed.tune(..., target='cpp') and save it again");
+  }
+}
+
+std::string Model::Impl::profiles() const {
+  std::string out;
+  for (size_t i = 0; i < graphs.size(); ++i) {
+    out += (i ? "; " : "") + std::string("graph ") + std::to_string(i) + ": " +
+           graphs[i].stored.profile.graph_key + " " + describe_profile(graphs[i].stored.profile);
+  }
+  return out;
+}
+
+Model::Model(const std::string& path, const c10::Device& device, const ModelOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  auto start = std::chrono::steady_clock::now();
+  // "cuda" means the first GPU: inputs' devices are compared with an indexed device.
+  impl_->device = device.is_cuda() && !device.has_index() ? c10::Device(c10::kCUDA, 0) : device;
+  impl_->options = options;
+  impl_->path = path;
+  impl_->load(path);
+  impl_->load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+Model::~Model() = default;
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+
+int Model::select(const std::vector<at::Tensor>& inputs) const {
+  const Impl& im = *impl_;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      throw RuntimeError("honed runtime: input " + std::to_string(i) + " is an undefined tensor");
+    }
+    if (inputs[i].device() != im.device) {
+      throw RuntimeError("honed runtime: input " + std::to_string(i) + " is on " +
+                         inputs[i].device().str() + " but the model runs on " + im.device.str() +
+                         "; move it with .to(model.device())");
+    }
+  }
+  std::string reasons;
+  for (const Graph& g : im.graphs) {
+    if (g.key.devices.size() != inputs.size()) continue;
+    Signature sig{g.key.structure, {}};
+    size_t t = 0;
+    for (const std::optional<Constant>& leaf : g.key.leaves) {
+      if (leaf) {
+        sig.leaves.emplace_back(*leaf);
+        continue;
+      }
+      const at::Tensor& x = inputs[t];
+      sig.leaves.emplace_back(
+          TensorSpec{x.sizes().vec(), dtype_name(x.scalar_type()), g.key.devices[t]});
+      ++t;
+    }
+    DispatchResult hit = im.dispatcher.lookup(sig);
+    if (hit.variant >= 0) return hit.variant;
+    if (reasons.find(hit.reason) == std::string::npos) {
+      reasons += (reasons.empty() ? "" : "; ") + hit.reason;
+    }
+  }
+  std::string shapes;
+  for (const at::Tensor& x : inputs) {
+    shapes += (shapes.empty() ? "" : ", ") + dtype_name(x.scalar_type()) + shape_str(x.sizes());
+  }
+  throw RuntimeError("honed runtime: module '" + im.module + "': no tuned graph takes inputs (" +
+                     shapes + ") [" +
+                     (reasons.empty() ? "wrong number of tensor inputs" : reasons) +
+                     "]. Stored profiles: " + im.profiles() +
+                     ". Tune with samples like these inputs to cover them");
+}
+
+std::vector<at::Tensor> Model::run(const std::vector<at::Tensor>& inputs, void* cuda_stream) const {
+  const Graph& g = impl_->graphs[static_cast<size_t>(select(inputs))];
+  if (impl_->options.check_inputs) check_guards(g.guards, inputs);
+  std::vector<at::Tensor> contiguous;
+  contiguous.reserve(inputs.size());
+  for (const at::Tensor& t : inputs) contiguous.push_back(t.contiguous());
+  return g.loader->run(contiguous, cuda_stream);
+}
+
+const c10::Device& Model::device() const { return impl_->device; }
+const std::string& Model::module_name() const { return impl_->module; }
+int Model::num_graphs() const { return static_cast<int>(impl_->graphs.size()); }
+double Model::load_seconds() const { return impl_->load_seconds; }
+
+std::string Model::describe() const {
+  std::string out;
+  for (size_t i = 0; i < impl_->graphs.size(); ++i) {
+    const Graph& g = impl_->graphs[i];
+    out += "graph " + std::to_string(i) + ": " + g.stored.backend + " " +
+           g.stored.profile.graph_key + " " + describe_profile(g.stored.profile) + "\n";
+  }
+  return out;
+}
+
+std::vector<int> Model::batch_axes(int graph) const {
+  return impl_->graphs.at(static_cast<size_t>(graph)).stored.profile.batch_axes;
+}
+
+std::vector<Sample> Model::samples() const {
+  std::vector<Sample> out;
+  for (size_t i = 0; i < impl_->graphs.size(); ++i) {
+    const ArtifactGraph& g = impl_->graphs[i].stored;
+    if (g.samples.empty()) continue;
+    Sample s;
+    s.graph = static_cast<int>(i);
+    for (at::Tensor& t : detail::tensors_with_prefix(impl_->artifact.entry(g.samples), "leaf")) {
+      s.inputs.push_back(t.to(impl_->device));
+    }
+    if (!g.outputs.empty()) {
+      for (at::Tensor& t : detail::tensors_with_prefix(impl_->artifact.entry(g.outputs), "out")) {
+        s.expected.push_back(t.to(impl_->device));
+      }
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace honed

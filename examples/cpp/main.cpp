@@ -1,0 +1,40 @@
+// examples/cpp/main.cpp: load a .honed artifact, run its stored sample, print (and save) outputs.
+//   honed_example MODEL.honed [DEVICE] [OUTPUTS.json]
+#include <honed/runtime.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iostream>
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: honed_example MODEL.honed [cpu|cuda] [OUTPUTS.json]\n";
+    return 2;
+  }
+  const torch::Device device(argc > 2 ? argv[2] : "cpu");
+  try {
+    honed::Model model(argv[1], device);  // verifies hashes and environment, loads the graphs
+    std::cout << "loaded " << model.module_name() << " in " << model.load_seconds() << " s\n";
+
+    // Any inputs inside the tuned profile work; here: the sample stored in the artifact.
+    std::vector<torch::Tensor> inputs = model.samples().at(0).inputs;
+    std::vector<torch::Tensor> outputs = model.run(inputs);
+
+    std::ofstream json(argc > 3 ? argv[3] : "/dev/null");
+    json << "[";
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      torch::Tensor out = outputs[i].to(torch::kCPU, torch::kDouble).contiguous();
+      std::cout << "output " << i << ": " << out.sizes() << "\n";
+      json << (i ? "," : "") << "{\"shape\":" << out.sizes() << ",\"values\":[";
+      const double* v = out.data_ptr<double>();
+      json.precision(17);
+      for (int64_t k = 0; k < out.numel(); ++k) json << (k ? "," : "") << v[k];
+      json << "]}";
+    }
+    json << "]\n";
+  } catch (const std::exception& e) {
+    std::cerr << "honed_example: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

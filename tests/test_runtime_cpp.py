@@ -1,0 +1,259 @@
+"""tests/test_runtime_cpp.py: the C++ runtime runs what Python tuned and saved, with its outputs.
+
+One AOTInductor tune of a small MLP (batch axis 1..8) is shared by every test: saved once, then
+run by ``honed-run --check``, by the GoogleTest suite of cpp/runtime and by the example program
+of examples/cpp, whose outputs are compared value by value with Python's. The C++ build is
+``make test-cpp``'s (build/cpp); HONED_TEST_CPP_BUILD names another build folder and
+HONED_TEST_DEVICE=cuda runs everything on CUDA (scripts/gpu-test.sh runtime).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import honed
+
+from conftest import TinyMLP, batches
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = Path(os.environ.get("HONED_TEST_CPP_BUILD", ROOT / "build" / "cpp"))
+RUNTIME = BUILD / "cpp" / "runtime"
+HONED_RUN = RUNTIME / "honed-run"
+DEVICE = os.environ.get("HONED_TEST_DEVICE", "cpu")
+
+pytestmark = [
+    pytest.mark.skipif(
+        not HONED_RUN.exists(),
+        reason=f"the C++ runtime is not built in {BUILD}: run `make test-cpp` first",
+    ),
+    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+def _tune(module: honed.Module) -> honed.TuneReport:
+    module.to(DEVICE)
+    data = [x.to(DEVICE) for x in batches(1, 4, 8, seed=3)]
+    with honed.config.patch(cache_enabled=False):
+        return honed.tune(
+            module,
+            data,
+            backends=[honed.backend.TorchInductorAotBackend()],
+            target="cpp",
+            device=DEVICE,
+        )
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[honed.TuneReport, Path]:
+    torch.manual_seed(0)
+    module = honed.Module(TinyMLP().eval(), "tiny")
+    with honed.config.patch(
+        isolation="none", warmup_ms=2.0, warmup_calls=2, window_ms=2.0, window_calls=3
+    ):
+        report = _tune(module)
+    path = honed.save(module, tmp_path_factory.mktemp("runtime") / "tiny.honed")
+    return report, path
+
+
+def _run(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _python_outputs(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stored sample and what honed.load-ed Python returns for it."""
+    module = honed.Module(TinyMLP().eval(), "tiny").to(DEVICE)
+    honed.load(module, path)
+    manifest, entries = honed.artifact.read_artifact(path)
+    graph = manifest["modules"][0]["graphs"][0]
+    sample = honed.artifact._decode_sample(entries[graph["samples"]], torch.device(DEVICE))
+    with torch.no_grad():
+        return sample.args[0], module(*sample.args).cpu()
+
+
+def test_target_cpp_is_in_the_report_and_the_manifest(
+    tuned: tuple[honed.TuneReport, Path],
+) -> None:
+    report, path = tuned
+    assert report.target == "cpp"
+    assert report.selected() == ["TorchInductorAotBackend"]
+    assert "target cpp" in report.graphs[0].decision
+    assert "target cpp" in report.to_markdown()
+    manifest, _ = honed.artifact.read_artifact(path)
+    graph = manifest["modules"][0]["graphs"][0]
+    assert graph["runnable_from_cpp"] is True
+    assert graph["outputs"] and graph["samples"]
+
+
+def test_target_cpp_refuses_backends_the_runtime_cannot_run() -> None:
+    module = honed.Module(TinyMLP().eval(), "tiny")
+    with pytest.raises(honed.InputError, match=r"target='cpp'.*TorchInductorAotBackend"):
+        honed.tune(module, batches(2), backends=[honed.backend.TorchEagerBackend()], target="cpp")
+    with pytest.raises(honed.InputError, match="target must be one of"):
+        honed.tune(module, batches(2), target="rust")
+
+
+def test_honed_run_checks_and_benchmarks(
+    tuned: tuple[honed.TuneReport, Path], tmp_path: Path
+) -> None:
+    _, path = tuned
+    out = tmp_path / "bench.json"
+    done = _run(
+        HONED_RUN, path, "--device", DEVICE, "--check", "--batch", "4", "--warmup-ms", "5",
+        "--iterations", "50", "--percentiles", "50,99.9", "--json", out,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"check +graph 0: ok", done.stdout), done.stdout
+    assert "throughput" in done.stdout and "p99" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["check"]["ok"] is True
+    assert result["check"]["graphs"][0]["max_abs_error"] < 1e-3
+    assert result["calls"] == 50 and result["batch_size"] == 4
+    assert result["device"] in (DEVICE, f"{DEVICE}:0")
+    assert 0 < result["load_s"] < 30
+    lat = result["latency"]
+    assert 0 < lat["median_ms"] <= lat["p99_ms"] and lat["cv"] >= 0
+    assert set(lat["percentiles_ms"]) == {"p50", "p99.9"}
+    assert result["throughput"] > 0
+
+
+def test_honed_run_threads_and_adaptive_protocol(tuned: tuple[honed.TuneReport, Path]) -> None:
+    _, path = tuned
+    done = _run(HONED_RUN, path, "--device", DEVICE, "--threads", "3", "--duration-s", "0.2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "on 3 thread(s)" in done.stdout
+    done = _run(HONED_RUN, path, "--device", DEVICE, "--warmup-ms", "5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"calls on 1 thread\(s\), [^,]+, (stable|UNSTABLE)", done.stdout)
+
+
+def test_honed_run_refuses_inputs_outside_every_profile(
+    tuned: tuple[honed.TuneReport, Path],
+) -> None:
+    _, path = tuned
+    done = _run(HONED_RUN, path, "--device", DEVICE, "--shapes", "64x16", "--iterations", "1")
+    assert done.returncode == 2
+    assert "no tuned graph takes inputs (float32[64, 16])" in done.stderr
+    assert "Stored profiles: graph 0" in done.stderr and "1..8" in done.stderr
+
+
+def _rewrite(
+    src: Path, dst: Path, entry_suffix: str, change: Callable[[bytes], bytes], rehash: bool
+) -> Path:
+    """A copy of ``src`` whose entry ending in ``entry_suffix`` is changed by ``change``."""
+    import hashlib
+
+    with zipfile.ZipFile(src) as zin:
+        files = {i.filename: zin.read(i.filename) for i in zin.infolist()}
+    manifest = json.loads(files["manifest.json"])
+    for name in files:
+        if name.endswith(entry_suffix):
+            files[name] = change(files[name])
+            if rehash:
+                manifest["entries"][name] = hashlib.sha256(files[name]).hexdigest()
+    files["manifest.json"] = json.dumps(manifest).encode()
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for name, data in files.items():
+            zout.writestr(name, data)
+    return dst
+
+
+def test_honed_run_refuses_a_tampered_artifact_and_fails_a_wrong_reference(
+    tuned: tuple[honed.TuneReport, Path], tmp_path: Path
+) -> None:
+    from safetensors.torch import load as st_load
+    from safetensors.torch import save as st_save
+
+    _, path = tuned
+    flipped = _rewrite(
+        path, tmp_path / "t.honed", "model.pt2", lambda b: b[:-9] + b"x" + b[-8:], rehash=False
+    )
+    done = _run(HONED_RUN, flipped, "--device", DEVICE, "--check")
+    assert done.returncode == 2
+    assert "model.pt2' of" in done.stderr and "SHA-256" in done.stderr
+
+    def wrong(data: bytes) -> bytes:
+        return st_save({k: v + 1 for k, v in st_load(data).items()})
+
+    bad_ref = _rewrite(path, tmp_path / "r.honed", ".outputs.safetensors", wrong, rehash=True)
+    done = _run(HONED_RUN, bad_ref, "--device", DEVICE, "--check", "--iterations", "1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "MISMATCH" in done.stdout
+
+
+def test_runtime_gtest_suite(tuned: tuple[honed.TuneReport, Path]) -> None:
+    _, path = tuned
+    env = {"HONED_TEST_ARTIFACT": str(path), "HONED_TEST_DEVICE": DEVICE}
+    done = _run(RUNTIME / "honed_runtime_tests", env=env)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "[  PASSED  ] 5 tests" in done.stdout and "SKIPPED" not in done.stdout
+
+
+def _doc_blocks() -> list[str]:
+    """The command blocks of README.md and docs/cpp.md marked as run here, in order."""
+    marker = r"<!--\s*run-by: tests/test_runtime_cpp.py\s*-->\s*\n```bash\n(.*?)```"
+    found = []
+    for doc in (ROOT / "README.md", ROOT / "docs" / "cpp.md"):
+        found += re.findall(marker, doc.read_text(), re.S)
+    return found
+
+
+@pytest.fixture(scope="module")
+def example(tuned: tuple[honed.TuneReport, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Runs the docs' command blocks line by line in one folder holding the saved model as
+    model.honed (so honed-run and the example's cmake commands are the documented ones), and
+    returns the example program they built."""
+    _, path = tuned
+    work = tmp_path_factory.mktemp("docs")
+    (work / "model.honed").write_bytes(path.read_bytes())
+    env = {**os.environ, "PATH": f"{RUNTIME}:{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    blocks = _doc_blocks()
+    assert len(blocks) >= 3
+    for block in blocks:
+        for line in block.splitlines():
+            if not shlex.split(line, comments=True):
+                continue
+            run = (
+                line.replace("--device cpu", f"--device {DEVICE}")
+                .replace("model.honed cpu", f"model.honed {DEVICE}")
+                .replace("$PWD/build/cpp", str(BUILD))
+                .replace("examples/cpp", str(ROOT / "examples" / "cpp"))
+            )
+            done = subprocess.run(
+                ["bash", "-c", run], cwd=work, env=env, capture_output=True, text=True
+            )
+            assert done.returncode == 0, f"docs: {line}\n{done.stdout}\n{done.stderr}"
+    assert json.loads((work / "bench.json").read_text())["check"]["ok"] is True
+    return work / "build" / "example" / "honed_example"
+
+
+def test_example_program_matches_python(
+    tuned: tuple[honed.TuneReport, Path], example: Path, tmp_path: Path
+) -> None:
+    _, path = tuned
+    out = tmp_path / "outputs.json"
+    done = _run(example, path, DEVICE, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "loaded tiny in" in done.stdout
+    cpp = json.loads(out.read_text())
+    x, python = _python_outputs(path)
+    assert len(cpp) == 1 and cpp[0]["shape"] == list(python.shape)
+    values = torch.tensor(cpp[0]["values"], dtype=torch.float64).reshape(python.shape)
+    # Same package, same inputs: the same kernels ran, so the values agree to float32 rounding.
+    torch.testing.assert_close(values, python.double(), rtol=1e-6, atol=1e-6)
+    assert x.shape[1] == 16
