@@ -19,12 +19,13 @@ test: lint test-cpp test-py
 
 setup: $(STAMP)/package $(STAMP)/bench-deps
 
-$(STAMP)/apt:
+# Re-checked when the package list (this Makefile) changes; installs only what is missing.
+$(STAMP)/apt: Makefile
 	@mkdir -p $(STAMP)
 	bash scripts/setup-system.sh $(APT_PACKAGES)
 	@touch $@
 
-$(STAMP)/venv: $(STAMP)/apt
+$(STAMP)/venv: | $(STAMP)/apt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==$(TORCH_VERSION)
