@@ -7,6 +7,7 @@ VPY := $(VENV)/bin/python
 STAMP := .stamp
 CPP_BUILD := build/cpp
 TORCH_VERSION ?= 2.13.0
+TORCHAO_VERSION ?= 0.18.0
 APT_PACKAGES := g++ make libgtest-dev chromium
 ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml
 
@@ -33,8 +34,16 @@ $(STAMP)/venv: $(STAMP)/apt
 	$(VPY) -m pip install -q onnx onnxruntime onnxscript  # ONNXRuntimeBackend; none needs torch
 	@touch $@
 
+# TorchAOBackend: torchao's pure-Python wheel (made for torch >= 2.11), fetched like the device's.
+# --no-deps: torchao declares none, and this never pulls another torch.
+$(STAMP)/torchao: $(STAMP)/venv scripts/fetch-device-wheels.sh
+	TORCHAO_VERSION=$(TORCHAO_VERSION) PY=$(VPY) bash scripts/fetch-device-wheels.sh
+	$(VPY) -m pip install -q --no-deps .whl/torchao-$(TORCHAO_VERSION)-py3-none-any.whl
+	$(VPY) -m pip check
+	@touch $@
+
 # --no-build-isolation: build against the torch already installed, never pull another one.
-$(STAMP)/package: $(STAMP)/venv $(ENGINE_SOURCES)
+$(STAMP)/package: $(STAMP)/venv $(STAMP)/torchao $(ENGINE_SOURCES)
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	$(VPY) -m nanobind.stubgen -q -m honed._core -o src/honed/_core.pyi
 	@touch $@

@@ -21,6 +21,11 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 step "build (no network, no build isolation)"
 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . 2>&1 | grep -v "^WARNING" | tail -20
 $PY -c "import honed; print('honed', honed.__version__)" || exit 1
+# Wheels carried in .whl/ (scripts/fetch-device-wheels.sh): torchao for TorchAOBackend.
+if ls .whl/torchao*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-deps --no-index .whl/torchao-*.whl 2>&1 | grep -v "^WARNING" | tail -5
+  $PY -c "import torchao; print('torchao', torchao.__version__)" || status=1
+fi
 
 if [ "$STAGE" = tests ] || [ "$STAGE" = all ]; then
   step "C++ tests"

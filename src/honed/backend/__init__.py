@@ -22,6 +22,7 @@ from honed.backend.torch_inductor_aot import (
     TorchInductorAotBackend,
     TorchInductorAotBackendConfig,
 )
+from honed.backend.torchao import TorchAOBackend, TorchAOBackendConfig
 
 __all__ = [
     "Availability",
@@ -33,6 +34,8 @@ __all__ = [
     "ONNXRuntimeBackend",
     "ONNXRuntimeBackendConfig",
     "Sample",
+    "TorchAOBackend",
+    "TorchAOBackendConfig",
     "TorchEagerBackend",
     "TorchEagerBackendConfig",
     "TorchInductorAotBackend",

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from honed.correctness import Tolerance
 from honed.errors import ConfigError
 
 
@@ -163,6 +164,19 @@ class Backend:
     ) -> Callable[..., Any]:
         """Load what ``export_payload`` stored; must not recompile."""
         raise NotImplementedError(f"{type(self).__name__} does not store a payload")
+
+    def supports(self, device: torch.device) -> Availability:
+        """Whether this backend, as configured, can run on ``device`` (e.g. a quantization scheme
+        that needs a newer GPU). ``available()`` says whether the library works at all."""
+        del device
+        return Availability(True)
+
+    def tolerance(self) -> Tolerance | None:
+        """The correctness tolerance for this backend's outputs; None uses the per-dtype default.
+
+        Backends that change numerics on purpose (quantization) return a looser one.
+        """
+        return None
 
     # -- what the tuner calls ------------------------------------------------------------------
     def build_graph(

@@ -10,6 +10,7 @@ from honed.backend.onnxruntime import ONNXRuntimeBackend
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
 from honed.backend.torch_inductor_aot import TorchInductorAotBackend
+from honed.backend.torchao import TorchAOBackend
 
 
 def builtin_backends() -> list[type[Backend]]:
@@ -20,6 +21,7 @@ def builtin_backends() -> list[type[Backend]]:
         TorchInductorAotBackend,
         CudaGraphsBackend,
         ONNXRuntimeBackend,
+        TorchAOBackend,
     ]
 
 
