@@ -239,6 +239,39 @@ def autocast_wrapper(
     return run
 
 
+class CastModule(torch.nn.Module):
+    """Runs ``inner`` in ``dtype``: floating inputs cast to it, outputs back to eager's dtypes."""
+
+    def __init__(
+        self, inner: torch.nn.Module, dtype: torch.dtype | None, out_dtypes: list[torch.dtype]
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.dtype = dtype
+        self.out_dtypes = out_dtypes
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+        if self.dtype is not None:
+            dtype = self.dtype
+            args, kwargs = tree_map(
+                lambda t: (
+                    t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                ),
+                (args, kwargs),
+            )
+        out = self.inner(*args, **kwargs)
+        leaves, spec = tree_flatten(out)
+        if len(leaves) != len(self.out_dtypes):
+            return out
+        cast = [
+            t.to(d) if isinstance(t, torch.Tensor) and t.dtype != d else t
+            for t, d in zip(leaves, self.out_dtypes, strict=True)
+        ]
+        return tree_unflatten(cast, spec)
+
+
 def device_of(module: torch.nn.Module, example_inputs: list[Sample]) -> torch.device:
     """Where ``module`` runs: its first parameter's device, else its inputs', else the CPU."""
     for p in module.parameters():

@@ -7,9 +7,11 @@ import torch
 from honed.backend.base import Availability, Backend
 from honed.backend.cuda_graphs import CudaGraphsBackend, CudaGraphsBackendConfig
 from honed.backend.onnxruntime import ONNXRuntimeBackend
+from honed.backend.tensorrt import TensorRTBackend
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
 from honed.backend.torch_inductor_aot import TorchInductorAotBackend
+from honed.backend.torch_tensorrt import TorchTensorRTAotBackend, TorchTensorRTJitBackend
 from honed.backend.torchao import TorchAOBackend
 
 
@@ -22,6 +24,9 @@ def builtin_backends() -> list[type[Backend]]:
         CudaGraphsBackend,
         ONNXRuntimeBackend,
         TorchAOBackend,
+        TensorRTBackend,
+        TorchTensorRTJitBackend,
+        TorchTensorRTAotBackend,
     ]
 
 

@@ -37,7 +37,14 @@ from typing import Any
 
 import torch
 
-from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
+from honed.backend.base import (
+    Availability,
+    Backend,
+    BackendConfig,
+    CastModule,
+    GraphInfo,
+    Sample,
+)
 from honed.backend.torch_inductor import _inductor_available
 from honed.correctness import Tolerance
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
@@ -354,39 +361,6 @@ def count_quantized(module: torch.nn.Module) -> int:
     return sum(1 for p in module.parameters() if isinstance(p.data, TorchAOBaseTensor))
 
 
-class _Cast(torch.nn.Module):
-    """Runs the quantized copy in ``dtype``: floating inputs in, eager's dtypes out."""
-
-    def __init__(
-        self, inner: torch.nn.Module, dtype: torch.dtype | None, out_dtypes: list[torch.dtype]
-    ) -> None:
-        super().__init__()
-        self.inner = inner
-        self.dtype = dtype
-        self.out_dtypes = out_dtypes
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
-
-        if self.dtype is not None:
-            dtype = self.dtype
-            args, kwargs = tree_map(
-                lambda t: (
-                    t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                ),
-                (args, kwargs),
-            )
-        out = self.inner(*args, **kwargs)
-        leaves, spec = tree_flatten(out)
-        if len(leaves) != len(self.out_dtypes):
-            return out
-        cast = [
-            t.to(d) if isinstance(t, torch.Tensor) and t.dtype != d else t
-            for t, d in zip(leaves, self.out_dtypes, strict=True)
-        ]
-        return tree_unflatten(cast, spec)
-
-
 class TorchAOBackend(Backend):
     """Quantizes a copy of the module with TorchAO and compiles it with Inductor."""
 
@@ -452,7 +426,7 @@ class TorchAOBackend(Backend):
                 "quantized (torchao quantizes nn.Linear layers, and fp8 only those whose in and "
                 "out features are multiples of 16); use another backend for this module"
             )
-        wrapped = _Cast(quantized, dtype, out_dtypes).eval()
+        wrapped = CastModule(quantized, dtype, out_dtypes).eval()
         if not cfg.compile:
             return wrapped
         kwargs: dict[str, Any] = {"backend": "inductor"}
