@@ -60,6 +60,12 @@ if [ "$STAGE" = bench ] || [ "$STAGE" = all ]; then
     | tee "$OUT/bert-tune.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
+  step "TorchAO schemes (cuda)"
+  (cd bench && $PY torchao_schemes.py --device cuda --json "$OUT/torchao-schemes.json") 2>&1 \
+    | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
+    | tee "$OUT/torchao-schemes.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
   step "tuning cache speed-up (cuda)"
   run $PY bench/cache_speedup.py --device cuda --json "$OUT/cache-cuda.json"
 fi
