@@ -243,7 +243,10 @@ class CastModule(torch.nn.Module):
     """Runs ``inner`` in ``dtype``: floating inputs cast to it, outputs back to eager's dtypes."""
 
     def __init__(
-        self, inner: torch.nn.Module, dtype: torch.dtype | None, out_dtypes: list[torch.dtype]
+        self,
+        inner: torch.nn.Module,
+        dtype: torch.dtype | None,
+        out_dtypes: list[torch.dtype | None],
     ) -> None:
         super().__init__()
         self.inner = inner
@@ -266,7 +269,7 @@ class CastModule(torch.nn.Module):
         if len(leaves) != len(self.out_dtypes):
             return out
         cast = [
-            t.to(d) if isinstance(t, torch.Tensor) and t.dtype != d else t
+            t.to(d) if isinstance(t, torch.Tensor) and d is not None and t.dtype != d else t
             for t, d in zip(leaves, self.out_dtypes, strict=True)
         ]
         return tree_unflatten(cast, spec)

@@ -610,7 +610,7 @@ class TensorRTBackend(Backend):
         inner = module
         if export_dtype is not None:
             leaves = torch.utils._pytree.tree_leaves(eager_out)
-            out_dtypes = [t.dtype for t in leaves if isinstance(t, torch.Tensor)]
+            out_dtypes = [t.dtype if isinstance(t, torch.Tensor) else None for t in leaves]
             inner = CastModule(copy.deepcopy(module).to(export_dtype), export_dtype, out_dtypes)
         wrapper = _FlatForward(inner, plan.calling, plan.spec, plan.template)
         calling = _onnx_calling(plan, eager_out, type(module).__name__)

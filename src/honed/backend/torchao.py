@@ -392,23 +392,25 @@ class TorchAOBackend(Backend):
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
     ) -> Callable[..., Any]:
-        if not example_inputs:
-            raise InputError("TorchAOBackend needs at least one recorded sample")
         cfg = self.config
+        dtype = cfg.compute_dtype()
+        if not example_inputs and dtype is not None:
+            raise InputError(
+                f"TorchAOBackend({cfg.scheme}) needs a recorded sample to learn the output dtypes "
+                f"it casts back from {dtype}"
+            )
         _require(self.available())
         _require(self.supports(graph.device))
         from torchao.quantization import quantize_
 
-        first = example_inputs[0]
-        with torch.no_grad():
-            eager_out = module(*first.args, **first.kwargs)
-        out_dtypes = [
-            t.dtype
-            for t in torch.utils._pytree.tree_leaves(eager_out)
-            if isinstance(t, torch.Tensor)
-        ]
+        out_dtypes: list[torch.dtype | None] = []  # per output leaf (None: not a tensor)
+        if example_inputs:
+            first = example_inputs[0]
+            with torch.no_grad():
+                eager_out = module(*first.args, **first.kwargs)
+            leaves = torch.utils._pytree.tree_leaves(eager_out)
+            out_dtypes = [t.dtype if isinstance(t, torch.Tensor) else None for t in leaves]
         quantized = copy.deepcopy(module)
-        dtype = cfg.compute_dtype()
         if dtype is not None:
             quantized.to(dtype)
         try:
