@@ -9,6 +9,7 @@ CPP_BUILD := build/cpp
 TORCH_VERSION ?= 2.13.0
 APT_PACKAGES := g++ make libgtest-dev chromium libzip-dev libssl-dev libcli11-dev
 ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml src/honed_jit.pth src/_honed_jit_hook.py
+TORCHAO_VERSION ?= 0.18.0
 
 .PHONY: demo test test-cpp test-py lint gpu-test bench-gpu bench-report clean setup
 
@@ -37,10 +38,16 @@ $(STAMP)/venv: | $(STAMP)/apt
 # bench/report.py draws its plots with matplotlib (tests/test_bench_suite.py checks them).
 $(STAMP)/bench-deps: $(STAMP)/venv
 	$(VPY) -m pip install -q matplotlib
+# TorchAOBackend: torchao's pure-Python wheel (made for torch >= 2.11), fetched like the device's.
+# --no-deps: torchao declares none, and this never pulls another torch.
+$(STAMP)/torchao: $(STAMP)/venv scripts/fetch-device-wheels.sh
+	TORCHAO_VERSION=$(TORCHAO_VERSION) PY=$(VPY) bash scripts/fetch-device-wheels.sh
+	$(VPY) -m pip install -q --no-deps .whl/torchao-$(TORCHAO_VERSION)-py3-none-any.whl
+	$(VPY) -m pip check
 	@touch $@
 
 # --no-build-isolation: build against the torch already installed, never pull another one.
-$(STAMP)/package: $(STAMP)/venv $(ENGINE_SOURCES)
+$(STAMP)/package: $(STAMP)/venv $(STAMP)/torchao $(ENGINE_SOURCES)
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	$(VPY) -m nanobind.stubgen -q -m honed._core -o src/honed/_core.pyi
 	@touch $@

@@ -34,6 +34,11 @@ fi
 step "build (no network, no build isolation)"
 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . 2>&1 | grep -v "^WARNING" | tail -20
 $PY -c "import honed; print('honed', honed.__version__)" || exit 1
+# Wheels carried in .whl/ (scripts/fetch-device-wheels.sh): torchao for TorchAOBackend.
+if ls .whl/torchao*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-deps --no-index .whl/torchao-*.whl 2>&1 | grep -v "^WARNING" | tail -5
+  $PY -c "import torchao; print('torchao', torchao.__version__)" || status=1
+fi
 
 if [ "$STAGE" = tests ] || [ "$STAGE" = all ]; then
   step "C++ tests"
@@ -67,6 +72,12 @@ if [ "$STAGE" = bench ] || [ "$STAGE" = all ]; then
   (cd bench && $PY tune_model.py --device cuda --batches 8 16 --json "$OUT/bert-tune.json") 2>&1 \
     | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
     | tee "$OUT/bert-tune.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+  step "TorchAO schemes (cuda)"
+  (cd bench && $PY torchao_schemes.py --device cuda --json "$OUT/torchao-schemes.json") 2>&1 \
+    | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
+    | tee "$OUT/torchao-schemes.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
   step "tuning cache speed-up (cuda)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -261,3 +262,31 @@ def test_tune_on_cuda_without_cuda_stops_with_the_diagnosis() -> None:
     assert "never falls back to the CPU silently" in message
     assert "CPU-only build" in message or "no NVIDIA driver" in message
     assert "honed doctor --device cuda" in message
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed here"
+)
+def test_tensorrt_backends_are_listed_unavailable_with_reason_and_fix() -> None:
+    report = doctor.diagnose("cpu")
+    rows = {b["name"]: b for b in report.backends}
+    for name in ("TensorRTBackend", "TorchTensorRTJitBackend", "TorchTensorRTAotBackend"):
+        assert rows[name]["available"] is False
+        assert rows[name]["reason"] and rows[name]["fix"]
+    assert rows["TensorRTBackend"]["reason"] == "TensorRT is not installed"
+    assert "pip install tensorrt" in rows["TensorRTBackend"]["fix"]
+    if importlib.util.find_spec("torch_tensorrt") is None:
+        minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+        assert rows["TorchTensorRTAotBackend"]["reason"] == "Torch-TensorRT is not installed"
+        assert f"torch-tensorrt=={minor}.*" in rows["TorchTensorRTAotBackend"]["fix"]
+    assert report.ok  # none of them blocks the CPU path
+
+
+def test_broken_torchao_makes_only_the_torchao_backend_unavailable(
+    broken_report: tuple[int, dict[str, Any]],
+) -> None:
+    _, report = broken_report
+    rows = {b["name"]: b for b in report["backends"]}
+    assert rows["TorchAOBackend"]["available"] is False
+    assert "register_constant" in rows["TorchAOBackend"]["reason"]
+    assert rows["TorchInductorBackend"]["available"] is True

@@ -17,7 +17,7 @@ import torch
 
 from honed import _core, config
 from honed.backend.base import Backend, GraphInfo, Sample
-from honed.correctness import CheckResult, compare
+from honed.correctness import CheckResult, Tolerance, compare
 
 log = logging.getLogger("honed")
 
@@ -159,6 +159,13 @@ def evaluate(
             f"unavailable: {available.reason}"
             + (f" (fix: {available.fix})" if available.fix else ""),
         )
+    supported = backend.supports(graph.device)
+    if not supported:
+        return _fail(
+            outcome,
+            f"unavailable: {supported.reason}"
+            + (f" (fix: {supported.fix})" if supported.fix else ""),
+        )
     stage = "build"
     _enter("build")
     try:
@@ -175,7 +182,9 @@ def evaluate(
             outcome.build_s = time.perf_counter() - started
             stage = "check"
             _enter("check")
-            outcome.check = _check(fn, samples, references, _reduced_precision(backend))
+            outcome.check = _check(
+                fn, samples, references, _reduced_precision(backend), backend.tolerance()
+            )
         if not outcome.check.ok:
             outcome.status, outcome.reason = "rejected", outcome.check.reason
             return outcome
@@ -232,12 +241,16 @@ def _reduced_precision(backend: Backend) -> bool:
 
 
 def _check(
-    fn: Callable[..., Any], samples: list[Sample], references: list[Any], reduced: bool
+    fn: Callable[..., Any],
+    samples: list[Sample],
+    references: list[Any],
+    reduced: bool,
+    tolerance: Tolerance | None = None,
 ) -> CheckResult:
     result = CheckResult(True)
     for sample, ref in zip(samples, references, strict=True):
         out = fn(*sample.args, **sample.kwargs)
-        result = result.merge(compare(ref, out, reduced))
+        result = result.merge(compare(ref, out, reduced, tolerance))
         if not result.ok:
             break
     return result

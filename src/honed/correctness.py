@@ -52,19 +52,29 @@ class CheckResult:
         )
 
 
-def compare(reference: Any, candidate: Any, reduced_precision: bool = False) -> CheckResult:
-    """Check ``candidate`` against ``reference`` (eager outputs of the same inputs)."""
+def compare(
+    reference: Any,
+    candidate: Any,
+    reduced_precision: bool = False,
+    tolerance: Tolerance | None = None,
+) -> CheckResult:
+    """Check ``candidate`` against ``reference`` (eager outputs of the same inputs).
+
+    ``tolerance`` replaces the per-dtype one for floating outputs (quantized backends).
+    """
     ref_leaves, ref_spec = pytree.tree_flatten(reference)
     out_leaves, out_spec = pytree.tree_flatten(candidate)
     if ref_spec != out_spec:
         return CheckResult(False, f"wrong output structure: expected {ref_spec}, got {out_spec}")
     result = CheckResult(True)
     for i, (ref, out) in enumerate(zip(ref_leaves, out_leaves, strict=True)):
-        result = result.merge(_compare_leaf(i, ref, out, reduced_precision))
+        result = result.merge(_compare_leaf(i, ref, out, reduced_precision, tolerance))
     return result
 
 
-def _compare_leaf(i: int, ref: Any, out: Any, reduced_precision: bool) -> CheckResult:
+def _compare_leaf(
+    i: int, ref: Any, out: Any, reduced_precision: bool, tolerance: Tolerance | None
+) -> CheckResult:
     if not isinstance(ref, torch.Tensor):
         if isinstance(out, torch.Tensor) or ref != out:
             return CheckResult(False, f"wrong outputs: output {i} is {out!r}, expected {ref!r}")
@@ -103,7 +113,7 @@ def _compare_leaf(i: int, ref: Any, out: Any, reduced_precision: bool) -> CheckR
     scale = float(r.abs().max())
     max_rel = float((diff / r.abs().clamp_min(max(scale * 1e-3, 1e-12))).max())
     cos = _cosine(r, o)
-    tol = tolerance_for(ref.dtype, reduced_precision)
+    tol = tolerance or tolerance_for(ref.dtype, reduced_precision)
     allowed = tol.atol * max(1.0, scale) + tol.rtol * r.abs()
     ok = bool((diff <= allowed).all()) and cos >= tol.min_cosine
     reason = ""
@@ -111,6 +121,7 @@ def _compare_leaf(i: int, ref: Any, out: Any, reduced_precision: bool) -> CheckR
         reason = (
             f"wrong outputs: output {i} max abs error {max_abs:.3g} (rel {max_rel:.3g}, "
             f"cosine {cos:.6f}) exceeds atol={tol.atol:g}, rtol={tol.rtol:g}"
+            + (f", min cosine {tol.min_cosine:g}" if tol.min_cosine else "")
         )
     return CheckResult(ok, reason, max_abs, max_rel, cos)
 

@@ -16,12 +16,20 @@ from honed.backend.base import (
 from honed.backend.cuda_graphs import CudaGraphsBackend, CudaGraphsBackendConfig
 from honed.backend.onnxruntime import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
 from honed.backend.registry import available_backends, builtin_backends, default_backends
+from honed.backend.tensorrt import TensorRTBackend, TensorRTBackendConfig
 from honed.backend.torch_eager import TorchEagerBackend, TorchEagerBackendConfig
 from honed.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
 from honed.backend.torch_inductor_aot import (
     TorchInductorAotBackend,
     TorchInductorAotBackendConfig,
 )
+from honed.backend.torch_tensorrt import (
+    TorchTensorRTAotBackend,
+    TorchTensorRTAotBackendConfig,
+    TorchTensorRTJitBackend,
+    TorchTensorRTJitBackendConfig,
+)
+from honed.backend.torchao import TorchAOBackend, TorchAOBackendConfig
 
 __all__ = [
     "Availability",
@@ -33,12 +41,20 @@ __all__ = [
     "ONNXRuntimeBackend",
     "ONNXRuntimeBackendConfig",
     "Sample",
+    "TensorRTBackend",
+    "TensorRTBackendConfig",
+    "TorchAOBackend",
+    "TorchAOBackendConfig",
     "TorchEagerBackend",
     "TorchEagerBackendConfig",
     "TorchInductorAotBackend",
     "TorchInductorAotBackendConfig",
     "TorchInductorBackend",
     "TorchInductorBackendConfig",
+    "TorchTensorRTAotBackend",
+    "TorchTensorRTAotBackendConfig",
+    "TorchTensorRTJitBackend",
+    "TorchTensorRTJitBackendConfig",
     "available_backends",
     "backend_from_recipe",
     "builtin_backends",

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from honed.correctness import Tolerance
 from honed.errors import ConfigError
 
 
@@ -167,6 +168,19 @@ class Backend:
         """Load what ``export_payload`` stored; must not recompile."""
         raise NotImplementedError(f"{type(self).__name__} does not store a payload")
 
+    def supports(self, device: torch.device) -> Availability:
+        """Whether this backend, as configured, can run on ``device`` (e.g. a quantization scheme
+        that needs a newer GPU). ``available()`` says whether the library works at all."""
+        del device
+        return Availability(True)
+
+    def tolerance(self) -> Tolerance | None:
+        """The correctness tolerance for this backend's outputs; None uses the per-dtype default.
+
+        Backends that change numerics on purpose (quantization) return a looser one.
+        """
+        return None
+
     # -- what the tuner calls ------------------------------------------------------------------
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
@@ -226,6 +240,42 @@ def autocast_wrapper(
         )
 
     return run
+
+
+class CastModule(torch.nn.Module):
+    """Runs ``inner`` in ``dtype``: floating inputs cast to it, outputs back to eager's dtypes."""
+
+    def __init__(
+        self,
+        inner: torch.nn.Module,
+        dtype: torch.dtype | None,
+        out_dtypes: list[torch.dtype | None],
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.dtype = dtype
+        self.out_dtypes = out_dtypes
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+        if self.dtype is not None:
+            dtype = self.dtype
+            args, kwargs = tree_map(
+                lambda t: (
+                    t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                ),
+                (args, kwargs),
+            )
+        out = self.inner(*args, **kwargs)
+        leaves, spec = tree_flatten(out)
+        if len(leaves) != len(self.out_dtypes):
+            return out
+        cast = [
+            t.to(d) if isinstance(t, torch.Tensor) and d is not None and t.dtype != d else t
+            for t, d in zip(leaves, self.out_dtypes, strict=True)
+        ]
+        return tree_unflatten(cast, spec)
 
 
 def device_of(module: torch.nn.Module, example_inputs: list[Sample]) -> torch.device:

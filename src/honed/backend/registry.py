@@ -7,9 +7,12 @@ import torch
 from honed.backend.base import Availability, Backend
 from honed.backend.cuda_graphs import CudaGraphsBackend, CudaGraphsBackendConfig
 from honed.backend.onnxruntime import ONNXRuntimeBackend
+from honed.backend.tensorrt import TensorRTBackend
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
 from honed.backend.torch_inductor_aot import TorchInductorAotBackend
+from honed.backend.torch_tensorrt import TorchTensorRTAotBackend, TorchTensorRTJitBackend
+from honed.backend.torchao import TorchAOBackend
 
 
 def builtin_backends() -> list[type[Backend]]:
@@ -20,6 +23,10 @@ def builtin_backends() -> list[type[Backend]]:
         TorchInductorAotBackend,
         CudaGraphsBackend,
         ONNXRuntimeBackend,
+        TorchAOBackend,
+        TensorRTBackend,
+        TorchTensorRTJitBackend,
+        TorchTensorRTAotBackend,
     ]
 
 
