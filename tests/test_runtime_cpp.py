@@ -26,7 +26,7 @@ import honed
 from conftest import TinyMLP, batches
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD = Path(os.environ.get("HONED_TEST_CPP_BUILD", ROOT / "build" / "cpp"))
+BUILD = Path(os.environ.get("HONED_TEST_CPP_BUILD", ROOT / "build" / "cpp")).resolve()
 RUNTIME = BUILD / "cpp" / "runtime"
 HONED_RUN = RUNTIME / "honed-run"
 DEVICE = os.environ.get("HONED_TEST_DEVICE", "cpu")
@@ -65,13 +65,16 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[honed.TuneReport, P
     return report, path
 
 
-def _run(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    *args: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(a) for a in args],
         capture_output=True,
         text=True,
         timeout=600,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -257,3 +260,18 @@ def test_example_program_matches_python(
     # Same package, same inputs: the same kernels ran, so the values agree to float32 rounding.
     torch.testing.assert_close(values, python.double(), rtol=1e-6, atol=1e-6)
     assert x.shape[1] == 16
+
+
+def test_the_docs_cpp_fragment_is_the_examples_and_runs(example: Path) -> None:
+    """docs/cpp.md's C++ block is compiled as part of examples/cpp and run on the saved model."""
+    text = (ROOT / "docs" / "cpp.md").read_text()
+    blocks = re.findall(r"```cpp\n(.*?)```", text, re.S)
+    assert len(blocks) == 1
+    source = (ROOT / "examples" / "cpp" / "main.cpp").read_text()
+    for line in blocks[0].splitlines():
+        assert line.strip() in source, f"docs/cpp.md line not in examples/cpp/main.cpp: {line}"
+    if DEVICE != "cpu":
+        pytest.skip("the fragment loads on CPU; this artifact was saved on CUDA")
+    done = _run(example, "--docs-fragment", cwd=example.parent.parent.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "docs fragment: output 0: [8, 4]" in done.stdout
