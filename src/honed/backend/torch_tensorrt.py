@@ -206,14 +206,11 @@ class TorchTensorRTJitBackendConfig(BackendConfig):
         self.compile_config = settings_dict(self.compile_config)
 
 
-class TorchTensorRTJitBackend(Backend):
-    """``torch.compile(backend="torch_tensorrt")``: TensorRT engines built on the first call."""
+class _TorchTensorRTBackend(Backend):
+    """What the JIT and AOT Torch-TensorRT backends share: availability, devices, tolerance."""
 
-    config_class = TorchTensorRTJitBackendConfig
-    portability = 6
-    jit = True
     requires = ("torch_tensorrt",)
-    config: TorchTensorRTJitBackendConfig
+    config: TorchTensorRTJitBackendConfig | TorchTensorRTAotBackendConfig
 
     @classmethod
     def available(cls) -> Availability:
@@ -227,6 +224,15 @@ class TorchTensorRTJitBackend(Backend):
 
     def tolerance(self) -> Tolerance | None:
         return REDUCED if reduced_precision(self.config.compile_config) else None
+
+
+class TorchTensorRTJitBackend(_TorchTensorRTBackend):
+    """``torch.compile(backend="torch_tensorrt")``: TensorRT engines built on the first call."""
+
+    config_class = TorchTensorRTJitBackendConfig
+    portability = 6
+    jit = True
+    config: TorchTensorRTJitBackendConfig
 
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
@@ -321,27 +327,13 @@ class TorchTrtCompiled:
         return self.module(*tensors)
 
 
-class TorchTensorRTAotBackend(Backend):
+class TorchTensorRTAotBackend(_TorchTensorRTBackend):
     """Compiles the exported module with Torch-TensorRT ahead of time (an exported program)."""
 
     config_class = TorchTensorRTAotBackendConfig
     portability = 6
     saves_payload = True
-    requires = ("torch_tensorrt",)
     config: TorchTensorRTAotBackendConfig
-
-    @classmethod
-    def available(cls) -> Availability:
-        try:
-            return torch_tensorrt_available()
-        except Exception as e:  # never raise from available()
-            return Availability(False, f"checking Torch-TensorRT failed: {e}", "reinstall it")
-
-    def supports(self, device: torch.device) -> Availability:
-        return _supports(device)
-
-    def tolerance(self) -> Tolerance | None:
-        return REDUCED if reduced_precision(self.config.compile_config) else None
 
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
