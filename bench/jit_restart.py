@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import commit  # bench/provenance.py
 
 import honed
 from honed import _core
@@ -71,19 +72,6 @@ REUSED = re.compile(
 )
 CHECK = re.compile(r"graph breaks in Net \S+\. (Checking|Reusing the cached check) took (\S+)s")
 SELECTED = re.compile(r"Selected (.+?) for Net")
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _eager_outputs(state: dict[str, Any], device: str) -> list[torch.Tensor]:
@@ -274,7 +262,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
         "bench": "jit_restart",
-        "commit": _commit(),
+        "commit": commit(),
         "device": args.device,
         "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
         "torch": torch.__version__,

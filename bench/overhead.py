@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import commit  # bench/provenance.py
 
 import honed
 from honed import _core
@@ -28,19 +28,6 @@ from honed.backend import Backend, TorchInductorBackend
 class _Eager(Backend):
     def build(self, module: torch.nn.Module, example_inputs: list[Any]) -> Any:
         return module
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def measure(backend: Backend, device: torch.device, calls: int) -> dict[str, float]:
@@ -81,7 +68,7 @@ def main() -> int:
     }
     record = {
         "bench": "overhead",
-        "commit": _commit(),
+        "commit": commit(),
         "device": str(device),
         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
         "torch": torch.__version__,

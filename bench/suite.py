@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 from models import SPECS  # bench/models.py (the script's folder is on sys.path)
+from provenance import commit  # bench/provenance.py
 
 import honed
 from honed import _core
@@ -70,26 +71,6 @@ PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 
 
 # -- environment -------------------------------------------------------------------------------
-def commit() -> str:
-    """HONED_COMMIT when set (the device's copy of the tree has no .git of its own), else git."""
-    named = os.environ.get("HONED_COMMIT")
-    if named:
-        return named
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=True,
-        ).stdout.strip()
-        if out:
-            return out
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return "unknown"
-
-
 def _version(*dists: str) -> str | None:
     from importlib import metadata
 
