@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -37,6 +41,57 @@ class KwModel(nn.Module):
 def batches(*sizes: int, dim: int = 16, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(b, dim, generator=g) for b in sizes]
+
+
+_LOADER = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+import honed
+{prelude}
+model = honed.Module({model}, {name!r})
+honed.load(model, {artifact!r})
+assert model.is_tuned, "no variant was installed"
+x = torch.load({inputs!r})
+with torch.no_grad():
+    torch.save([model(t) for t in x], {outputs!r})
+backend = model.variants[0].backend
+print("BACKEND", type(backend).__name__)
+print("NAME", backend.name)
+"""
+
+
+class Loaded(NamedTuple):
+    backend_class: str  # the installed variant's backend class
+    backend_name: str  # and its name with the config
+    outputs: list[torch.Tensor]
+
+
+def load_in_new_process(
+    artifact: Path,
+    inputs: list[torch.Tensor],
+    tmp_path: Path,
+    model: str = "TinyMLP().eval()",
+    name: str = "tiny",
+    prelude: str = "from conftest import TinyMLP",
+) -> Loaded:
+    """honed.load ``artifact`` into a fresh ``model`` (Python source) in a new interpreter and run
+    it on ``inputs``; ``prelude`` runs first (imports, patches)."""
+    torch.save(inputs, tmp_path / "x.pt")
+    script = textwrap.dedent(_LOADER).format(
+        tests=str(Path(__file__).parent),
+        prelude=prelude,
+        model=model,
+        name=name,
+        artifact=str(artifact),
+        inputs=str(tmp_path / "x.pt"),
+        outputs=str(tmp_path / "y.pt"),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    return Loaded(lines["BACKEND"], lines["NAME"], torch.load(tmp_path / "y.pt"))
 
 
 @pytest.fixture(autouse=True)

@@ -30,7 +30,7 @@ from honed.backend.onnxruntime import (
     tensorrt_profiles,
 )
 
-from conftest import KwModel, TinyMLP, batches
+from conftest import KwModel, TinyMLP, batches, load_in_new_process
 
 CPU = torch.device("cpu")
 
@@ -289,21 +289,12 @@ def test_plain_run_and_torchscript_exporter_match_eager(mlp: nn.Module) -> None:
 
 
 # -- end to end --------------------------------------------------------------------------------
-LOADER = """
-import sys, torch
-sys.path.insert(0, {tests!r})
-import honed
-import honed.backend.onnxruntime  # not yet in the registry: makes the class known to load
+NO_EXPORT_WHILE_LOADING = """
+import honed.backend.onnxruntime  # makes the class known to load
 from conftest import TinyMLP
 def refuse(*args, **kwargs):
     raise AssertionError("torch.onnx.export was called while loading")
 torch.onnx.export = refuse  # the stored model.onnx must load as it is
-model = honed.Module(TinyMLP().eval(), "tiny")
-honed.load(model, {artifact!r})
-assert model.is_tuned, "no variant was installed"
-x = torch.load({inputs!r})
-torch.save([model(t) for t in x], {outputs!r})
-print("BACKEND", type(model.variants[0].backend).__name__)
 """
 
 
@@ -320,17 +311,7 @@ def test_tune_save_load_in_a_new_process(tmp_path: Path) -> None:
 
     artifact = tmp_path / "onnx.honed"
     honed.save(model, artifact)
-    torch.save([inside], tmp_path / "x.pt")
-    script = textwrap.dedent(LOADER).format(
-        tests=str(Path(__file__).parent),
-        artifact=str(artifact),
-        inputs=str(tmp_path / "x.pt"),
-        outputs=str(tmp_path / "y.pt"),
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "BACKEND ONNXRuntimeBackend" in proc.stdout
-    (got,) = torch.load(tmp_path / "y.pt")
+    loaded = load_in_new_process(artifact, [inside], tmp_path, prelude=NO_EXPORT_WHILE_LOADING)
+    assert loaded.backend_class == "ONNXRuntimeBackend"
+    (got,) = loaded.outputs
     torch.testing.assert_close(got, model.module(inside))

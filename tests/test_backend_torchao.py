@@ -32,7 +32,7 @@ from honed.backend.torchao import (
 )
 from honed.correctness import compare
 
-from conftest import TinyMLP, batches
+from conftest import TinyMLP, batches, load_in_new_process
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.filterwarnings("ignore:.*_stable_hash_for_caching:UserWarning")
@@ -289,21 +289,6 @@ def test_cpu_tune_reports_gpu_only_schemes_as_unavailable() -> None:
     assert "unavailable: TorchAO scheme fp8_dynamic runs on CUDA GPUs only" in row.reason
 
 
-LOADER = """
-import sys, torch
-sys.path.insert(0, {tests!r})
-import honed
-from test_backend_torchao import Wide
-model = honed.Module(Wide().eval(), "wide")
-honed.load(model, {artifact!r})
-assert model.is_tuned, "no variant was installed"
-x = torch.load({inputs!r})
-with torch.no_grad():
-    torch.save([model(t) for t in x], {outputs!r})
-print("BACKEND", model.variants[0].backend.name)
-"""
-
-
 @needs_torchao
 @pytest.mark.slow
 def test_tune_check_save_load_in_a_new_process(tmp_path: Path) -> None:
@@ -321,19 +306,16 @@ def test_tune_check_save_load_in_a_new_process(tmp_path: Path) -> None:
     assert compare(eager, tuned, tolerance=backend.tolerance()).ok
     artifact = tmp_path / "ao.honed"
     honed.save(model, artifact)
-    torch.save([inside], tmp_path / "x.pt")
-    script = textwrap.dedent(LOADER).format(
-        tests=str(Path(__file__).parent),
-        artifact=str(artifact),
-        inputs=str(tmp_path / "x.pt"),
-        outputs=str(tmp_path / "y.pt"),
+    loaded = load_in_new_process(
+        artifact,
+        [inside],
+        tmp_path,
+        model="Wide().eval()",
+        name="wide",
+        prelude="from test_backend_torchao import Wide",
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"BACKEND {backend.name}" in proc.stdout
-    (got,) = torch.load(tmp_path / "y.pt")
+    assert loaded.backend_name == backend.name
+    (got,) = loaded.outputs
     # Same weights quantize to the same tensors: the loaded model matches the tuned one.
     torch.testing.assert_close(got, tuned, atol=1e-5, rtol=1e-5)
     assert compare(eager, got, tolerance=backend.tolerance()).ok

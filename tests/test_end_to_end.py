@@ -8,9 +8,6 @@ match eager.
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -25,7 +22,7 @@ from honed.backend import (
     TorchInductorBackend,
 )
 
-from conftest import TinyMLP, batches
+from conftest import TinyMLP, batches, load_in_new_process
 
 CASES: dict[str, Backend] = {
     "eager": TorchEagerBackend(),
@@ -35,19 +32,6 @@ CASES: dict[str, Backend] = {
     "inductor": TorchInductorBackend(),
     "aot-inductor": TorchInductorAotBackend(),
 }
-
-LOADER = """
-import sys, torch
-sys.path.insert(0, {tests!r})
-import honed
-from conftest import TinyMLP
-model = honed.Module(TinyMLP().eval(), "tiny")
-honed.load(model, {artifact!r})
-assert model.is_tuned, "no variant was installed"
-x = torch.load({inputs!r})
-torch.save([model(t) for t in x], {outputs!r})
-print("BACKEND", type(model.variants[0].backend).__name__)
-"""
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -70,18 +54,8 @@ def test_tune_save_load_in_a_new_process_and_serve(
 
     artifact = tmp_path / f"{case}.honed"
     honed.save(model, artifact)
-    torch.save([inside, outside], tmp_path / "x.pt")
-    script = textwrap.dedent(LOADER).format(
-        tests=str(Path(__file__).parent),
-        artifact=str(artifact),
-        inputs=str(tmp_path / "x.pt"),
-        outputs=str(tmp_path / "y.pt"),
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"BACKEND {type(backend).__name__}" in proc.stdout
-    got_inside, got_outside = torch.load(tmp_path / "y.pt")
+    loaded = load_in_new_process(artifact, [inside, outside], tmp_path)
+    assert loaded.backend_class == type(backend).__name__
+    got_inside, got_outside = loaded.outputs
     torch.testing.assert_close(got_inside, model(inside))
     torch.testing.assert_close(got_outside, model.module(outside))
