@@ -208,7 +208,8 @@ def render(merged: dict[str, Any], goals: dict[str, Any], plots: list[str], note
         "",
         "Speed-up = eager fp32 median / median of honed's selection, both measured by the "
         "independent check: every candidate that passed honed's correctness gate rebuilt by the "
-        "suite and re-measured round-robin with CUDA events, outside honed's selection.",
+        "suite and re-measured round-robin (each call timed by itself with CUDA events, as honed "
+        "times it), outside honed's selection.",
         "",
     ]
     if not merged["runs"]:

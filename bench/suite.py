@@ -9,8 +9,8 @@ Per model and batch (llama-bench style: lists of models and batches, the product
      (median, p99, throughput, build time, max error, status, latency samples) and its selection;
      tuning wall time;
   2. an independent check outside honed's selection: every candidate that passed is rebuilt here
-     and re-measured round-robin with a plain CUDA-event loop (host clock on CPU), rotating the
-     order each round; the best median and how far honed's selection is from it;
+     and re-measured round-robin, each call timed alone with CUDA events (host clock on CPU),
+     rotating the order each round; the best median and how far honed's selection is from it;
   3. optionally the time of torch.compile(mode="max-autotune") alone (compile + first call), in a
      fresh process with a cold compile cache and a timeout.
 Plus the per-call overhead of honed.Module (bench/overhead.py) and, with --knee, the throughput
@@ -123,28 +123,30 @@ def precision(name: str) -> str:
 
 
 # -- the independent check ---------------------------------------------------------------------
-def _timer(device: torch.device) -> Callable[[Callable[[], Any], int], float]:
-    """Per-call milliseconds of ``k`` back-to-back calls: CUDA events, or the host clock."""
+def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
+    """Milliseconds of one call, waited for: CUDA events around it, or the host clock.
+
+    One call at a time (as a batch-1 request is served) measures the latency honed ranks by;
+    back-to-back calls would hide a backend's host overhead behind the previous call's kernels.
+    """
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-        def cuda_block(fn: Callable[[], Any], k: int) -> float:
+        def cuda_call(fn: Callable[[], Any]) -> float:
             start.record()
-            for _ in range(k):
-                fn()
+            fn()
             end.record()
             end.synchronize()
-            return float(start.elapsed_time(end)) / k
+            return float(start.elapsed_time(end))
 
-        return cuda_block
+        return cuda_call
 
-    def host_block(fn: Callable[[], Any], k: int) -> float:
+    def host_call(fn: Callable[[], Any]) -> float:
         started = time.perf_counter()
-        for _ in range(k):
-            fn()
-        return (time.perf_counter() - started) * 1e3 / k
+        fn()
+        return (time.perf_counter() - started) * 1e3
 
-    return host_block
+    return host_call
 
 
 def round_robin(
@@ -154,12 +156,13 @@ def round_robin(
     rounds: int,
     block_ms: float,
 ) -> dict[str, dict[str, Any]]:
-    """Each fn measured in blocks of calls, A B C / B C A / ... so drift hits all alike.
+    """Each fn measured in blocks of single timed calls, A B C / B C A / ... so drift hits all
+    alike.
 
     Warm-up follows the protocol (>= warmup_calls and >= warmup_ms per fn); each block aims at
-    ``block_ms``; one sample = one block's mean per-call time.
+    ``block_ms``; every call is one sample.
     """
-    block = _timer(device)
+    timed = _timer(device)
     per_call: dict[str, float] = {}
     for name, fn in fns.items():
         warm: list[float] = []
@@ -168,14 +171,14 @@ def round_robin(
             len(warm) < honed.config.warmup_calls
             or (time.perf_counter() - started) * 1e3 < honed.config.warmup_ms
         ):
-            warm.append(block(fn, 1))
+            warm.append(timed(fn))
         per_call[name] = sorted(warm)[len(warm) // 2]
     k = {name: max(1, min(500, math.ceil(block_ms / max(t, 1e-3)))) for name, t in per_call.items()}
     names = list(fns)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            samples[name].append(block(fns[name], k[name]))
+            samples[name].extend(timed(fns[name]) for _ in range(k[name]))
     out = {}
     for name in names:
         stats = _core.stats(samples[name])
@@ -230,8 +233,9 @@ def independent_check(
     for r in results.values():
         r["samples_ms"] = _kept(r["samples_ms"])
     return {
-        "method": f"{'CUDA events' if device.type == 'cuda' else 'host clock'}, round-robin, "
-        f"{args.indep_rounds} rounds of ~{args.indep_block_ms:g} ms blocks, order rotated",
+        "method": f"{'CUDA events' if device.type == 'cuda' else 'host clock'} around each call, "
+        f"round-robin, {args.indep_rounds} rounds of ~{args.indep_block_ms:g} ms blocks, order "
+        "rotated",
         "results": results,
         "failures": failures,
         "best": best,

@@ -77,7 +77,8 @@ def test_suite_end_to_end_cpu(tmp_path: Path) -> None:
     check = row["independent"]
     assert set(check["results"]) == set(names) and check["failures"] == {}
     assert check["selected"] == row["selected"] and check["best"] in names
-    assert all(len(r["samples_ms"]) == 3 for r in check["results"].values())
+    # every call is one sample: 3 rounds of calls_per_block calls each
+    assert all(len(r["samples_ms"]) == 3 * r["calls_per_block"] for r in check["results"].values())
     assert check["selection_gap_pct"] >= 0.0
     assert row["tune_wall_s"] > 0 and row["row_wall_s"] >= row["tune_wall_s"]
 

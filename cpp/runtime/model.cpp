@@ -3,9 +3,10 @@
 #include <stdlib.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,7 +22,6 @@
 namespace honed {
 namespace {
 
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr const char* kPackage = "model.pt2";  // backend/torch_inductor_aot.py PAYLOAD_PACKAGE
@@ -144,29 +144,36 @@ HostEnvironment host_environment(const c10::Device& device) {
 }
 
 // Writes the package where the loader can read it, and removes it once loaded (the loader
-// extracts what it needs into its own folder).
+// extracts what it needs into its own folder). POSIX calls, not std::filesystem: the libtorch.so
+// of torch 2.11's CUDA wheels exports its own std::filesystem functions, which the dynamic linker
+// picks over libstdc++'s, and its remove_all jumped to address 0 (found on the H100).
 std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const std::string& data,
                                                                       const c10::Device& device,
                                                                       int runners) {
-  std::string pattern = (fs::temp_directory_path() / "honed-runtime-XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr) {
-    throw RuntimeError("honed runtime: cannot create a temporary folder in " +
-                       fs::temp_directory_path().string() + "; set TMPDIR to a writable folder");
+  const char* tmp = std::getenv("TMPDIR");
+  std::string base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  std::string dir = base + "/honed-runtime-XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) {
+    throw RuntimeError("honed runtime: cannot create a temporary folder in " + base +
+                       "; set TMPDIR to a writable folder");
   }
-  fs::path dir(pattern);
-  fs::path file = dir / kPackage;
+  const std::string file = dir + "/" + kPackage;
+  auto clean = [&] {
+    ::unlink(file.c_str());
+    ::rmdir(dir.c_str());
+  };
   std::ofstream(file, std::ios::binary)
       .write(data.data(), static_cast<std::streamsize>(data.size()));
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
   try {
     c10::DeviceIndex index = device.is_cuda() ? (device.has_index() ? device.index() : 0) : -1;
     loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
-        file.string(), "model", false, static_cast<size_t>(std::max(runners, 1)), index);
+        file, "model", false, static_cast<size_t>(std::max(runners, 1)), index);
   } catch (...) {
-    fs::remove_all(dir);
+    clean();
     throw;
   }
-  fs::remove_all(dir);
+  clean();
   return loader;
 }
 
