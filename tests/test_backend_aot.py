@@ -391,3 +391,33 @@ def test_a_loader_crash_in_the_probe_becomes_an_error(
     _forbid_compiling(monkeypatch)  # known broken: a build fails before exporting or compiling
     with pytest.raises(honed.TuneError, match="cannot run AOTInductor packages on this machine"):
         backend.build_graph(TinyMLP(), _samples(*batches(4)), _profile(4, 4, 4))
+
+
+def test_a_successful_probe_is_remembered_across_processes(
+    dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from honed.backend import torch_inductor_aot as aot
+
+    backend = TorchInductorAotBackend()
+    files = backend.export_payload(dynamic_fn)
+    graph = _profile(1, 1, 8, ("batch", ""))
+    probes: list[list[str]] = []
+    real_run = subprocess.run
+
+    def counting_run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        probes.append(cmd)
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(subprocess, "run", counting_run)
+    with honed.config.patch(cache_dir=tmp_path):
+        monkeypatch.setattr(aot, "_PROBED", {})  # a new process: nothing known
+        backend.load_payload(files, TinyMLP(), graph)
+        assert len(probes) == 1 and list((tmp_path / "aoti-probe").glob("cpu-*.ok"))
+        monkeypatch.setattr(aot, "_PROBED", {})  # another new process: the verdict is on disk
+        x = batches(3)[0]
+        torch.testing.assert_close(backend.load_payload(files, TinyMLP(), graph)(x), dynamic_fn(x))
+        assert len(probes) == 1
+        with honed.config.patch(cache_enabled=False):  # no cache: probe again
+            monkeypatch.setattr(aot, "_PROBED", {})
+            backend.load_payload(files, TinyMLP(), graph)
+        assert len(probes) == 2

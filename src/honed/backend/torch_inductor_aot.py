@@ -20,8 +20,10 @@ eager returns, so callers see eager's dtypes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -656,17 +658,35 @@ def _load(package: bytes, device_type: str) -> Any:
 
 # AOTInductor's package loader can kill the whole process with a segfault (seen with torch
 # 2.11.0+cu130 on an H100 machine before _link_options existed: a static libstdc++ in the
-# wrapper). Any such crash must stay out of the user's process, so the first
-# package of each device type per process is loaded in a child process first; a crash there
-# becomes an error here. Results are kept: device type -> "" (loads) or the failure.
+# wrapper). Any such crash must stay out of the user's process, so the first package of each
+# device type is loaded in a child process first; a crash there becomes an error here. Results
+# are kept per process (device type -> "" (loads) or the failure), and a success also on disk
+# under the cache folder, keyed by everything that decides how packages are built and loaded
+# (honed, torch, the interpreter, the C++ compiler), so later processes skip the probe: it costs
+# a fresh interpreter importing torch, which dominated honed.load on the H100. A failure is never
+# kept on disk: a repaired environment is probed again.
 _PROBE_CODE = "import sys, torch._inductor; torch._inductor.aoti_load_package(sys.argv[1])"
 _PROBED: dict[str, str] = {}
 
 
+def _probe_verdict_file(device_type: str) -> Path | None:
+    from honed import __version__, config
+
+    if not config.cache_enabled:
+        return None
+    key = json.dumps(
+        [__version__, torch.__version__, sys.executable, device_type, os.environ.get("CXX", "")]
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return Path(config.cache_dir) / "aoti-probe" / f"{device_type}-{digest}.ok"
+
+
 def _probe_loading(path: Path, device_type: str) -> None:
     import subprocess
-    import sys
 
+    verdict = _probe_verdict_file(device_type)
+    if device_type not in _PROBED and verdict is not None and verdict.exists():
+        _PROBED[device_type] = ""
     if device_type not in _PROBED:
         try:
             done = subprocess.run(
@@ -686,6 +706,10 @@ def _probe_loading(path: Path, device_type: str) -> None:
                 _PROBED[device_type] = f"failed (exit code {rc}: {last})"
             else:
                 _PROBED[device_type] = ""
+                if verdict is not None:
+                    with contextlib.suppress(OSError):  # a read-only cache only costs time
+                        verdict.parent.mkdir(parents=True, exist_ok=True)
+                        verdict.write_text(f"loads: torch {torch.__version__}, {sys.executable}\n")
     _check_probe(device_type)
 
 
