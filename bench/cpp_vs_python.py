@@ -20,10 +20,12 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import commit  # bench/provenance.py
 from torch import nn
 
 import honed
@@ -127,11 +129,8 @@ def cpp_side(honed_run: Path, path: Path, device: str, batch: int, out: Path) ->
 
 
 def environment(device: str) -> dict[str, Any]:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
-    ).stdout.strip()
     env: dict[str, Any] = {
-        "commit": commit or "unknown",
+        "commit": commit(),
         "honed": honed.__version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -157,11 +156,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="honed-cpp-vs-py-") as tmp:
         for name in args.models:
             path = Path(tmp) / f"{name}.honed"
+            started = time.perf_counter()
             tune_and_save(name, args.device, args.batches, path)
+            print(f"{name}: tuned and saved in {time.perf_counter() - started:.0f} s", flush=True)
             for batch in args.batches:
                 cpp = cpp_side(args.honed_run, path, args.device, batch, Path(tmp) / "r.json")
                 py = python_side(name, path, args.device, batch)
                 records.append({**env, "model": name, "batch": batch, "cpp": cpp, "python": py})
+                print(f"{name} batch {batch}: C++ {cpp}\n  Python {py}", flush=True)
+                if args.json:  # after every record: a run stopped by a time limit keeps them
+                    args.json.write_text(json.dumps(records, indent=2))
     header = (
         "| model | batch | C++ load s | Python load s | C++ median ms | Python median ms "
         "| C++ p99 ms | Python p99 ms | Python / C++ median |"

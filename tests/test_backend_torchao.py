@@ -321,6 +321,24 @@ def test_tune_check_save_load_in_a_new_process(tmp_path: Path) -> None:
     assert compare(eager, got, tolerance=backend.tolerance()).ok
 
 
+def test_int_mm_row_limit_is_explained_and_other_errors_pass_through() -> None:
+    from honed.backend.torchao import _explain_int_mm
+
+    def int_mm(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= 16:
+            raise RuntimeError("self.size(0) needs to be greater than 16, but got 16")
+        if x.shape[1] != 8:
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+        return x
+
+    fn = _explain_int_mm(int_mm)
+    assert fn(torch.ones(17, 8)).shape == (17, 8)
+    with pytest.raises(honed.TuneError, match=r"needs more than 16 rows .*got 16\); serve"):
+        fn(torch.ones(16, 8))
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        fn(torch.ones(17, 7))
+
+
 # -- GPU (the device) ------------------------------------------------------------------------
 @needs_cuda
 @needs_torchao
@@ -337,7 +355,7 @@ def test_gpu_scheme_runs_where_the_gpu_supports_it(scheme: str) -> None:
     assert support.ok, support.reason
     torch.manual_seed(0)
     model = Wide(256, 512).to(device).eval()
-    xs = [torch.randn(b, 256, device=device) for b in (16, 32)]
+    xs = [torch.randn(b, 256, device=device) for b in (32, 64)]  # int8_dynamic: > 16 rows
     fn = backend.build_graph(model, _samples(*xs), _graph(device, dynamic=True))
     for x in xs:
         with torch.no_grad():
@@ -346,6 +364,23 @@ def test_gpu_scheme_runs_where_the_gpu_supports_it(scheme: str) -> None:
         print(f"{scheme}: max abs {check.max_abs_error:.4g}, cosine {check.min_cosine:.6f}")
         assert check.ok, check.reason
         assert out.dtype == ref.dtype and out.device == ref.device
+
+
+@needs_cuda
+@needs_torchao
+@pytest.mark.slow
+def test_gpu_int8_dynamic_at_16_rows_fails_its_candidate_not_the_tune() -> None:
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = honed.Module(Wide(256, 512).to(device).eval(), "wide-int8")
+    data = [torch.randn(b, 256, device=device) for b in (8, 32)]
+    backend = TorchAOBackend(TorchAOBackendConfig(scheme="int8_dynamic"))
+    report = honed.tune(model, data, backends=[backend])
+    row = next(c for g in report.graphs for c in g.candidates if not c.is_baseline)
+    assert row.status == "failed" and "needs more than 16 rows" in row.reason, row.reason
+    with torch.no_grad():
+        for x in data:
+            torch.testing.assert_close(model(x), model.module(x))
 
 
 @needs_cuda

@@ -185,6 +185,37 @@ def test_shape_outside_the_profile_runs_eager_and_stays_correct(
     assert "outside" in caplog.text
 
 
+class FailsOnOddBatches(Backend):
+    """Passes the check on the recorded (even) batches, raises on an odd one at serving time,
+    like torch._int_mm on CUDA for 16 rows or fewer."""
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        def run(x: torch.Tensor) -> Any:
+            if x.shape[0] % 2:
+                raise RuntimeError("self.size(0) needs to be greater than 16, but got 3")
+            return module(x)
+
+        return run
+
+
+def test_a_variant_raising_at_serving_time_is_answered_by_eager_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = honed.Module(TinyMLP().eval(), "odd")
+    strategy = honed.OneBackendStrategy(FailsOnOddBatches())
+    honed.tune(model, batches(2, 4, 8), strategy=strategy)
+    assert model.is_tuned and model.report.graphs[0].selected == "FailsOnOddBatches"
+    with caplog.at_level(logging.WARNING, logger="honed"), torch.no_grad():
+        x3, x5 = batches(3, 5, seed=2)
+        torch.testing.assert_close(model(x3), model.module(x3))  # inside the profile [2, 8]
+        torch.testing.assert_close(model(x5), model.module(x5))
+        x4 = batches(4, seed=2)[0]
+        torch.testing.assert_close(model(x4), model.module(x4))  # the variant still serves
+        assert model.dispatch((x3,), {}) is not honed.module.MISS  # JIT's path: eager too
+    assert caplog.text.count("raised RuntimeError: self.size(0) needs to be greater") == 1
+    assert "FailsOnOddBatches" in caplog.text and "running eager" in caplog.text
+
+
 def test_pipeline_with_two_modules_tunes_each_on_its_inputs() -> None:
     encoder = honed.Module(TinyMLP().eval(), "encoder")
     head = honed.Module(torch.nn.Linear(4, 2).eval(), "head")

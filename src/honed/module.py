@@ -127,7 +127,10 @@ class Module(torch.nn.Module):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         dispatcher = self._dispatcher
         if dispatcher is not None:
-            out = dispatcher.call(args, kwargs)  # lookup + the variant's call, in C++
+            try:
+                out = dispatcher.call(args, kwargs)  # lookup + the variant's call, in C++
+            except Exception as e:  # a backend failing at serving time: eager answers instead
+                return self._variant_raised(e, args, kwargs)
             if out is not _MISS:
                 return out
             return self._fallback(args, kwargs)
@@ -152,12 +155,16 @@ class Module(torch.nn.Module):
     def dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The tuned variant's output for these inputs, or ``MISS`` when none covers them.
 
-        No eager fallback and no warning: for callers (JIT) that handle misses themselves;
-        ``miss_reason`` says why the inputs were not covered.
+        No eager fallback and no warning for a miss: for callers (JIT) that handle misses
+        themselves; ``miss_reason`` says why the inputs were not covered. A variant that raises
+        is answered by eager, with a warning, as in ``__call__``.
         """
         if self._dispatcher is None:
             return _MISS
-        return self._dispatcher.call(args, kwargs)
+        try:
+            return self._dispatcher.call(args, kwargs)
+        except Exception as e:
+            return self._variant_raised(e, args, kwargs)
 
     def miss_reason(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         if self._dispatcher is None:
@@ -175,6 +182,31 @@ class Module(torch.nn.Module):
                 "Tune with samples like these to cover them.",
                 self.name,
                 what if index == -1 else f"{what} its tuned profile",
+                why,
+            )
+        return self.module(*args, **kwargs)
+
+    def _variant_raised(
+        self, error: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """A tuned variant raised: warn once per variant and error, and answer with eager.
+
+        The check at tune time ran every sample, but serving can reach inputs it never saw
+        (another batch size inside the profile); eager's answer is always correct. If eager
+        raises too, the input itself is at fault and that error reaches the caller.
+        """
+        index = self._dispatcher.lookup(args, kwargs)
+        backend = self.variants[index].backend.name if 0 <= index < len(self.variants) else "?"
+        first = (str(error).strip().splitlines() or [""])[0]
+        why = f"{type(error).__name__}: {first}" if first else type(error).__name__
+        if f"raised|{backend}|{why}" not in self._warned:
+            self._warned.add(f"raised|{backend}|{why}")
+            log.warning(
+                "honed: module %r: its tuned variant (%s) raised %s; running eager for these "
+                "inputs (correct, not tuned). Tune with samples like these inputs, or leave that "
+                "backend out.",
+                self.name,
+                backend,
                 why,
             )
         return self.module(*args, **kwargs)

@@ -439,7 +439,31 @@ class TorchAOBackend(Backend):
         elif graph.device.type == "cuda":
             kwargs["options"] = dict(_CUDA_OPTIONS)
         compiled: Callable[..., Any] = torch.compile(wrapped, **kwargs)
+        if graph.device.type == "cuda" and cfg.scheme == "int8_dynamic":
+            return _explain_int_mm(compiled)
         return compiled
+
+
+def _explain_int_mm(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """int8 dynamic quantization multiplies with torch._int_mm, which on CUDA takes only more
+    than 16 rows (batch x tokens); say so instead of the kernel's bare message (seen on the H100
+    with torch 2.11 and torchao 0.18 at batch 16)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as e:
+            if "needs to be greater than 16" not in str(e):
+                raise
+            first = str(e).strip().splitlines()[0]
+            raise TuneError(
+                "TorchAOBackend(int8_dynamic): torch._int_mm on CUDA needs more than 16 rows per "
+                f"matrix product ({first}); serve batches with more than 16 rows, or use "
+                "int8_weight_only or an fp8 scheme"
+            ) from e
+
+    return call
 
 
 def _require(avail: Availability) -> None:
