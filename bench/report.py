@@ -401,18 +401,21 @@ def _runs_md(runs: list[dict[str, Any]]) -> list[str]:
         "## Runs",
         "",
         "| file | started (UTC) | mode | commit | GPU | driver | torch | CUDA | triton | honed | "
-        "finished |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "finished | independent check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         env, args = run["env"], run.get("args", {})
+        methods = {
+            r["independent"].get("method", "") for r in run.get("rows", []) if r.get("independent")
+        }
         lines.append(
             f"| {run['file']} | {run.get('started', '')} | {args.get('mode', '')} "
             f"({args.get('candidates', '')} candidates, isolation {args.get('isolation', '')}) | "
             f"{env.get('commit')} | {env.get('gpu') or env.get('cpu')} | {env.get('driver')} | "
             f"{env.get('torch')} | {env.get('torch_cuda')} | {env.get('triton')} | "
             f"{env.get('honed')} | {'yes' if run.get('finished') else 'no (stopped)'} "
-            f"{run.get('elapsed_s', 0):.0f} s |"
+            f"{run.get('elapsed_s', 0):.0f} s | {'; '.join(sorted(methods)) or '-'} |"
         )
     return [*lines, ""]
 

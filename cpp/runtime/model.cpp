@@ -1,5 +1,6 @@
 // cpp/runtime/model.cpp: honed::Model: verify the artifact, load its AOTInductor graphs, dispatch.
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <stdlib.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/cuda.h>
@@ -240,6 +241,8 @@ void Model::Impl::load(const std::string& artifact_path) {
                        artifact.environment.device + ", not for " + device.str() +
                        "; load it on a " + (saved_cuda ? "CUDA" : "CPU") + " device");
   }
+  c10::OptionalDeviceGuard guard;  // load the packages with the model's GPU current
+  if (device.is_cuda()) guard.reset_device(device);
   std::string skipped;
   for (const ArtifactGraph& g : m.graphs) {
     if (!g.runnable_from_cpp || !g.payload.count(kPackage) || !g.payload.count(kCalling)) {
@@ -331,6 +334,10 @@ int Model::select(const std::vector<at::Tensor>& inputs) const {
 
 std::vector<at::Tensor> Model::run(const std::vector<at::Tensor>& inputs, void* cuda_stream) const {
   const Graph& g = impl_->graphs[static_cast<size_t>(select(inputs))];
+  // The model's GPU current on this thread (a thread that never touched CUDA has no context:
+  // cuBLAS warned "no current CUDA context" on the H100); restored on return.
+  c10::OptionalDeviceGuard guard;
+  if (impl_->device.is_cuda()) guard.reset_device(impl_->device);
   if (impl_->options.check_inputs) check_guards(g.guards, inputs);
   std::vector<at::Tensor> contiguous;
   contiguous.reserve(inputs.size());

@@ -52,7 +52,8 @@ TEST_F(RuntimeModel, RunsTheStoredSampleLikeEager) {
     std::vector<at::Tensor> out = model.run(s.inputs);
     ASSERT_EQ(out.size(), s.expected.size());
     for (size_t i = 0; i < out.size(); ++i) {
-      EXPECT_EQ(out[i].device(), device_);
+      EXPECT_EQ(out[i].device(), model.device());  // "cuda" is held as "cuda:0"
+      EXPECT_EQ(out[i].device().type(), device_.type());
       EXPECT_TRUE(at::allclose(out[i].cpu(), s.expected[i].cpu(), 1e-3, 1e-4));
     }
   }
