@@ -209,7 +209,10 @@ def render(merged: dict[str, Any], goals: dict[str, Any], plots: list[str], note
         "Speed-up = eager fp32 median / median of honed's selection, both measured by the "
         "independent check: every candidate that passed honed's correctness gate rebuilt by the "
         "suite and re-measured round-robin (each call timed by itself with CUDA events, as honed "
-        "times it), outside honed's selection.",
+        "times it), outside honed's selection. *Independent best* and *selection vs best* rank "
+        "by what honed's strategy (MaxThroughputStrategy, the default) maximises, where the run "
+        "recorded it: throughput over the host wall time of the calls (older runs: the median; "
+        "see each run's method below).",
         "",
     ]
     if not merged["runs"]:

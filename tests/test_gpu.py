@@ -123,3 +123,50 @@ def test_isolated_cuda_crash_fails_only_that_candidate() -> None:
     x = torch.randn(3, 16, device="cuda")
     torch.testing.assert_close(model(x), model.module(x))  # this process's CUDA is healthy
     print("\n" + report.render())
+
+
+def _gpu_backends() -> list[honed.backend.Backend]:
+    b = honed.backend
+    bf16 = {"autocast_enabled": True, "autocast_dtype": torch.bfloat16}
+    return [
+        b.TorchEagerBackend(b.TorchEagerBackendConfig(**bf16)),
+        b.TorchInductorBackend(),
+        b.TorchInductorBackend(b.TorchInductorBackendConfig(mode="reduce-overhead", **bf16)),
+        b.TorchInductorAotBackend(),
+        b.CudaGraphsBackend(),
+        b.CudaGraphsBackend(b.CudaGraphsBackendConfig(**bf16)),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", _gpu_backends(), ids=lambda b: b.name)
+def test_every_backend_tunes_saves_and_loads_in_a_new_process_on_cuda(
+    backend: honed.backend.Backend, tmp_path: Path
+) -> None:
+    from honed.correctness import compare
+
+    from conftest import load_in_new_process
+
+    reduced = bool(getattr(backend.config, "autocast_enabled", False))  # bf16: looser gate
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().cuda().eval(), "tiny")
+    report = honed.tune(model, _data(2, 4, 8), strategy=honed.OneBackendStrategy(backend))
+    (graph,) = report.graphs
+    row = next(c for c in graph.candidates if c.name == backend.name)
+    assert row.status == "ok", row.reason
+    assert graph.selected == backend.name
+    # 5 was never recorded but lies inside the batch profile [2, 8]; 32 lies outside (eager).
+    xs = _data(2, 5, 8, 32)
+    with torch.no_grad():
+        eager = [model.module(x) for x in xs]
+        for x, ref in zip(xs, eager, strict=True):
+            assert compare(ref, model(x), reduced, backend.tolerance()).ok
+    honed.save(model, tmp_path / "tiny.honed")
+    loaded = load_in_new_process(
+        tmp_path / "tiny.honed", xs, tmp_path, model="TinyMLP().cuda().eval()"
+    )
+    assert loaded.backend_name == backend.name
+    for got, ref in zip(loaded.outputs, eager, strict=True):
+        assert got.device.type == "cuda" and got.dtype == ref.dtype
+        check = compare(ref, got, reduced, backend.tolerance())
+        assert check.ok, check.reason

@@ -1,5 +1,6 @@
 """Tune the tests' tiny MLP with AOTInductor for the C++ runtime on DEVICE and save it to PATH;
 also write the graph's .pt2 next to it (PATH.pt2) for scripts/diag/aoti_load.cpp."""
+
 import sys
 import zipfile
 
@@ -14,8 +15,13 @@ net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval().to(de
 module = honed.Module(net, "tiny")
 data = [torch.randn(b, 16, device=device) for b in (1, 4, 8)]
 with honed.config.patch(cache_enabled=False, isolation="none"):
-    honed.tune(module, data, backends=[honed.backend.TorchInductorAotBackend()], target="cpp",
-               device=device)
+    honed.tune(
+        module,
+        data,
+        backends=[honed.backend.TorchInductorAotBackend()],
+        target="cpp",
+        device=device,
+    )
 honed.save(module, path)
 with zipfile.ZipFile(path) as z:
     pt2 = [n for n in z.namelist() if n.endswith("model.pt2")]
