@@ -421,3 +421,22 @@ def test_a_successful_probe_is_remembered_across_processes(
             monkeypatch.setattr(aot, "_PROBED", {})
             backend.load_payload(files, TinyMLP(), graph)
         assert len(probes) == 2
+
+
+def test_loading_skips_torchs_device_information_probe(
+    dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's aoti_load_package probes the CPU's vector ISA by compiling and loading test
+    programs in child processes (43 s of a 50 s load on the H100); honed loads without it."""
+    import torch._inductor.codecache
+
+    def probing(device_type: str) -> dict[str, str]:
+        raise AssertionError(f"device information probed for {device_type}")
+
+    monkeypatch.setattr(torch._inductor.codecache, "get_device_information", probing)
+    backend = TorchInductorAotBackend()
+    loaded = backend.load_payload(
+        backend.export_payload(dynamic_fn), TinyMLP(), _profile(1, 1, 8, ("batch", ""))
+    )
+    x = batches(6)[0]
+    torch.testing.assert_close(loaded(x), dynamic_fn(x))

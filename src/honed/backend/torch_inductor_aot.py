@@ -647,13 +647,33 @@ def _compile(exported: Any, options: dict[str, Any] | None) -> bytes:
 
 def _load(package: bytes, device_type: str) -> Any:
     """Load a .pt2 from bytes; the loader extracts what it needs, so the file can go after."""
-    import torch._inductor
-
     with tempfile.TemporaryDirectory(prefix="honed-aot-") as tmp:
         path = Path(tmp) / PAYLOAD_PACKAGE
         path.write_bytes(package)
         _probe_loading(path, device_type)
-        return torch._inductor.aoti_load_package(str(path))
+        return load_runner(str(path), device_type)
+
+
+def load_runner(path: str, device_type: str) -> Any:
+    """AOTInductor's package loader, without torch's device-information check.
+
+    ``torch._inductor.aoti_load_package`` first compares the package's metadata with this
+    machine's (only to log a warning), and finding this CPU's vector ISA compiles and loads
+    about ten test programs in child processes: 43 s of a 50 s ``honed.load`` on the H100
+    (torch 2.11). honed checks the environment itself (the artifact's fingerprint) and loads
+    with libtorch's loader directly, as the C++ runtime does; torch's function is the fallback
+    where that loader's Python binding differs.
+    """
+    import torch._inductor
+
+    try:
+        from torch._inductor.package import AOTICompiledModel
+
+        index = torch.cuda.current_device() if device_type == "cuda" else -1
+        loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, index)
+    except (ImportError, AttributeError, TypeError):
+        return torch._inductor.aoti_load_package(path)
+    return AOTICompiledModel(loader)
 
 
 # AOTInductor's package loader can kill the whole process with a segfault (seen with torch
@@ -665,7 +685,10 @@ def _load(package: bytes, device_type: str) -> Any:
 # (honed, torch, the interpreter, the C++ compiler), so later processes skip the probe: it costs
 # a fresh interpreter importing torch, which dominated honed.load on the H100. A failure is never
 # kept on disk: a repaired environment is probed again.
-_PROBE_CODE = "import sys, torch._inductor; torch._inductor.aoti_load_package(sys.argv[1])"
+_PROBE_CODE = (
+    "import sys; from honed.backend.torch_inductor_aot import load_runner; "
+    "load_runner(sys.argv[1], sys.argv[2])"
+)
 _PROBED: dict[str, str] = {}
 
 
@@ -690,7 +713,7 @@ def _probe_loading(path: Path, device_type: str) -> None:
     if device_type not in _PROBED:
         try:
             done = subprocess.run(
-                [sys.executable, "-c", _PROBE_CODE, str(path)],
+                [sys.executable, "-c", _PROBE_CODE, str(path), device_type],
                 capture_output=True,
                 text=True,
                 timeout=600,
