@@ -705,35 +705,39 @@ def _probe_verdict_file(device_type: str) -> Path | None:
 
 
 def _probe_loading(path: Path, device_type: str) -> None:
+    if device_type not in _PROBED:  # once per process and device type
+        _PROBED[device_type] = _probe(path, device_type)
+    _check_probe(device_type)
+
+
+def _probe(path: Path, device_type: str) -> str:
+    """ "" when packages of ``device_type`` load here (known from disk, or a child loads this
+    one), else how the child failed."""
     import subprocess
 
     verdict = _probe_verdict_file(device_type)
-    if device_type not in _PROBED and verdict is not None and verdict.exists():
-        _PROBED[device_type] = ""
-    if device_type not in _PROBED:
-        try:
-            done = subprocess.run(
-                [sys.executable, "-c", _PROBE_CODE, str(path), device_type],
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-        except subprocess.TimeoutExpired:
-            _PROBED[device_type] = "timed out after 600 s"
-        else:
-            rc = done.returncode
-            last = (done.stderr.strip().splitlines() or [""])[-1]
-            if rc < 0:
-                _PROBED[device_type] = f"crashed with signal {-rc}"
-            elif rc > 0:
-                _PROBED[device_type] = f"failed (exit code {rc}: {last})"
-            else:
-                _PROBED[device_type] = ""
-                if verdict is not None:
-                    with contextlib.suppress(OSError):  # a read-only cache only costs time
-                        verdict.parent.mkdir(parents=True, exist_ok=True)
-                        verdict.write_text(f"loads: torch {torch.__version__}, {sys.executable}\n")
-    _check_probe(device_type)
+    if verdict is not None and verdict.exists():
+        return ""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE_CODE, str(path), device_type],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except subprocess.TimeoutExpired:
+        return "timed out after 600 s"
+    rc = done.returncode
+    last = (done.stderr.strip().splitlines() or [""])[-1]
+    if rc < 0:
+        return f"crashed with signal {-rc}"
+    if rc > 0:
+        return f"failed (exit code {rc}: {last})"
+    if verdict is not None:
+        with contextlib.suppress(OSError):  # a read-only cache only costs time
+            verdict.parent.mkdir(parents=True, exist_ok=True)
+            verdict.write_text(f"loads: torch {torch.__version__}, {sys.executable}\n")
+    return ""
 
 
 def _check_probe(device_type: str) -> None:
