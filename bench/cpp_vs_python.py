@@ -5,11 +5,13 @@ artifact at each batch size through
   * C++: ``honed-run ARTIFACT --batch B --json`` (libhoned_runtime; the engine's protocol), and
   * Python: a fresh interpreter that times ``honed.load`` and measures the loaded honed.Module
     with the engine's protocol (CUDA events on the current stream on a GPU),
-and prints load time and latency side by side. Every record carries the commit, GPU, driver and
-library versions; raw records go to --json.
+and prints load time and latency side by side. Each (model, batch) is measured --repeats times,
+the two front ends taking turns to go first (a GPU warming up or a noisy neighbour then hits both
+alike); the table shows the median over the repeats. Every record carries the commit, GPU, driver
+and library versions; raw records go to --json.
 
     python bench/cpp_vs_python.py --honed-run build/cpp/cpp/runtime/honed-run \
-        [--device cuda] [--models mlp convnet] [--batches 1 8] [--json FILE]
+        [--device cuda] [--models mlp convnet] [--batches 1 8] [--repeats 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -143,14 +146,43 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
+def table(records: list[dict[str, Any]]) -> str:
+    """One row per (model, batch): medians over its repeats, and the range of the latency ratio."""
+    lines = [
+        "| model | batch | runs | C++ load s | Python load s | C++ median ms | Python median ms "
+        "| C++ p99 ms | Python p99 ms | Python / C++ median (range) |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        rows.setdefault((r["model"], r["batch"]), []).append(r)
+    for (model, batch), runs in rows.items():
+
+        def mid(side: str, field: str, runs: list[dict[str, Any]] = runs) -> float:
+            return statistics.median(r[side][field] for r in runs)
+
+        ratios = [r["python"]["median_ms"] / r["cpp"]["median_ms"] for r in runs]
+        lines.append(
+            f"| {model} | {batch} | {len(runs)} | {mid('cpp', 'load_s'):.3f} "
+            f"| {mid('python', 'load_s'):.3f} | {mid('cpp', 'median_ms'):.4f} "
+            f"| {mid('python', 'median_ms'):.4f} | {mid('cpp', 'p99_ms'):.4f} "
+            f"| {mid('python', 'p99_ms'):.4f} | {statistics.median(ratios):.2f} "
+            f"({min(ratios):.2f}-{max(ratios):.2f}) |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--honed-run", type=Path, required=True)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", nargs="+", default=["mlp", "convnet"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1])
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side per row")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     env = environment(args.device)
     records = []
     with tempfile.TemporaryDirectory(prefix="honed-cpp-vs-py-") as tmp:
@@ -160,24 +192,25 @@ def main() -> None:
             tune_and_save(name, args.device, args.batches, path)
             print(f"{name}: tuned and saved in {time.perf_counter() - started:.0f} s", flush=True)
             for batch in args.batches:
-                cpp = cpp_side(args.honed_run, path, args.device, batch, Path(tmp) / "r.json")
-                py = python_side(name, path, args.device, batch)
-                records.append({**env, "model": name, "batch": batch, "cpp": cpp, "python": py})
-                print(f"{name} batch {batch}: C++ {cpp}\n  Python {py}", flush=True)
+                for repeat in range(args.repeats):
+                    sides = {}
+                    for side in ("cpp", "python") if repeat % 2 == 0 else ("python", "cpp"):
+                        sides[side] = (
+                            cpp_side(args.honed_run, path, args.device, batch, Path(tmp) / "r.json")
+                            if side == "cpp"
+                            else python_side(name, path, args.device, batch)
+                        )
+                    first = next(iter(sides))
+                    records.append(
+                        {**env, "model": name, "batch": batch, "repeat": repeat, "first": first}
+                        | sides
+                    )
+                    run = f"{name} batch {batch} run {repeat + 1}/{args.repeats}"
+                    print(f"{run}: C++ {sides['cpp']}\n  Python {sides['python']}", flush=True)
                 if args.json:  # after every record: a run stopped by a time limit keeps them
                     args.json.write_text(json.dumps(records, indent=2))
-    header = (
-        "| model | batch | C++ load s | Python load s | C++ median ms | Python median ms "
-        "| C++ p99 ms | Python p99 ms | Python / C++ median |"
-    )
-    print(f"\n{env}\n\n{header}\n|---|--:|--:|--:|--:|--:|--:|--:|--:|")
-    for r in records:
-        c, p = r["cpp"], r["python"]
-        print(
-            f"| {r['model']} | {r['batch']} | {c['load_s']:.3f} | {p['load_s']:.3f} "
-            f"| {c['median_ms']:.4f} | {p['median_ms']:.4f} | {c['p99_ms']:.4f} "
-            f"| {p['p99_ms']:.4f} | {p['median_ms'] / c['median_ms']:.2f} |"
-        )
+    print(f"\n{env}\n")
+    print(table(records))
     if args.json:
         args.json.write_text(json.dumps(records, indent=2))
 

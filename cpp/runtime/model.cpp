@@ -9,7 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
-#include <map>
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -34,6 +34,12 @@ struct Guard {
   std::string device_type;
   std::vector<int64_t> lo, hi;
   std::vector<std::string> groups;  // shared-dimension name per axis, "" for none
+  std::vector<int> group_ids;       // per axis: index into Guards::names, -1 for none
+};
+
+struct Guards {
+  std::vector<Guard> inputs;
+  std::vector<std::string> names;  // the shared-dimension names of all inputs
 };
 
 // A graph key split into its structure and per-leaf template: a tensor leaf takes the call's
@@ -42,12 +48,17 @@ struct KeyTemplate {
   std::string structure;
   std::vector<std::optional<Constant>> leaves;  // nullopt: a tensor leaf
   std::vector<std::string> devices;             // per tensor leaf, as stored ("cuda:0")
+  // Per tensor leaf, as stored: a call whose tensors have these dtypes and ranks (and the model's
+  // device, checked first) has exactly the stored graph key, so run() builds no key string.
+  std::vector<c10::ScalarType> dtypes;
+  std::vector<size_t> ranks;
 };
 
 struct Graph {
   ArtifactGraph stored;
   KeyTemplate key;
-  std::vector<Guard> guards;
+  uint64_t key_hash = 0;  // graph_hash(stored.profile.graph_key)
+  Guards guards;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
 };
 
@@ -71,25 +82,43 @@ KeyTemplate parse_key(const std::string& key) {
       continue;
     }
     size_t first = parts[i].find(','), last = parts[i].rfind(',');
+    if (first == std::string::npos || first == last) {
+      throw RuntimeError("honed runtime: malformed tensor leaf '" + parts[i] + "' in graph key " +
+                         key);
+    }
     t.leaves.emplace_back(std::nullopt);
     t.devices.push_back(parts[i].substr(first + 1, last - first - 1));
+    t.dtypes.push_back(detail::dtype_from_name(parts[i].substr(0, first)));
+    t.ranks.push_back(std::stoul(parts[i].substr(last + 1)));
   }
   return t;
 }
 
-std::vector<Guard> parse_guards(const std::string& calling_json) {
+Guards parse_guards(const std::string& calling_json) {
   json c = json::parse(calling_json);
   if (c.value("format", 0) != 1) {
     throw RuntimeError("honed runtime: calling.json has format " +
                        c.value("format", json()).dump() +
                        "; this runtime reads format 1: re-save with this honed version");
   }
-  std::vector<Guard> guards;
+  Guards guards;
   for (const json& g : c.at("guards")) {
-    guards.push_back(Guard{
-        detail::dtype_from_name(g.at("dtype").get<std::string>()),
-        g.at("device").get<std::string>(), g.at("lo").get<std::vector<int64_t>>(),
-        g.at("hi").get<std::vector<int64_t>>(), g.at("groups").get<std::vector<std::string>>()});
+    Guard guard{detail::dtype_from_name(g.at("dtype").get<std::string>()),
+                g.at("device").get<std::string>(),
+                g.at("lo").get<std::vector<int64_t>>(),
+                g.at("hi").get<std::vector<int64_t>>(),
+                g.at("groups").get<std::vector<std::string>>(),
+                {}};
+    for (const std::string& name : guard.groups) {
+      if (name.empty()) {
+        guard.group_ids.push_back(-1);
+        continue;
+      }
+      auto at = std::find(guards.names.begin(), guards.names.end(), name);
+      guard.group_ids.push_back(static_cast<int>(at - guards.names.begin()));
+      if (at == guards.names.end()) guards.names.push_back(name);
+    }
+    guards.inputs.push_back(std::move(guard));
   }
   return guards;
 }
@@ -100,10 +129,11 @@ std::string shape_str(at::IntArrayRef shape) {
   return s + "]";
 }
 
-void check_guards(const std::vector<Guard>& guards, const std::vector<at::Tensor>& inputs) {
-  std::map<std::string, int64_t> sizes;
-  for (size_t i = 0; i < guards.size(); ++i) {
-    const Guard& g = guards[i];
+void check_guards(const Guards& guards, const std::vector<at::Tensor>& inputs) {
+  thread_local std::vector<int64_t> sizes;  // per shared-dimension name: its size, -1 unseen
+  sizes.assign(guards.names.size(), -1);
+  for (size_t i = 0; i < guards.inputs.size(); ++i) {
+    const Guard& g = guards.inputs[i];
     const at::Tensor& t = inputs[i];
     if (t.scalar_type() != g.dtype || static_cast<size_t>(t.dim()) != g.lo.size()) {
       throw RuntimeError("honed runtime: tensor input " + std::to_string(i) + " is " +
@@ -119,10 +149,14 @@ void check_guards(const std::vector<Guard>& guards, const std::vector<at::Tensor
                            std::to_string(g.lo[a]) + ", " + std::to_string(g.hi[a]) +
                            "] as compiled");
       }
-      if (!g.groups[a].empty() && sizes.emplace(g.groups[a], size).first->second != size) {
+      const int group = g.group_ids[a];
+      if (group < 0) continue;
+      int64_t& seen = sizes[static_cast<size_t>(group)];
+      if (seen < 0) seen = size;
+      if (seen != size) {
         throw RuntimeError("honed runtime: axis " + std::to_string(a) + " of tensor input " +
                            std::to_string(i) + " must equal the other axes of dimension '" +
-                           g.groups[a] + "' (" + std::to_string(sizes[g.groups[a]]) + ")");
+                           g.groups[a] + "' (" + std::to_string(seen) + ")");
       }
     }
   }
@@ -209,6 +243,8 @@ struct Model::Impl {
   void load(const std::string& artifact_path);
   const ArtifactModule& pick_module() const;
   std::string profiles() const;
+  // Throws the RuntimeError for inputs no graph takes, with the dispatcher's reasons.
+  [[noreturn]] void no_graph_for(const std::vector<at::Tensor>& inputs) const;
 };
 
 const ArtifactModule& Model::Impl::pick_module() const {
@@ -249,7 +285,7 @@ void Model::Impl::load(const std::string& artifact_path) {
       skipped += (skipped.empty() ? "" : ", ") + g.backend;
       continue;
     }
-    Graph graph{g, parse_key(g.profile.graph_key),
+    Graph graph{g, parse_key(g.profile.graph_key), graph_hash(g.profile.graph_key),
                 parse_guards(artifact.entry(g.payload.at(kCalling))),
                 load_package(artifact.entry(g.payload.at(kPackage)), device, options.runners)};
     dispatcher.add(g.profile, static_cast<int>(graphs.size()));
@@ -300,8 +336,32 @@ int Model::select(const std::vector<at::Tensor>& inputs) const {
                          "; move it with .to(model.device())");
     }
   }
-  std::string reasons;
+  // Fast path: a graph whose stored dtypes and ranks the inputs have shares their graph key; the
+  // engine's dispatcher then checks the sizes against the profiles. Allocates nothing per call.
+  thread_local std::vector<int64_t> sizes;
   for (const Graph& g : im.graphs) {
+    const KeyTemplate& k = g.key;
+    if (k.dtypes.size() != inputs.size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < inputs.size() && same; ++i) {
+      same = inputs[i].scalar_type() == k.dtypes[i] &&
+             static_cast<size_t>(inputs[i].dim()) == k.ranks[i];
+    }
+    if (!same) continue;
+    sizes.clear();
+    for (const at::Tensor& x : inputs) {
+      const at::IntArrayRef shape = x.sizes();
+      sizes.insert(sizes.end(), shape.begin(), shape.end());
+    }
+    const int hit = im.dispatcher.lookup(g.stored.profile.graph_key, g.key_hash, sizes);
+    if (hit >= 0) return hit;
+  }
+  im.no_graph_for(inputs);
+}
+
+void Model::Impl::no_graph_for(const std::vector<at::Tensor>& inputs) const {
+  std::string reasons;
+  for (const Graph& g : graphs) {
     if (g.key.devices.size() != inputs.size()) continue;
     Signature sig{g.key.structure, {}};
     size_t t = 0;
@@ -315,8 +375,11 @@ int Model::select(const std::vector<at::Tensor>& inputs) const {
           TensorSpec{x.sizes().vec(), dtype_name(x.scalar_type()), g.key.devices[t]});
       ++t;
     }
-    DispatchResult hit = im.dispatcher.lookup(sig);
-    if (hit.variant >= 0) return hit.variant;
+    DispatchResult hit = dispatcher.lookup(sig);
+    if (hit.variant >= 0) {  // the fast path and this one disagree: a bug, never a wrong graph
+      throw std::logic_error("honed runtime: dispatch fast path missed graph " +
+                             std::to_string(hit.variant) + " for " + graph_key(sig));
+    }
     if (reasons.find(hit.reason) == std::string::npos) {
       reasons += (reasons.empty() ? "" : "; ") + hit.reason;
     }
@@ -325,10 +388,10 @@ int Model::select(const std::vector<at::Tensor>& inputs) const {
   for (const at::Tensor& x : inputs) {
     shapes += (shapes.empty() ? "" : ", ") + dtype_name(x.scalar_type()) + shape_str(x.sizes());
   }
-  throw RuntimeError("honed runtime: module '" + im.module + "': no tuned graph takes inputs (" +
+  throw RuntimeError("honed runtime: module '" + module + "': no tuned graph takes inputs (" +
                      shapes + ") [" +
                      (reasons.empty() ? "wrong number of tensor inputs" : reasons) +
-                     "]. Stored profiles: " + im.profiles() +
+                     "]. Stored profiles: " + profiles() +
                      ". Tune with samples like these inputs to cover them");
 }
 
@@ -339,6 +402,9 @@ std::vector<at::Tensor> Model::run(const std::vector<at::Tensor>& inputs, void* 
   c10::OptionalDeviceGuard guard;
   if (impl_->device.is_cuda()) guard.reset_device(impl_->device);
   if (impl_->options.check_inputs) check_guards(g.guards, inputs);
+  const bool all_contiguous = std::all_of(inputs.begin(), inputs.end(),
+                                          [](const at::Tensor& t) { return t.is_contiguous(); });
+  if (all_contiguous) return g.loader->run(inputs, cuda_stream);
   std::vector<at::Tensor> contiguous;
   contiguous.reserve(inputs.size());
   for (const at::Tensor& t : inputs) contiguous.push_back(t.contiguous());

@@ -21,16 +21,28 @@ void Dispatcher::clear() {
   count_ = 0;
 }
 
-int Dispatcher::lookup(const SignatureBuilder& call) const {
-  auto it = by_hash_.find(call.hash());
+template <typename KeyEquals>
+int Dispatcher::find(uint64_t hash, const KeyEquals& key_equals,
+                     std::span<const int64_t> sizes) const {
+  auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) return kNone;
   int result = kNone;
   for (const Entry& e : it->second) {
-    if (!call.key_equals(e.profile.graph_key)) continue;  // a hash collision
-    if (sizes_fit(e.rules, call.sizes())) return e.variant;
+    if (!key_equals(e.profile.graph_key)) continue;  // a hash collision
+    if (sizes_fit(e.rules, sizes)) return e.variant;
     result = kOutsideProfile;
   }
   return result;
+}
+
+int Dispatcher::lookup(const SignatureBuilder& call) const {
+  return find(
+      call.hash(), [&](const std::string& key) { return call.key_equals(key); }, call.sizes());
+}
+
+int Dispatcher::lookup(std::string_view graph_key, uint64_t hash,
+                       std::span<const int64_t> sizes) const {
+  return find(hash, [&](const std::string& key) { return key == graph_key; }, sizes);
 }
 
 DispatchResult Dispatcher::lookup(const Signature& sig) const {

@@ -112,6 +112,26 @@ TEST(Dispatch, ConstantLeavesSelectDifferentGraphs) {
   EXPECT_EQ(d.lookup(call({2, 3}, "False")).variant, 4);
 }
 
+TEST(Dispatch, KeyAndHashPathAgreesWithTheBuilderPath) {
+  Dispatcher d;
+  d.add(batch_profile(1, 8), 0);
+  d.add(batch_profile(9, 64), 1);
+  d.add(batch_profile(1, 16, "True"), 2);
+  const std::string key = graph_key(call({1, 3}));
+  const uint64_t h = graph_hash(key);
+  for (int64_t rows : {1, 8, 9, 64, 65}) {
+    const std::vector<int64_t> sizes{rows, 3};
+    EXPECT_EQ(d.lookup(key, h, sizes), fast(d, {rows, 3})) << rows;
+  }
+  EXPECT_EQ(d.lookup(key, h, std::vector<int64_t>{4, 3}), 0);
+  EXPECT_EQ(d.lookup(key, h, std::vector<int64_t>{4, 5}), kOutsideProfile);
+  const std::string flagged = graph_key(call({1, 3}, "True"));
+  EXPECT_EQ(d.lookup(flagged, graph_hash(flagged), std::vector<int64_t>{4, 3}), 2);
+  // Same hash, other key (a collision): never a variant of the other key.
+  EXPECT_EQ(d.lookup(flagged, h, std::vector<int64_t>{4, 3}), kNone);
+  EXPECT_EQ(d.lookup("((*),{})|float16,cpu,2", h, std::vector<int64_t>{4, 3}), kNone);
+}
+
 TEST(Dispatch, AddValidatesAndClearEmpties) {
   Dispatcher d;
   EXPECT_THROW(d.add(batch_profile(1, 4), -1), std::invalid_argument);

@@ -3,7 +3,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -32,8 +34,14 @@ class Dispatcher {
   DispatchResult lookup(const Signature& sig) const;
   // Hot path: the builder holds the call's key and sizes (built with keep_leaves=false).
   int lookup(const SignatureBuilder& call) const;
+  // Hot path for a front end that already holds the call's graph key and its graph_hash (the C++
+  // runtime, whose keys are fixed per graph): no allocation.
+  int lookup(std::string_view graph_key, uint64_t hash, std::span<const int64_t> sizes) const;
 
  private:
+  template <typename KeyEquals>
+  int find(uint64_t hash, const KeyEquals& key_equals, std::span<const int64_t> sizes) const;
+
   struct Entry {
     GraphProfile profile;
     std::vector<SizeRule> rules;
