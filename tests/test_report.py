@@ -127,9 +127,12 @@ def test_markdown_lists_every_candidate_and_decision(
     assert "| TorchEagerBackend (baseline) | ok |" in md
     header = md.index("| candidate | status |")
     head, align = md[header:].splitlines()[:2]
-    assert head.count("|") == align.count("|") == 11  # ten columns, aligned right from build s
+    assert head.count("|") == align.count("|") == 12  # 11 columns, aligned right from build s
+    assert "| max err | cosine | selected |" in head
     fast = _rows(report)["FastBackend"]
-    assert f"| {fast.speedup:.2f}x |" in md
+    assert fast.cosine is not None
+    assert f"| {fast.speedup:.2f}x | {fast.max_abs_error:.1e} | {fast.cosine:.6f} | ✔ |" in md
+    assert f"{fast.cosine:.6f}" in report.render(width=240)  # the terminal table too
     row = next(line for line in md.splitlines() if line.startswith("| ScriptBackend |"))
     assert f"| failed: build raised RuntimeError: {SCRIPT_REASON} | - |" in row
 

@@ -148,6 +148,7 @@ class TuneReport:
             ("throughput/s", "right"),
             ("speedup", "right"),
             ("max err", "right"),
+            ("cosine", "right"),
             ("selected", "center"),
         ]:
             table.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -164,6 +165,7 @@ class TuneReport:
                     _fmt(c.throughput, "{:,.0f}"),
                     _fmt(c.speedup, "{:.2f}x"),
                     _fmt(c.max_abs_error, "{:.1e}"),
+                    _fmt(c.cosine, "{:.6f}"),
                     "✔" if c.selected else "",
                 )
                 where = ""
@@ -200,6 +202,7 @@ MARKDOWN_COLUMNS = (
     "CV",
     "speed-up",
     "max err",
+    "cosine",
     "selected",
 )
 
@@ -217,6 +220,7 @@ def _cells(c: CandidateReport) -> list[str]:
         _fmt(c.cv, "{:.1%}") + (stability if c.cv is not None else ""),
         _fmt(c.speedup, "{:.2f}x"),
         _fmt(c.max_abs_error, "{:.1e}"),
+        _fmt(c.cosine, "{:.6f}"),
         "✔" if c.selected else "",
     ]
 
