@@ -64,7 +64,7 @@ def merge(runs: list[dict[str, Any]], device: str) -> dict[str, Any]:
         for row in run.get("rows", []):
             key = (row["model"], int(row["batch"]))
             if row["status"] == "ok" or rows.get(key, {}).get("status") != "ok":
-                rows[key] = dict(row, run=run["file"])
+                rows[key] = dict(row, run=run["file"], mode=run.get("args", {}).get("mode"))
         for rec in run.get("max_autotune", []):
             key = (rec["model"], int(rec["batch"]))
             if _mat_rank(rec) >= _mat_rank(mat.get(key)):
@@ -124,6 +124,7 @@ def row_metrics(row: dict[str, Any]) -> dict[str, Any]:
         "indep_speedup": _ratio(indep_eager, indep_sel),
         "best_speedup": _ratio(indep_eager, best_ms),
         "tune_s": row.get("tune_wall_s"),
+        "full": row.get("mode") == "full",
     }
     if out["indep_speedup"] is not None:
         out["speedup"], out["source"] = out["indep_speedup"], "independent"
@@ -180,9 +181,10 @@ def _compile_target(ok: list[dict[str, Any]], mat: dict[tuple[str, int], Any]) -
     per_model = []
     for model in models:
         tune = {m["batch"]: m["tune_s"] for m in ok if m["model"] == model and m["tune_s"]}
+        full = {m["batch"] for m in ok if m["model"] == model and m["full"]}
         recs = [r for (name, _), r in mat.items() if name == model]
         rec = max(recs, key=_mat_rank) if recs else None
-        entry: dict[str, Any] = {"model": model, "tune_s": tune, "max_autotune": rec}
+        entry: dict[str, Any] = {"model": model, "tune_s": tune, "full": full, "max_autotune": rec}
         if rec is not None and rec["status"] in ("ok", "timeout") and rec["batch"] in tune:
             seconds = rec.get("compile_first_call_s") or rec.get("timeout_s")
             entry["ratio"] = tune[rec["batch"]] / seconds  # honed / max-autotune, same batch
@@ -304,9 +306,20 @@ def _summary_md(merged: dict[str, Any]) -> list[str]:
             f"{_md(m['selected'])} | {m['selected_precision']} | "
             f"{_f(m['indep_selected_ms'] or m['selected_ms'], 3)} | "
             f"{_f(m['speedup'], 2, 'x')}{mark} | {_md(m['best'] or '-')} | {_f(m['best_ms'], 3)} | "
-            f"{_f(m['gap_pct'], 1, ' %', signed=True)} | {_f(m['tune_s'], 1)} |"
+            f"{_f(m['gap_pct'], 1, ' %', signed=True)} | {_f(m['tune_s'], 1)}"
+            f"{FULL_MARK if m['full'] else ''} |"
         )
+    if any(row_metrics(r)["full"] for r in merged["rows"] if r["status"] == "ok"):
+        lines += ["", FULL_NOTE]
     return [*lines, ""]
+
+
+FULL_MARK = " (full)"
+FULL_NOTE = (
+    "(full): a row of a `--full` run, whose tune tries honed's default candidates (max-autotune "
+    "variants, AOTInductor) each in a worker process, on empty compile caches; the other rows "
+    "tune the light candidates in-process."
+)
 
 
 def _compile_md(mat: dict[str, Any]) -> list[str]:
@@ -322,7 +335,13 @@ def _compile_md(mat: dict[str, Any]) -> list[str]:
         "|---|---|--:|--:|",
     ]
     for e in mat["per_model"]:
-        tune = ", ".join(f"b{b}: {s:.1f}" for b, s in sorted(e["tune_s"].items())) or "-"
+        tune = (
+            ", ".join(
+                f"b{b}: {s:.1f}{FULL_MARK if b in e['full'] else ''}"
+                for b, s in sorted(e["tune_s"].items())
+            )
+            or "-"
+        )
         rec = e["max_autotune"]
         if rec is None:
             cell = "not measured"

@@ -232,7 +232,8 @@ def _run(started: str, rows: list[Any], mat: list[Any], overhead: Any = None) ->
 
 @pytest.fixture
 def fixture_runs(tmp_path: Path) -> list[Path]:
-    """Two runs, merged: the second redoes mlp b1 (wins) and skips bert b64 (the first's stays).
+    """Two runs, merged: the second (--full) redoes mlp b1 (wins) and skips bert b64 (the first's
+    stays).
 
     Speed-ups (independent eager / independent selection): mlp b1 8.0/2.0 = 4.0, bert b1
     2.0/2.0 = 1.0 -> geomean 2.0 (met); mlp b64 1.44, bert b64 1.0 -> 1.2 (not met).
@@ -268,6 +269,7 @@ def fixture_runs(tmp_path: Path) -> list[Path]:
         ],
         [{"model": "bert", "batch": 1, "status": "skipped", "reason": "time budget"}],
     )
+    second["args"] = {"mode": "full", "candidates": "default", "isolation": "process"}
     cpu_run = _run("2026-01-03T00:00:00+00:00", [_row("mlp", 1, 1.0, 1.0, 1.0, 1.0)], [])
     cpu_run["env"]["device"] = "cpu"  # another device: never merged with the CUDA rows
     paths = []
@@ -315,6 +317,9 @@ def test_report_targets_from_fixture(fixture_runs: list[Path], tmp_path: Path) -
     assert text.count("**met**") == 2 and text.count("**not met**") == 2
     assert "| mlp | 1 | 8.000 | TorchInductorBackend" in text and "| 4.00x |" in text
     assert "| bert | b1: 50.0, b64: 60.0 | > 60 (b1) | <= 0.83 |" in text
+    # The full run's row says so wherever its tuning time shows; the light rows do not.
+    assert "| 8.0 (full) |" in text and "| mlp | b1: 8.0 (full), b64: 12.0 |" in text
+    assert report.FULL_NOTE in text and text.count("(full)") == 3
     assert "| eager variant | 1,000 | 5.00 | 6.50 | 1.50 |" in text
     assert "rejected: NaN" in text and "NVIDIA H100 80GB HBM3" in text
     if (
