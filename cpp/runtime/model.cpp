@@ -6,10 +6,10 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
-#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -388,11 +388,10 @@ void Model::Impl::no_graph_for(const std::vector<at::Tensor>& inputs) const {
   for (const at::Tensor& x : inputs) {
     shapes += (shapes.empty() ? "" : ", ") + dtype_name(x.scalar_type()) + shape_str(x.sizes());
   }
-  throw RuntimeError("honed runtime: module '" + module + "': no tuned graph takes inputs (" +
-                     shapes + ") [" +
-                     (reasons.empty() ? "wrong number of tensor inputs" : reasons) +
-                     "]. Stored profiles: " + profiles() +
-                     ". Tune with samples like these inputs to cover them");
+  throw RuntimeError(
+      "honed runtime: module '" + module + "': no tuned graph takes inputs (" + shapes + ") [" +
+      (reasons.empty() ? "wrong number of tensor inputs" : reasons) +
+      "]. Stored profiles: " + profiles() + ". Tune with samples like these inputs to cover them");
 }
 
 std::vector<at::Tensor> Model::run(const std::vector<at::Tensor>& inputs, void* cuda_stream) const {
