@@ -6,6 +6,7 @@ AOT compiles take seconds each on CPU: the built results are shared through modu
 
 from __future__ import annotations
 
+import functools
 import io
 import shutil
 import subprocess
@@ -440,3 +441,107 @@ def test_loading_skips_torchs_device_information_probe(
     )
     x = batches(6)[0]
     torch.testing.assert_close(loaded(x), dynamic_fn(x))
+
+
+def _vec_isa_seen_inside(aot: Any) -> Any:
+    """torch's cpp.vec_isa_ok as a compile inside honed's ISA context would see it."""
+    from torch._inductor import config as inductor_config
+
+    with aot._vec_isa_known():
+        return inductor_config.cpp.vec_isa_ok
+
+
+def test_a_passed_vector_isa_check_is_remembered_and_a_failed_one_is_not(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """torch's CPU vector-ISA check builds and imports a test program per ISA in every new
+    process (15-30 s of an AOTInductor build on the H100 machine); once every ISA the CPU names
+    has passed, later compiles tell torch so instead."""
+    from torch._inductor import cpu_vec_isa
+
+    from honed.backend import torch_inductor_aot as aot
+
+    flagged = ["avx512 avx512_vnni", "avx512", "avx2"]
+    monkeypatch.setattr(aot, "_flagged_vec_isas", lambda: flagged)
+    checked: list[str] = []
+
+    class FakeCheck:  # torch's functools.cache'd valid_vec_isa_list, as one process sees it
+        def __init__(self, passed: list[str]) -> None:
+            self.passed = passed
+
+        def __call__(self) -> list[str]:
+            checked.append("checked")
+            return self.passed
+
+        def cache_info(self) -> Any:
+            return functools._CacheInfo(0, 0, None, 1 if checked else 0)
+
+    with honed.config.patch(cache_dir=tmp_path):
+        # A process where one ISA failed: nothing is kept, torch goes on checking.
+        monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", FakeCheck(flagged[1:]))
+        checked.clear()
+        cpu_vec_isa.valid_vec_isa_list()  # what the compile does
+        assert _vec_isa_seen_inside(aot) is None
+        assert not list((tmp_path / "aoti-probe").glob("vec-isa-*.ok"))
+
+        # A process where torch did not check at all: nothing learned, no check forced.
+        checked.clear()
+        monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", FakeCheck(flagged))
+        assert _vec_isa_seen_inside(aot) is None and checked == []
+        assert not list((tmp_path / "aoti-probe").glob("vec-isa-*.ok"))
+
+        # Every ISA passed: remembered; the next process's compile skips the check.
+        cpu_vec_isa.valid_vec_isa_list()
+        assert _vec_isa_seen_inside(aot) is None
+        assert len(list((tmp_path / "aoti-probe").glob("vec-isa-*.ok"))) == 1
+        assert _vec_isa_seen_inside(aot) is True
+
+        # Another CPU (other flags) or no cache: checked again.
+        monkeypatch.setattr(aot, "_flagged_vec_isas", lambda: ["avx2"])
+        assert _vec_isa_seen_inside(aot) is None
+        monkeypatch.setattr(aot, "_flagged_vec_isas", lambda: flagged)
+        with honed.config.patch(cache_enabled=False):
+            assert _vec_isa_seen_inside(aot) is None
+
+        # The user's own setting always wins.
+        from torch._inductor import config as inductor_config
+
+        with inductor_config.patch({"cpp.vec_isa_ok": False}):
+            assert _vec_isa_seen_inside(aot) is False
+
+
+def test_compiling_twice_in_new_processes_skips_the_isa_check_the_second_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """End to end on this CPU: two compiles, the second as a new process would run it."""
+    from honed.backend import torch_inductor_aot as aot
+
+    flagged = aot._flagged_vec_isas()
+    if not flagged:
+        pytest.skip("torch checks vector ISAs only on x86-64 Linux")
+    from torch._inductor import cpu_vec_isa
+
+    if [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()] != flagged:
+        pytest.skip("an ISA this CPU names does not build here: torch keeps checking")
+    seen: list[Any] = []
+    real = torch._inductor.aoti_compile_and_package
+
+    def compile_and_note(*args: Any, **kw: Any) -> Any:
+        from torch._inductor import config as inductor_config
+
+        seen.append(inductor_config.cpp.vec_isa_ok)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_and_note)
+    with honed.config.patch(cache_dir=tmp_path):
+        for _ in range(2):
+            module = honed.Module(TinyMLP(), "isa")
+            honed.tune(
+                module,
+                batches(2),
+                strategy=honed.OneBackendStrategy(TorchInductorAotBackend()),
+                isolation="none",
+            )
+            x = batches(5)[0]
+            torch.testing.assert_close(module(x), module.module(x))
+    assert seen == [None, True]

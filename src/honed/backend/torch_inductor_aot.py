@@ -30,7 +30,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -631,11 +631,12 @@ def _compile(exported: Any, options: dict[str, Any] | None) -> bytes:
     with tempfile.TemporaryDirectory(prefix="honed-aot-") as tmp:
         path = Path(tmp) / PAYLOAD_PACKAGE
         try:
-            torch._inductor.aoti_compile_and_package(
-                exported,
-                package_path=str(path),
-                inductor_configs=_link_options(options),
-            )
+            with _vec_isa_known():
+                torch._inductor.aoti_compile_and_package(
+                    exported,
+                    package_path=str(path),
+                    inductor_configs=_link_options(options),
+                )
         except Exception as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise TuneError(
@@ -643,6 +644,74 @@ def _compile(exported: Any, options: dict[str, Any] | None) -> bytes:
                 "check the C++ compiler (CXX) and the options given, or use TorchInductorBackend"
             ) from e
         return path.read_bytes()
+
+
+# -- torch's CPU vector-ISA check, remembered ------------------------------------------------------
+# Every AOTInductor compile asks torch which CPU vector ISAs (AVX2, AVX-512, ...) work here; the
+# first time in a process torch compiles a test program per ISA the CPU's flags name and imports
+# each in a child interpreter: 15-30 s of a 60-120 s build on the H100 machine, paid again by every
+# worker process. Once every flagged ISA has passed (same torch, interpreter, compiler and CPU
+# flags), later processes tell torch so (``cpp.vec_isa_ok``) and skip the test builds; an ISA that
+# failed is never remembered, so torch keeps checking on such machines. A user's own setting of
+# ``cpp.vec_isa_ok`` (TORCHINDUCTOR_VEC_ISA_OK) always wins.
+def _flagged_vec_isas() -> list[str] | None:
+    """The vector ISAs torch would test here (those the CPU's flags name), or None off x86."""
+    import platform
+
+    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
+        return None
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        flags = cpu_vec_isa.x86_isa_checker()
+        return [
+            str(isa)
+            for isa in cpu_vec_isa.supported_vec_isa_list
+            if all(flag in flags for flag in str(isa).split())
+        ]
+    except Exception:  # another torch layout: no shortcut
+        return None
+
+
+def _vec_isa_verdict_file(flagged: list[str]) -> Path | None:
+    from honed import __version__, config
+
+    if not config.cache_enabled:
+        return None
+    key = json.dumps(
+        [__version__, torch.__version__, sys.executable, os.environ.get("CXX", ""), flagged]
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return Path(config.cache_dir) / "aoti-probe" / f"vec-isa-{digest}.ok"
+
+
+@contextlib.contextmanager
+def _vec_isa_known() -> Iterator[None]:
+    """Compile with torch's ISA check skipped when an earlier process saw every ISA pass."""
+    from torch._inductor import config as inductor_config
+
+    flagged = _flagged_vec_isas()
+    verdict = _vec_isa_verdict_file(flagged) if flagged else None
+    if verdict is None or inductor_config.cpp.vec_isa_ok is not None:
+        yield
+        return
+    if verdict.exists():
+        with inductor_config.patch({"cpp.vec_isa_ok": True}):
+            yield
+        return
+    yield
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0:
+            return  # torch did not check this time: nothing learned, and checking costs
+        passed = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]  # torch's cached answer
+    except Exception:
+        return
+    if passed == flagged:
+        with contextlib.suppress(OSError):  # a read-only cache only costs time
+            verdict.parent.mkdir(parents=True, exist_ok=True)
+            verdict.write_text(f"vector ISAs that build here: {' '.join(passed)}\n")
 
 
 def _load(package: bytes, device_type: str) -> Any:
