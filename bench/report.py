@@ -309,7 +309,7 @@ def _summary_md(merged: dict[str, Any]) -> list[str]:
             f"{_f(m['gap_pct'], 1, ' %', signed=True)} | {_f(m['tune_s'], 1)}"
             f"{FULL_MARK if m['full'] else ''} |"
         )
-    if any(row_metrics(r)["full"] for r in merged["rows"] if r["status"] == "ok"):
+    if any(r.get("mode") == "full" for r in merged["rows"] if r["status"] == "ok"):
         lines += ["", FULL_NOTE]
     return [*lines, ""]
 

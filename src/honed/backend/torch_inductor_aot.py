@@ -651,9 +651,9 @@ def _compile(exported: Any, options: dict[str, Any] | None) -> bytes:
 # first time in a process torch compiles a test program per ISA the CPU's flags name and imports
 # each in a child interpreter: 17.8 s of an 86 s build on the H100 machine, paid again by every
 # worker process (9.1 s with this shortcut: torch tests the AMX ISAs regardless of the setting).
-# Once every flagged ISA has passed (same torch, interpreter, compiler and CPU
-# flags), later processes tell torch so (``cpp.vec_isa_ok``) and skip the test builds; an ISA that
-# failed is never remembered, so torch keeps checking on such machines. A user's own setting of
+# Once every flagged ISA has passed (same torch, interpreter, compiler and CPU flags), later
+# processes tell torch so (``cpp.vec_isa_ok``) and skip the test builds; an ISA that failed is
+# never remembered, so torch keeps checking on such machines. A user's own setting of
 # ``cpp.vec_isa_ok`` (TORCHINDUCTOR_VEC_ISA_OK) always wins.
 def _flagged_vec_isas() -> list[str] | None:
     """The vector ISAs torch would test here (those the CPU's flags name), or None off x86."""
@@ -674,16 +674,22 @@ def _flagged_vec_isas() -> list[str] | None:
         return None
 
 
-def _vec_isa_verdict_file(flagged: list[str]) -> Path | None:
+def _verdict_file(name: str, *key: Any) -> Path | None:
+    """Where a remembered success lives in the cache folder (None with the cache off), keyed by
+    ``key`` and everything that decides how packages are built and loaded here."""
     from honed import __version__, config
 
     if not config.cache_enabled:
         return None
-    key = json.dumps(
-        [__version__, torch.__version__, sys.executable, os.environ.get("CXX", ""), flagged]
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    return Path(config.cache_dir) / "aoti-probe" / f"vec-isa-{digest}.ok"
+    parts = [__version__, torch.__version__, sys.executable, os.environ.get("CXX", ""), *key]
+    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
+    return Path(config.cache_dir) / "aoti-probe" / f"{name}-{digest}.ok"
+
+
+def _remember(verdict: Path, text: str) -> None:
+    with contextlib.suppress(OSError):  # a read-only cache only costs time
+        verdict.parent.mkdir(parents=True, exist_ok=True)
+        verdict.write_text(text + "\n")
 
 
 @contextlib.contextmanager
@@ -692,7 +698,7 @@ def _vec_isa_known() -> Iterator[None]:
     from torch._inductor import config as inductor_config
 
     flagged = _flagged_vec_isas()
-    verdict = _vec_isa_verdict_file(flagged) if flagged else None
+    verdict = _verdict_file("vec-isa", flagged) if flagged else None
     if verdict is None or inductor_config.cpp.vec_isa_ok is not None:
         yield
         return
@@ -710,9 +716,7 @@ def _vec_isa_known() -> Iterator[None]:
     except Exception:
         return
     if passed == flagged:
-        with contextlib.suppress(OSError):  # a read-only cache only costs time
-            verdict.parent.mkdir(parents=True, exist_ok=True)
-            verdict.write_text(f"vector ISAs that build here: {' '.join(passed)}\n")
+        _remember(verdict, f"vector ISAs that build here: {' '.join(passed)}")
 
 
 def _load(package: bytes, device_type: str) -> Any:
@@ -762,18 +766,6 @@ _PROBE_CODE = (
 _PROBED: dict[str, str] = {}
 
 
-def _probe_verdict_file(device_type: str) -> Path | None:
-    from honed import __version__, config
-
-    if not config.cache_enabled:
-        return None
-    key = json.dumps(
-        [__version__, torch.__version__, sys.executable, device_type, os.environ.get("CXX", "")]
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    return Path(config.cache_dir) / "aoti-probe" / f"{device_type}-{digest}.ok"
-
-
 def _probe_loading(path: Path, device_type: str) -> None:
     if device_type not in _PROBED:  # once per process and device type
         _PROBED[device_type] = _probe(path, device_type)
@@ -785,7 +777,7 @@ def _probe(path: Path, device_type: str) -> str:
     one), else how the child failed."""
     import subprocess
 
-    verdict = _probe_verdict_file(device_type)
+    verdict = _verdict_file(device_type)
     if verdict is not None and verdict.exists():
         return ""
     try:
@@ -804,9 +796,7 @@ def _probe(path: Path, device_type: str) -> str:
     if rc > 0:
         return f"failed (exit code {rc}: {last})"
     if verdict is not None:
-        with contextlib.suppress(OSError):  # a read-only cache only costs time
-            verdict.parent.mkdir(parents=True, exist_ok=True)
-            verdict.write_text(f"loads: torch {torch.__version__}, {sys.executable}\n")
+        _remember(verdict, f"loads: torch {torch.__version__}, {sys.executable}")
     return ""
 
 
