@@ -7,7 +7,7 @@ VPY := $(VENV)/bin/python
 STAMP := .stamp
 CPP_BUILD := build/cpp
 TORCH_VERSION ?= 2.13.0
-APT_PACKAGES := g++ make libgtest-dev chromium libzip-dev libssl-dev libcli11-dev
+APT_PACKAGES := g++ make libgtest-dev chromium libzip-dev libssl-dev libcli11-dev nlohmann-json3-dev python3-dev
 ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml src/honed_jit.pth src/_honed_jit_hook.py
 TORCHAO_VERSION ?= 0.18.0
 
