@@ -10,6 +10,7 @@ TORCH_VERSION ?= 2.13.0
 APT_PACKAGES := g++ make libgtest-dev chromium libzip-dev libssl-dev libcli11-dev nlohmann-json3-dev python3-dev
 ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml src/honed_jit.pth src/_honed_jit_hook.py
 TORCHAO_VERSION ?= 0.18.0
+TRANSFORMERS_VERSION ?= 5.17.0
 
 .PHONY: demo test test-cpp test-py lint gpu-test bench-gpu bench-report clean setup
 
@@ -36,8 +37,13 @@ $(STAMP)/venv: | $(STAMP)/apt
 	@touch $@
 
 # bench/report.py draws its plots with matplotlib (tests/test_bench_suite.py checks them).
-$(STAMP)/bench-deps: $(STAMP)/venv
-	$(VPY) -m pip install -q matplotlib
+# transformers: the suite's BERT, GPT-2 and Llama (tiny configs in the CPU tests), pinned to the
+# GPU machine's release; it declares no torch requirement, and pip check proves none came along.
+$(STAMP)/bench-deps: $(STAMP)/venv Makefile
+	$(VPY) -m pip install -q matplotlib "transformers==$(TRANSFORMERS_VERSION)"
+	$(VPY) -c "import torch; assert torch.__version__.startswith('$(TORCH_VERSION)'), torch.__version__"
+	$(VPY) -m pip check
+	@touch $@
 # TorchAOBackend: torchao's pure-Python wheel (made for torch >= 2.11), fetched like the device's.
 # --no-deps: torchao declares none, and this never pulls another torch.
 $(STAMP)/torchao: $(STAMP)/venv scripts/fetch-device-wheels.sh
@@ -74,8 +80,9 @@ lint: $(STAMP)/package
 gpu-test:  ## tests + benchmarks on a CUDA machine (scripts/gpu-test.sh [tests|bench|runtime|all])
 	bash scripts/gpu-test.sh
 
-# The benchmark suite (README, "Benchmarks"). On the GPU machine: light subset by default,
-# SUITE_ARGS="--full" or e.g. SUITE_ARGS="--models gpt2 vit_b16" for more; results under $$OUT.
+# The benchmark suite (README, "Benchmarks"). On the GPU machine: BERT b8 and ResNet-50 b64 by
+# default, SUITE_ARGS="--rows bert:1 resnet50:1" or "--models gpt2 llama --batches 8" for others;
+# SUITE_CPP=1 adds the target="cpp" job; results under $$OUT (scripts/gpu-test.sh suite).
 bench-gpu:  ## the GPU benchmark suite in one device call (scripts/gpu-test.sh suite)
 	bash scripts/gpu-test.sh suite
 

@@ -1,27 +1,28 @@
-"""bench/suite.py: the GPU benchmark suite: every model x batch, honed's tune against eager fp32.
+"""bench/suite.py: the benchmark suite: honed against what a user would do instead, per row.
 
-    python bench/suite.py [--full] [--models mlp bert ...] [--batches 1 8 64] [--device cuda]
-                          [--candidates light|default] [--max-autotune none|first|all]
-                          [--budget-s 400] [--out bench/results/FILE.json]
+    python bench/suite.py [--rows bert:8 resnet50:64 | --models bert gpt2 --batches 1 8]
+                          [--budget-s 480] [--parallel 1] [--honed-run PATH] [--out DIR|FILE]
 
-Per model and batch (llama-bench style: lists of models and batches, the product is run):
-  1. honed.tune with eager fp32 as the baseline: every candidate it tried with its figures
-     (median, p99, throughput, build time, max error, status, latency samples) and its selection;
-     tuning wall time;
-  2. an independent check outside honed's selection: every candidate that passed is rebuilt here
-     and re-measured round-robin, each call timed alone with CUDA events (host clock on CPU),
-     rotating the order each round; the best median and how far honed's selection is from it;
-  3. optionally the time of torch.compile(mode="max-autotune") alone (compile + first call), in a
-     fresh process with a cold compile cache and a timeout.
-Plus the per-call overhead of honed.Module (bench/overhead.py) and, with --knee, the throughput
-knee of eager found by the engine's batch sweep (added as one more batch).
+Per row (model, batch), llama-bench style (the product of models and batches, or --rows in order):
+  1. cold, each in a fresh process with empty honed, Inductor and Triton caches (bench/cold.py):
+     the one-liner's compile + first call; honed's default tune + honed.save; the warm re-tune (a
+     new process reusing the caches the tune left); with --honed-run, a target="cpp" tune + save
+     and honed-run --check on the artifact;
+  2. side by side, in this process, nothing else running: eager fp32, the one-liner, the expert
+     hand (bf16 weights, channels_last for convnets, reduce-overhead), honed's selection
+     (honed.load of the saved artifact) and every candidate honed tried and passed, rebuilt from
+     its recipe; each checked against eager fp32 (max error, cosine) and measured round-robin
+     (bench/timing.py). The one-liner and honed's candidates compile from the caches their cold
+     processes left, so their kernels are the ones those processes chose.
 
-The JSON (schema below, see bench/report.py) is rewritten atomically after every row, so a run
-stopped by a time limit keeps what it finished; --budget-s stops starting rows that would not fit.
-Light mode (default): MLP, BERT, ResNet-50 at batches 1 and 64, candidates Inductor
-reduce-overhead and CUDA graphs (fp32 and bf16 autocast), in-process candidates (no workers),
-at most 6 measurement windows. --full: all five models, batches 1 8 64 + knee, honed's default
-candidates (max-autotune variants, AOTInductor), worker processes, the full protocol.
+--parallel N runs the one-liner's cold compiles of all rows up to N at once first (compiles are
+CPU-bound; Inductor's kernel benchmarks take a lock, so no two processes time kernels at once);
+their compile times then carry how many ran together. honed's tunes, the C++ run and every
+latency in the table always run alone.
+
+The JSON (schema honed-bench-suite/2, read by bench/report.py) is rewritten after every job and
+row, so a run stopped by a time limit keeps what it finished; --budget-s gives each job what is
+left and starts no row that cannot finish.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,30 +44,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from models import SPECS  # bench/models.py (the script's folder is on sys.path)
+import variants  # bench/variants.py (the script's folder is on sys.path)
+from cold import Job, compile_caches, merge_tree, run_jobs  # bench/cold.py
+from models import SPECS, SUITE  # bench/models.py
 from provenance import commit  # bench/provenance.py
+from timing import round_robin  # bench/timing.py
 
-import honed
 from honed import _core
-from honed.backend import (
-    Backend,
-    CudaGraphsBackend,
-    CudaGraphsBackendConfig,
-    TorchInductorBackend,
-    TorchInductorBackendConfig,
-)
-from honed.backend.base import GraphInfo, Sample
-from honed.backend.registry import default_backends
 from honed.environment import fingerprint
-from honed.tuning import _dynamo_limits
 
-SCHEMA = "honed-bench-suite/1"
+SCHEMA = "honed-bench-suite/2"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-LIGHT_MODELS = ["mlp", "bert", "resnet50"]
-LIGHT_BATCHES = [1, 64]
-FULL_BATCHES = [1, 8, 64]
-KEPT_SAMPLES = 300  # latency samples kept per candidate for the distribution plots
-PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
+BATCHES = [1, 8, 64]
+MIN_JOB_S = 20.0  # a cold job given less than this is not started
 
 
 # -- environment -------------------------------------------------------------------------------
@@ -83,36 +72,16 @@ def _version(*dists: str) -> str | None:
 def environment(device: torch.device) -> dict[str, Any]:
     env = fingerprint(device)
     env["commit"] = commit()
-    env["triton"] = _version("triton", "pytorch-triton")
+    for lib in ("triton", "torchvision", "transformers", "timm"):
+        env[lib] = _version(lib, "pytorch-triton") if lib == "triton" else _version(lib)
     env["driver"] = None
     env["float32_matmul_precision"] = torch.get_float32_matmul_precision()  # "highest": no TF32
-    env["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32  # convolutions in eager fp32
+    env["cpu_count"] = os.cpu_count()
     if device.type == "cuda":
         probe = _core.probe_gpus()
         env["driver"] = probe.driver_version or None
         env["driver_cuda"] = _core.cuda_version_string(probe.driver_cuda_version)
     return env
-
-
-# -- candidates --------------------------------------------------------------------------------
-def light_candidates(device: torch.device) -> list[Backend]:
-    """Inductor reduce-overhead and CUDA graphs, fp32 and bf16 autocast (no max-autotune)."""
-    if device.type != "cuda":
-        return [TorchInductorBackend()]
-    bf16 = torch.bfloat16
-    inductor = TorchInductorBackendConfig
-    return [
-        TorchInductorBackend(inductor(mode="reduce-overhead")),
-        TorchInductorBackend(
-            inductor(mode="reduce-overhead", autocast_enabled=True, autocast_dtype=bf16)
-        ),
-        CudaGraphsBackend(),
-        CudaGraphsBackend(CudaGraphsBackendConfig(autocast_enabled=True, autocast_dtype=bf16)),
-    ]
-
-
-def candidates(kind: str, device: torch.device) -> list[Backend]:
-    return light_candidates(device) if kind == "light" else default_backends(device)
 
 
 def precision(name: str) -> str:
@@ -122,301 +91,7 @@ def precision(name: str) -> str:
     return "bf16" if "autocast_enabled=True" in name or "bfloat16" in name else "fp32"
 
 
-# -- the independent check ---------------------------------------------------------------------
-def _timer(device: torch.device) -> Callable[[Callable[[], Any]], tuple[float, float]]:
-    """(device ms, host wall ms) of one call, waited for: CUDA events around it and the host
-    clock around the whole (record, call, record, synchronize); on a CPU both are the host clock.
-
-    One call at a time (as a batch-1 request is served) measures the latency honed ranks by;
-    back-to-back calls would hide a backend's host overhead behind the previous call's kernels.
-    """
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-        def cuda_call(fn: Callable[[], Any]) -> tuple[float, float]:
-            began = time.perf_counter()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            wall = (time.perf_counter() - began) * 1e3
-            return float(start.elapsed_time(end)), wall
-
-        return cuda_call
-
-    def host_call(fn: Callable[[], Any]) -> tuple[float, float]:
-        started = time.perf_counter()
-        fn()
-        ms = (time.perf_counter() - started) * 1e3
-        return ms, ms
-
-    return host_call
-
-
-def round_robin(
-    fns: dict[str, Callable[[], Any]],
-    device: torch.device,
-    batch: int,
-    rounds: int,
-    block_ms: float,
-) -> dict[str, dict[str, Any]]:
-    """Each fn measured in blocks of single timed calls, A B C / B C A / ... so drift hits all
-    alike.
-
-    Warm-up follows the protocol (>= warmup_calls and >= warmup_ms per fn); each block aims at
-    ``block_ms``; every call is one sample. Throughput is the engine's definition: samples over
-    the host wall time of the calls (what MaxThroughputStrategy ranks by).
-    """
-    timed = _timer(device)
-    per_call: dict[str, float] = {}
-    for name, fn in fns.items():
-        warm: list[float] = []
-        started = time.perf_counter()
-        while (
-            len(warm) < honed.config.warmup_calls
-            or (time.perf_counter() - started) * 1e3 < honed.config.warmup_ms
-        ):
-            warm.append(timed(fn)[1])
-        per_call[name] = sorted(warm)[len(warm) // 2]
-    k = {name: max(1, min(500, math.ceil(block_ms / max(t, 1e-3)))) for name, t in per_call.items()}
-    names = list(fns)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    walls: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            for _ in range(k[name]):
-                ms, wall = timed(fns[name])
-                samples[name].append(ms)
-                walls[name].append(wall)
-    out = {}
-    for name in names:
-        stats = _core.stats(samples[name])
-        wall_stats = _core.stats(walls[name])
-        total_s = sum(walls[name]) / 1e3
-        out[name] = {
-            "median_ms": stats.median_ms,
-            "p99_ms": stats.p99_ms,
-            "mean_ms": stats.mean_ms,
-            "cv": stats.cv,
-            "wall_median_ms": wall_stats.median_ms,
-            "throughput": batch * len(walls[name]) / total_s if total_s > 0 else None,
-            "calls_per_block": k[name],
-            "samples_ms": samples[name],
-        }
-    return out
-
-
-def independent_check(
-    model: torch.nn.Module,
-    x: torch.Tensor,
-    rows: list[dict[str, Any]],
-    backends: dict[str, Backend],
-    device: torch.device,
-    batch: int,
-    args: argparse.Namespace,
-) -> dict[str, Any]:
-    """Rebuild every candidate that passed honed's gate and re-measure them all round-robin."""
-    fns: dict[str, Callable[[], Any]] = {}
-    failures: dict[str, str] = {}
-    graph = GraphInfo(device=device)
-    with torch.no_grad(), _dynamo_limits():
-        for row in rows:
-            if row["status"] != "ok" or row["median_ms"] is None:
-                continue
-            name = row["name"]
-            if row["is_baseline"]:
-                fns[name] = _bound(model, x)
-                continue
-            try:
-                fn = backends[name].build_graph(model, [Sample((x,), {})], graph)
-                fn(x)
-                _sync(device)
-                fns[name] = _bound(fn, x)
-            except Exception as e:  # a rebuild failure is recorded, the others still run
-                failures[name] = f"{type(e).__name__}: {_first_line(e)}"
-        results = round_robin(fns, device, batch, args.indep_rounds, args.indep_block_ms)
-    fns.clear()
-    # Ranked by what honed's strategy (the default, MaxThroughputStrategy) maximises: throughput
-    # over host wall time. The gap: how much longer the selection takes per call than the best.
-    best = max(results, key=lambda n: results[n]["throughput"] or 0.0) if results else None
-    baseline = next((r["name"] for r in rows if r["is_baseline"]), None)
-    selected = next((r["name"] for r in rows if r["selected"]), baseline)  # none: eager runs
-    gap = None
-    if best is not None and selected in results and results[selected]["throughput"]:
-        gap = (results[best]["throughput"] / results[selected]["throughput"] - 1.0) * 100.0
-    for r in results.values():
-        r["samples_ms"] = _kept(r["samples_ms"])
-    return {
-        "method": f"{'CUDA events and host clock' if device.type == 'cuda' else 'host clock'} "
-        f"around each call, round-robin, {args.indep_rounds} rounds of ~{args.indep_block_ms:g} ms "
-        "blocks, order rotated; best = highest throughput (host wall time)",
-        "results": results,
-        "failures": failures,
-        "best": best,
-        "selected": selected,
-        "selection_gap_pct": gap,
-        "eager": baseline if baseline in results else None,
-    }
-
-
-def _bound(fn: Callable[..., Any], x: torch.Tensor) -> Callable[[], Any]:
-    return lambda: fn(x)
-
-
-# -- one row -----------------------------------------------------------------------------------
-def candidate_record(c: Any) -> dict[str, Any]:
-    samples = list(c.samples_ms or [])
-    record = {
-        "name": c.name,
-        "backend": c.backend,
-        "precision": precision(c.name),
-        "status": c.status,
-        "reason": c.reason,
-        "is_baseline": c.is_baseline,
-        "selected": c.selected,
-        "build_s": c.build_s,
-        "median_ms": c.median_ms,
-        "p99_ms": c.p99_ms,
-        "throughput": c.throughput,
-        "cv": c.cv,
-        "stable": c.stable,
-        "speedup": c.speedup,
-        "max_abs_error": c.max_abs_error,
-        "max_rel_error": c.max_rel_error,
-        "cosine": c.cosine,
-        "percentiles_ms": _percentiles(samples),
-        "samples_ms": _kept(samples),
-    }
-    return record
-
-
-def run_row(
-    spec_name: str, batch: int, args: argparse.Namespace, device: torch.device
-) -> dict[str, Any]:
-    """Tune one model at one batch size, then check honed's choice independently."""
-    spec = SPECS[spec_name]
-    model = spec.build(tiny=args.tiny).to(device)
-    x = spec.inputs(model, batch, device)
-    backends = {b.name: b for b in candidates(args.candidates, device)}
-    wrapped = honed.Module(model, f"{spec_name}-b{batch}")
-    started = time.perf_counter()
-    with honed.config.patch(cache_enabled=False, **args.measure):
-        report = honed.tune(
-            wrapped,
-            [x],
-            backends=list(backends.values()),
-            device=device,
-            isolation=args.isolation,
-        )
-    tune_wall = time.perf_counter() - started
-    graph = report.graphs[0]
-    rows = [candidate_record(c) for c in graph.candidates]
-    del wrapped, report
-    _release(device)
-    check = independent_check(model, x, rows, backends, device, batch, args)
-    return {
-        "model": spec_name,
-        "title": spec.title,
-        "batch": batch,
-        "params": sum(p.numel() for p in model.parameters()),
-        "status": "ok",
-        "tune_wall_s": tune_wall,
-        "selected": graph.selected,
-        "decision": graph.decision,
-        "candidates": rows,
-        "independent": check,
-    }
-
-
-# -- max-autotune alone, in a fresh process ----------------------------------------------------
-CHILD = """
-import json, sys, time, torch
-sys.path.insert(0, sys.argv[1])
-from models import SPECS
-spec, batch, device = SPECS[sys.argv[2]], int(sys.argv[3]), torch.device(sys.argv[4])
-model = spec.build(tiny=sys.argv[5] == "1").to(device)
-x = spec.inputs(model, batch, device)
-started = time.perf_counter()
-compiled = torch.compile(model, mode="max-autotune")
-with torch.no_grad():
-    compiled(x)
-if device.type == "cuda":
-    torch.cuda.synchronize()
-print("RESULT " + json.dumps({"compile_first_call_s": time.perf_counter() - started}))
-"""
-
-
-def max_autotune_time(
-    spec_name: str, batch: int, device: torch.device, tiny: bool, timeout_s: float
-) -> dict[str, Any]:
-    """torch.compile(mode="max-autotune") + first call, cold caches, in its own process group."""
-    record: dict[str, Any] = {"model": spec_name, "batch": batch, "timeout_s": timeout_s}
-    with tempfile.TemporaryDirectory(prefix="honed-bench-mat-") as tmp:
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor")
-        env["TRITON_CACHE_DIR"] = f"{tmp}/triton"
-        argv = [sys.executable, "-c", CHILD, str(Path(__file__).resolve().parent), spec_name]
-        argv += [str(batch), str(device), "1" if tiny else "0"]
-        started = time.perf_counter()
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            record.update(status="timeout", wall_s=time.perf_counter() - started)
-            return record
-        finally:  # also when the suite itself is stopped (Ctrl-C, SIGTERM)
-            if proc.poll() is None:
-                _kill_group(proc)
-    record["wall_s"] = time.perf_counter() - started
-    line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode == 0 and line is not None:
-        record.update(status="ok", **json.loads(line.removeprefix("RESULT ")))
-    else:
-        tail = [ln for ln in out.strip().splitlines() if ln.strip()][-3:]
-        record.update(status="failed", reason=f"exit {proc.returncode}: {' | '.join(tail)}")
-    return record
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """Kill the child we started and its compile workers (its own process group), and reap it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-
-
-# -- the batch knee (the engine's sweep rule over eager throughput) ----------------------------
-def knee(spec_name: str, device: torch.device, tiny: bool, max_batch: int) -> dict[str, Any]:
-    spec = SPECS[spec_name]
-    model = spec.build(tiny=tiny).to(device)
-    cfg = _core.MeasureConfig(warmup_ms=20.0, window_ms=20.0, max_windows=5)
-    timer = _core.HostTimer((lambda: torch.cuda.synchronize()) if device.type == "cuda" else None)
-    points: list[list[float]] = []
-
-    def throughput_at(batch: int) -> float | None:
-        try:
-            x = spec.inputs(model, batch, device)
-            cfg.batch_size = batch
-            with torch.no_grad():
-                m = _core.measure(lambda: model(x), timer, cfg)
-        except torch.cuda.OutOfMemoryError:
-            _release(device)
-            return None
-        points.append([batch, float(m.throughput)])
-        return float(m.throughput)
-
-    result = _core.batch_sweep(throughput_at, start=1, max_batch=max_batch)
-    _release(device)
-    return {"knee": int(result.knee), "stop_reason": result.stop_reason, "points": points}
-
-
-# -- the run -----------------------------------------------------------------------------------
+# -- the JSON of a run -------------------------------------------------------------------------
 class Run:
     """The JSON of one suite run, rewritten atomically whenever something is added."""
 
@@ -429,11 +104,8 @@ class Run:
             "finished": False,
             "elapsed_s": 0.0,
             "env": environment(device),
-            "args": {k: v for k, v in vars(args).items() if not isinstance(v, Path)},
-            "overhead": None,
-            "knees": {},
+            "args": {k: v for k, v in vars(args).items() if k not in ("out", "work_dir")},
             "rows": [],
-            "max_autotune": [],
         }
         self.write()
 
@@ -456,161 +128,364 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def plan(args: argparse.Namespace, run: Run, device: torch.device) -> list[tuple[str, int]]:
-    """(model, batch) pairs in order, model-major; with --knee each model's knee is added."""
-    pairs = []
-    for name in args.models:
-        batches = list(args.batches)
-        if args.knee:
-            try:
-                found = knee(name, device, args.tiny, args.knee_max)
-            except Exception as e:
-                found = {"error": f"{type(e).__name__}: {_first_line(e)}"}
-            run.data["knees"][name] = found
-            run.write()
-            if "knee" in found and found["knee"] not in batches:
-                batches.append(found["knee"])
-        pairs += [(name, b) for b in sorted(batches)]
-    return pairs
+# -- the plan ----------------------------------------------------------------------------------
+def plan(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """(model, batch) rows in the order they run: --rows as given, else models x batches."""
+    if args.rows:
+        return list(args.rows)
+    return [(m, b) for m in args.models for b in args.batches]
 
 
-def fits(run: Run, durations: dict[str, list[float]], model: str, budget: float) -> str:
-    """'' when the next row of ``model`` fits the budget, else why not."""
-    if budget <= 0:
+def new_row(name: str, batch: int) -> dict[str, Any]:
+    spec = SPECS[name]
+    return {
+        "model": name,
+        "title": spec.title,
+        "library": spec.library,
+        "batch": batch,
+        "status": "running",
+        "reason": "",
+        "cold": {},
+        "variants": {},
+        "candidates": [],
+        "selection": {},
+    }
+
+
+class Budget:
+    """The run's time budget (``seconds`` <= 0: none): what each job may still take."""
+
+    def __init__(self, run: Run, seconds: float, reserve_s: float) -> None:
+        self.run, self.seconds, self.reserve_s = run, seconds, reserve_s
+
+    def left(self) -> float:
+        return math.inf if self.seconds <= 0 else self.seconds - self.run.elapsed()
+
+    def for_job(self, cap: float) -> float:
+        """Seconds a cold job may take, keeping the side-by-side's reserve for its row."""
+        return min(cap, self.left() - self.reserve_s)
+
+
+# -- the cold jobs of one row ------------------------------------------------------------------
+def row_work(args: argparse.Namespace, name: str, batch: int) -> Path:
+    return Path(args.work_dir) / f"{name}-b{batch}"
+
+
+def common_argv(args: argparse.Namespace) -> list[str]:
+    argv = ["--device", args.device, "--compile-backend", args.compile_backend]
+    argv += ["--candidates", args.candidates]
+    if args.isolation:
+        argv += ["--isolation", args.isolation]
+    return argv + (["--tiny"] if args.tiny else [])
+
+
+def oneliner_job(args: argparse.Namespace, name: str, batch: int, timeout: float) -> Job:
+    work = row_work(args, name, batch) / "oneliner"
+    extra = ["--gpu-lock", str(Path(args.work_dir) / "gpu.lock")] if args.parallel > 1 else []
+    return Job("oneliner", name, batch, work, extra, timeout)
+
+
+def honed_budget(args: argparse.Namespace, row: dict[str, Any]) -> float | None:
+    """time_budget_s for honed's tune: seconds, or a multiple of the row's one-liner compile."""
+    spec = args.honed_time_budget
+    if not spec:
+        return None
+    if spec.endswith("x"):
+        one = row["cold"].get("oneliner", {})
+        if one.get("status") != "ok":
+            return None
+        return float(spec[:-1]) * one["compile_first_call_s"]
+    return float(spec)
+
+
+def cold_jobs(args: argparse.Namespace, row: dict[str, Any], budget: Budget, run: Run) -> None:
+    """The row's cold jobs, one after another, each alone; records land in row["cold"]."""
+    name, batch = row["model"], row["batch"]
+    work = row_work(args, name, batch)
+    kinds = ["oneliner", "honed"] + (["retune"] if args.retune else [])
+    kinds += ["cpp"] if args.honed_run else []
+    for kind in kinds:
+        if kind in row["cold"]:
+            continue  # done in the parallel phase
+        timeout = budget.for_job(args.job_timeout_s)
+        if timeout < MIN_JOB_S:
+            row["cold"][kind] = {"job": kind, "status": "skipped", "reason": _budget_reason(budget)}
+            continue
+        if kind == "oneliner":
+            job = oneliner_job(args, name, batch, timeout)
+        elif kind == "retune":
+            if row["cold"].get("honed", {}).get("status") != "ok":
+                row["cold"][kind] = {"job": kind, "status": "skipped", "reason": "no cold tune"}
+                continue
+            job = Job("retune", name, batch, work / "retune", [], timeout, work / "honed")
+        else:
+            extra = []
+            seconds = honed_budget(args, row) if kind == "honed" else None
+            if seconds:
+                extra += ["--time-budget-s", f"{min(seconds, timeout - MIN_JOB_S):.1f}"]
+            if kind == "cpp":
+                extra += ["--honed-run", str(Path(args.honed_run).resolve())]
+            job = Job(kind, name, batch, work / kind, extra, timeout)
+        print(f"suite: {name} b{batch}: {kind} (up to {timeout:.0f} s) ...", flush=True)
+        (record,) = run_jobs([job], common_argv(args))
+        row["cold"][kind] = record
+        run.write()
+        print(f"suite: {name} b{batch}: {kind}: {_cold_summary(record)}", flush=True)
+
+
+def _cold_summary(record: dict[str, Any]) -> str:
+    if record["status"] != "ok":
+        return f"{record['status']}: {record.get('reason', '')}"
+    seconds = record.get("compile_first_call_s") or record.get("tune_s")
+    selected = (record.get("report") or {}).get("selected")
+    return f"{seconds:.1f} s" + (f", selected {selected}" if selected else "")
+
+
+def _budget_reason(budget: Budget) -> str:
+    return f"time budget ({max(budget.left(), 0):.0f} s left of {budget.seconds:.0f} s)"
+
+
+def warm_caches(args: argparse.Namespace, row: dict[str, Any]) -> Path:
+    """One cache folder for the row's side-by-side: the one-liner's and honed's caches merged."""
+    work = row_work(args, row["model"], row["batch"])
+    warm = work / "warm"
+    for kind in ("oneliner", "honed"):
+        if row["cold"].get(kind, {}).get("status") == "ok":
+            for sub in ("inductor", "triton"):
+                merge_tree(work / kind / sub, warm / sub)
+    return warm
+
+
+# -- side by side ------------------------------------------------------------------------------
+def side_by_side(
+    args: argparse.Namespace, row: dict[str, Any], device: torch.device, budget: Budget
+) -> None:
+    """Build every variant of the row here, check it against eager, measure them round-robin."""
+    spec = SPECS[row["model"]]
+    model = spec.build(tiny=args.tiny).to(device)
+    x = spec.inputs(row["batch"], device, tiny=args.tiny)
+    row["params"] = sum(p.numel() for p in model.parameters())
+    built: dict[str, variants.Built] = {}
+    reference = _add(row["variants"], built, "eager", lambda: variants.eager(model, x), None)
+    if reference is None:
+        raise RuntimeError(row["variants"]["eager"]["reason"])
+    cold = row["cold"]
+    builders: dict[str, Callable[[], variants.Built]] = {
+        "oneliner": lambda: variants.oneliner(model, x, args.compile_backend),
+        "expert": lambda: variants.expert(model, x, spec.convnet, args.compile_backend),
+        "honed": lambda: variants.honed_loaded(model, row["model"], _artifact(cold), x),
+    }
+    for name, build in builders.items():
+        why = _not_buildable(name, cold)
+        if why:
+            row["variants"][name] = {"status": "not run", "reason": why}
+            continue
+        _add(row["variants"], built, name, build, reference)
+    fns = {name: b.fn for name, b in built.items()}
+    fns.update(_candidates(row, model, x, reference, budget, args.exhaustive))
+    with torch.no_grad():  # inference, as every variant was built and checked
+        results = round_robin(fns, device, row["batch"], args.rounds, args.block_ms)
+    for name, figures in results.items():
+        target = row["variants"].get(name) or _candidate(row, name)
+        target.update(figures)
+    row["selection"] = selection(row)
+
+
+def _artifact(cold: dict[str, Any]) -> Path:
+    return Path(cold["honed"]["artifact"])
+
+
+def _not_buildable(name: str, cold: dict[str, Any]) -> str:
+    """Why a variant is not built here ("" when it is): its cold process did not finish."""
+    job = {"oneliner": "oneliner", "honed": "honed"}.get(name)
+    if job is None:
         return ""
-    left = budget - run.elapsed()
-    same = durations.get(model)
-    every = [d for ds in durations.values() for d in ds]
-    need = same[-1] if same else (sum(every) / len(every) if every else 0.0)
-    if left <= 0 or need > left:
-        return f"skipped: time budget (needs ~{need:.0f} s, {max(left, 0):.0f} s left)"
+    record = cold.get(job) or {"status": "not run", "reason": "not started"}
+    if record["status"] != "ok":
+        return f"cold {job}: {record['status']}: {record.get('reason', '')}"
+    if job == "honed" and not record.get("artifact"):
+        return "honed.save wrote no artifact"
     return ""
 
 
+def _add(
+    into: dict[str, Any],
+    built: dict[str, variants.Built],
+    name: str,
+    build: Callable[[], variants.Built],
+    reference: list[torch.Tensor] | None,
+) -> list[torch.Tensor] | None:
+    """Build one variant, check its outputs; on failure record the one-line reason. Returns
+    the variant's outputs (the reference, for eager)."""
+    try:
+        b = build()
+        outputs = variants.snapshot(b.fn)
+    except Exception as e:  # a variant failing is a finding; the others still run
+        into[name] = {"status": "failed", "reason": first_line(e)}
+        return None
+    record: dict[str, Any] = {"status": "ok", "build_s": b.build_s}
+    if reference is not None:
+        record.update(variants.compare(reference, outputs))
+        if "error" in record:
+            record.update(status="wrong", reason=record.pop("error"))
+    into[name] = record
+    built[name] = b
+    return outputs
+
+
+def _candidate(row: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c["check"] for c in row["candidates"] if c["name"] == name)
+
+
+def _candidates(
+    row: dict[str, Any],
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    reference: list[torch.Tensor],
+    budget: Budget,
+    exhaustive: bool = True,
+) -> dict[str, Callable[[], Any]]:
+    """Every candidate honed's cold tune tried, with its figures; those that passed rebuilt
+    (only the selected one when not ``exhaustive``)."""
+    report = (row["cold"].get("honed") or {}).get("report") or {}
+    selected = report.get("selected")
+    fns: dict[str, Callable[[], Any]] = {}
+    for c in report.get("candidates", []):
+        entry: dict[str, Any] = {
+            "name": c["name"],
+            "precision": precision(c["name"]),
+            "honed": {k: v for k, v in c.items() if k not in ("name", "recipe")},
+            "check": {},
+        }
+        row["candidates"].append(entry)
+        into: dict[str, Any] = {}
+        built: dict[str, variants.Built] = {}
+        if c.get("status") != "ok":
+            into[c["name"]] = {"status": "not run", "reason": "did not pass honed's gate"}
+        elif not exhaustive and c["name"] != selected:
+            into[c["name"]] = {"status": "not run", "reason": "--no-exhaustive"}
+        elif c.get("recipe") is None:
+            into[c["name"]] = {"status": "not run", "reason": "no recipe for this name"}
+        elif budget.left() < budget.reserve_s / 2 + float(c.get("build_s") or 0.0):
+            into[c["name"]] = {"status": "not run", "reason": "time budget"}
+        else:
+            recipe = c["recipe"]
+            _add(
+                into, built, c["name"], lambda r=recipe: variants.candidate(r, model, x), reference
+            )
+        entry["check"] = into[c["name"]]
+        if c["name"] in built:
+            fns[c["name"]] = built[c["name"]].fn
+    return fns
+
+
+def selection(row: dict[str, Any]) -> dict[str, Any]:
+    """honed's selection against the best candidate re-measured here (throughput, host wall)."""
+    measured = {
+        c["name"]: c["check"]["throughput"]
+        for c in row["candidates"]
+        if c["check"].get("status") == "ok" and c["check"].get("throughput")
+    }
+    report = (row["cold"].get("honed") or {}).get("report") or {}
+    selected = report.get("selected")
+    # With no selection honed runs eager: the baseline candidate stands for it.
+    runs = selected or next(
+        (c["name"] for c in row["candidates"] if c["honed"].get("is_baseline")), None
+    )
+    out: dict[str, Any] = {"selected": selected, "checked": len(measured), "best": None}
+    out["not_checked"] = [c["name"] for c in row["candidates"] if c["name"] not in measured]
+    if measured:
+        best = max(measured, key=lambda n: measured[n])
+        out["best"] = best
+        if runs in measured:
+            out["gap_pct"] = (measured[best] / measured[runs] - 1.0) * 100.0
+    return out
+
+
+# -- the run -----------------------------------------------------------------------------------
 def run_suite(args: argparse.Namespace) -> Path:
     device = torch.device(args.device)
     out = args.out if args.out is not None else RESULTS_DIR
     if args.out is None or out.is_dir():
         out = out / _default_name(args)
     run = Run(out, args, device)
+    budget = Budget(run, args.budget_s, args.reserve_s)
     print(f"suite: writing {out}", flush=True)
-    with _stopped_by_signal(run), _compile_caches(args.keep_caches):
-        if "overhead" in args.phases and args.overhead_calls > 0:
-            run.data["overhead"] = _overhead(device, args.overhead_calls)
-            run.write()
-        durations: dict[str, list[float]] = {}
-        pairs = plan(args, run, device)
-        for i, (name, batch) in enumerate(pairs):
-            if "tune" in args.phases:
-                _one_row(run, durations, name, batch, args, device)
-            last_of_model = i + 1 == len(pairs) or pairs[i + 1][0] != name
-            if "max_autotune" in args.phases and args.max_autotune != "none":
-                if args.max_autotune == "all":
-                    _one_max_autotune(run, name, batch, args, device)
-                elif last_of_model:  # "first": after the model's rows, at its first batch
-                    first = next(b for n, b in pairs if n == name)
-                    _one_max_autotune(run, name, first, args, device)
+    pairs = plan(args)
+    with _stopped_by_signal(run), _work_dir(args):
+        rows = [new_row(name, batch) for name, batch in pairs]
+        run.data["rows"] = rows
+        for row in rows:
+            missing = SPECS[row["model"]].missing()
+            if missing:
+                row.update(status="skipped", reason=missing)
+        run.write()
+        if args.parallel > 1:
+            parallel_oneliners(args, [r for r in rows if r["status"] == "running"], budget, run)
+        for row in rows:
+            if row["status"] == "running":
+                one_row(args, row, device, budget, run)
         run.data["finished"] = True
         run.write()
     return out
 
 
-def _one_row(
-    run: Run,
-    durations: dict[str, list[float]],
-    name: str,
-    batch: int,
-    args: argparse.Namespace,
-    device: torch.device,
+def parallel_oneliners(
+    args: argparse.Namespace, rows: list[dict[str, Any]], budget: Budget, run: Run
 ) -> None:
-    skip = fits(run, durations, name, args.budget_s)
-    if skip:
-        print(f"suite: {name} batch {batch}: {skip}", flush=True)
-        run.data["rows"].append(_stub(name, batch, "skipped", skip))
+    timeout = budget.for_job(args.job_timeout_s)
+    if timeout < MIN_JOB_S:
+        return
+    jobs = [oneliner_job(args, r["model"], r["batch"], timeout) for r in rows]
+    print(f"suite: {len(jobs)} one-liner compile(s), {args.parallel} at once ...", flush=True)
+    for row, record in zip(rows, run_jobs(jobs, common_argv(args), args.parallel), strict=True):
+        row["cold"]["oneliner"] = record
+        print(f"suite: {row['model']} b{row['batch']}: oneliner: {_cold_summary(record)}")
+    run.write()
+
+
+def one_row(
+    args: argparse.Namespace, row: dict[str, Any], device: torch.device, budget: Budget, run: Run
+) -> None:
+    name, batch = row["model"], row["batch"]
+    if budget.left() < budget.reserve_s + MIN_JOB_S:
+        row.update(status="skipped", reason=_budget_reason(budget))
         run.write()
         return
-    print(f"suite: {name} batch {batch} ...", flush=True)
     started = time.perf_counter()
+    cold_jobs(args, row, budget, run)
+    warm = warm_caches(args, row)
+    print(f"suite: {name} b{batch}: side by side ...", flush=True)
     try:
-        row = run_row(name, batch, args, device)
+        with compile_caches(warm / "inductor", warm / "triton"), variants.dynamo_limits():
+            side_by_side(args, row, device, budget)
+        row["status"] = "ok"
     except Exception as e:  # one row failing must not lose the others
-        row = _stub(name, batch, "failed", f"{type(e).__name__}: {_first_line(e)}")
-    _release(device)
+        row.update(status="failed", reason=first_line(e))
+    finally:
+        _release(device)
     row["row_wall_s"] = time.perf_counter() - started
-    durations.setdefault(name, []).append(row["row_wall_s"])
-    run.data["rows"].append(row)
     run.write()
-    print(f"suite: {name} batch {batch}: {_summary(row)}", flush=True)
+    print(f"suite: {name} b{batch}: {summary(row)}", flush=True)
+    if not args.keep_work:
+        shutil.rmtree(row_work(args, name, batch), ignore_errors=True)
 
 
-def _stub(name: str, batch: int, status: str, reason: str) -> dict[str, Any]:
-    return {"model": name, "batch": batch, "status": status, "reason": reason}
-
-
-def _one_max_autotune(
-    run: Run, name: str, batch: int, args: argparse.Namespace, device: torch.device
-) -> None:
-    left = args.budget_s - run.elapsed() if args.budget_s > 0 else args.max_autotune_timeout
-    timeout = min(args.max_autotune_timeout, left)
-    if timeout < 20:
-        record = {"model": name, "batch": batch, "status": "skipped"}
-        record["reason"] = f"time budget ({max(left, 0):.0f} s left)"
-    else:
-        print(f"suite: max-autotune {name} batch {batch} (timeout {timeout:.0f} s) ...", flush=True)
-        record = max_autotune_time(name, batch, device, args.tiny, timeout)
-    run.data["max_autotune"].append(record)
-    run.write()
-    print(f"suite: max-autotune {name} batch {batch}: {record['status']}", flush=True)
-
-
-def _overhead(device: torch.device, calls: int) -> dict[str, Any]:
-    from overhead import _Eager, measure  # bench/overhead.py
-
-    out: dict[str, Any] = {"device": str(device), "calls": calls}
-    variants: list[tuple[str, Backend]] = [
-        ("eager variant", _Eager()),
-        ("inductor variant", TorchInductorBackend()),
-    ]
-    for label, backend in variants:
-        try:  # in-process: the installed variant is called here either way; no worker start-up
-            with honed.config.patch(isolation="none"):
-                out[label] = measure(backend, device, calls)
-        except Exception as e:
-            out[label] = {"error": f"{type(e).__name__}: {_first_line(e)}"}
-    return out
-
-
-def _summary(row: dict[str, Any]) -> str:
+def summary(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return f"{row['status']}: {row.get('reason', '')}"
-    check = row["independent"]
-    gap = check["selection_gap_pct"]
-    gap_text = "-" if gap is None else f"{gap:+.1f}%"
-    return (
-        f"tune {row['tune_wall_s']:.0f} s, selected {row['selected']}, independent best "
-        f"{check['best']} (selection {gap_text}), row {row['row_wall_s']:.0f} s"
-    )
+    v = row["variants"]
+    parts = [
+        f"{k} {v[k]['median_ms']:.3f} ms" if "median_ms" in v.get(k, {}) else f"{k} -"
+        for k in ("eager", "oneliner", "expert", "honed")
+    ]
+    sel = row["selection"]
+    gap = sel.get("gap_pct")
+    parts.append(f"selection vs best {'-' if gap is None else f'{gap:+.1f}%'}")
+    return ", ".join(parts) + f", row {row['row_wall_s']:.0f} s"
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def _percentiles(samples: list[float]) -> dict[str, float]:
-    if not samples:
-        return {}
-    ordered = sorted(samples)
-    n = len(ordered)
-    return {f"p{p}": ordered[min(n - 1, round(p / 100 * (n - 1)))] for p in PERCENTILES}
-
-
-def _kept(samples: list[float], cap: int = KEPT_SAMPLES) -> list[float]:
-    stride = -(-len(samples) // cap)
-    return [round(s, 6) for s in (samples[::stride] if stride > 1 else samples)]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _release(device: torch.device) -> None:
     """Drop compiled code and CUDA graphs between rows, so each row starts alike."""
     torch._dynamo.reset()
@@ -619,22 +494,34 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    line = lines[0] if lines else ""
+def first_line(e: BaseException) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    line = f"{type(e).__name__}: {lines[0] if lines else ''}"
     return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _default_name(args: argparse.Namespace) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    mode = "full" if args.full else "light"
-    return f"suite-{mode}-{args.device.split(':')[0]}-{stamp}-{commit()}.json"
+    return f"suite-{args.device.split(':')[0]}-{stamp}-{commit()}.json"
+
+
+@contextlib.contextmanager
+def _work_dir(args: argparse.Namespace) -> Iterator[None]:
+    """The run's scratch folder (every job's caches and artifacts), removed at the end."""
+    made = args.work_dir is None
+    if made:
+        args.work_dir = tempfile.mkdtemp(prefix="honed-bench-")
+    try:
+        yield
+    finally:
+        if made and not args.keep_work:
+            shutil.rmtree(args.work_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def _stopped_by_signal(run: Run) -> Iterator[None]:
-    """SIGTERM (e.g. from `timeout`) stops the run like Ctrl-C (honed then leaves no worker
-    behind); the JSON keeps every finished row and says the run was stopped."""
+    """SIGTERM (e.g. from `timeout`) stops the run like Ctrl-C; the JSON keeps every finished
+    job and row and says the run was stopped."""
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -651,69 +538,72 @@ def _stopped_by_signal(run: Run) -> Iterator[None]:
         signal.signal(signal.SIGTERM, saved)
 
 
-@contextlib.contextmanager
-def _compile_caches(keep: bool) -> Iterator[None]:
-    """A fresh Inductor/Triton cache for this run, so tuning times are cold-start times."""
-    if keep:
-        yield
-        return
-    tmp = tempfile.mkdtemp(prefix="honed-bench-inductor-")
-    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{tmp}/inductor"
-    os.environ["TRITON_CACHE_DIR"] = f"{tmp}/triton"
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
+def _row_arg(text: str) -> tuple[str, int]:
+    name, _, batch = text.partition(":")
+    if name not in SPECS or not batch.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"--rows takes MODEL:BATCH (e.g. bert:8) with MODEL one of {', '.join(SPECS)}"
+        )
+    return name, int(batch)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--full", action="store_true", help="every model, batch, candidate; no budget")
-    p.add_argument("--models", nargs="+", choices=list(SPECS), default=None)
-    p.add_argument("--batches", nargs="+", type=int, default=None)
+    p.add_argument("--rows", nargs="+", type=_row_arg, default=None, help="MODEL:BATCH, in order")
+    p.add_argument("--models", nargs="+", choices=list(SPECS), default=SUITE)
+    p.add_argument("--batches", nargs="+", type=int, default=BATCHES)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--candidates", choices=["light", "default"], default=None)
-    p.add_argument("--isolation", choices=["none", "process"], default=None)
-    p.add_argument("--max-autotune", choices=["none", "first", "all"], default="first")
-    p.add_argument("--max-autotune-timeout", type=float, default=None)
-    p.add_argument("--knee", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--knee-max", type=int, default=256)
-    p.add_argument("--budget-s", type=float, default=None, help="soft limit; 0: none")
-    p.add_argument("--phases", nargs="+", default=["overhead", "tune", "max_autotune"])
-    p.add_argument("--overhead-calls", type=int, default=None)
-    p.add_argument("--indep-rounds", type=int, default=None)
-    p.add_argument("--indep-block-ms", type=float, default=25.0)
-    p.add_argument("--tiny", action="store_true", help="test-sized models (CPU tests)")
-    p.add_argument("--keep-caches", action="store_true", help="use the usual compile caches")
+    p.add_argument(
+        "--candidates",
+        choices=["default", "light"],
+        default="default",
+        help="honed's default candidates, or a short list (no max-autotune, no AOT)",
+    )
+    p.add_argument(
+        "--isolation",
+        choices=["process", "none"],
+        default=None,
+        help="honed.tune's isolation (default: honed's own default)",
+    )
+    p.add_argument(
+        "--honed-time-budget",
+        default=None,
+        help="time_budget_s for honed's tune where honed has it: seconds, or NUMx "
+        "for NUM times the row's one-liner compile (e.g. 1.5x)",
+    )
+    p.add_argument("--honed-run", default=None, help="honed-run binary: adds the target=cpp job")
+    p.add_argument("--retune", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--exhaustive",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="rebuild and re-measure every candidate honed tried (else only its selection)",
+    )
+    p.add_argument("--parallel", type=int, default=1, help="one-liner compiles at once")
+    p.add_argument("--budget-s", type=float, default=0.0, help="the run's wall budget; 0: none")
+    p.add_argument(
+        "--reserve-s",
+        type=float,
+        default=None,
+        help="time kept for a row's side-by-side (default 120 on cuda, 60 on cpu)",
+    )
+    p.add_argument("--job-timeout-s", type=float, default=900.0, help="cap on one cold job")
+    p.add_argument("--rounds", type=int, default=20, help="round-robin rounds")
+    p.add_argument("--block-ms", type=float, default=25.0, help="time per variant per round")
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of the one-liner and expert (tests: eager)",
+    )
+    p.add_argument("--tiny", action="store_true", help="test-sized configs (CPU tests)")
+    p.add_argument("--work-dir", default=None, help="scratch folder (default: a temporary one)")
+    p.add_argument("--keep-work", action="store_true", help="keep caches and artifacts")
     p.add_argument("--out", type=Path, default=None, help="JSON file, or a folder for it")
     args = p.parse_args(argv)
-    full, cuda = args.full, args.device.startswith("cuda")
-    defaults = {
-        "models": list(SPECS) if full else LIGHT_MODELS,
-        "batches": FULL_BATCHES if full else LIGHT_BATCHES,
-        "candidates": "default" if full else "light",
-        "isolation": "process" if full else "none",
-        "max_autotune_timeout": 600.0 if full else 60.0,
-        "knee": full,
-        "budget_s": 0.0 if full else 400.0,
-        "overhead_calls": (100_000 if full else 20_000) if cuda else 0,
-        "indep_rounds": 40 if full else 20,
-    }
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.mode = "full" if full else "light"
-    # Light mode stops after 6 windows (the protocol's limit is 10); warm-up and window lengths
-    # stay the protocol's (>= 200 ms / 10 calls, >= 100 ms / 10 calls).
-    args.measure = {} if full else {"max_windows": min(6, honed.config.max_windows)}
+    if args.reserve_s is None:
+        args.reserve_s = 120.0 if args.device.startswith("cuda") else 60.0
     return args
 
 

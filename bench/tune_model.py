@@ -1,6 +1,6 @@
-"""bench/tune_model.py: tune a real-sized model built in code and print honed's table.
+"""bench/tune_model.py: tune one of the suite's models (bench/models.py) and print honed's table.
 
-    python bench/tune_model.py [--model bert] [--device cuda] [--batches 8 16] [--seq 128]
+    python bench/tune_model.py [--model bert] [--device cuda] [--batches 8 16]
                                [--candidates quick|default] [--json FILE]
 
 "quick" tries eager, Inductor default and reduce-overhead (fp32 and bf16 autocast), CUDA graphs
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import torch
-from models import BertLikeEncoder, bert_inputs
+from models import SPECS
 
 import honed
 from honed.backend import (
@@ -46,25 +46,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="bert", choices=["bert"])
+    parser.add_argument("--model", default="bert", choices=list(SPECS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 16])
-    parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--candidates", default="quick", choices=["quick", "default"])
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    model = BertLikeEncoder().to(device).eval()
+    spec = SPECS[args.model]
+    model = spec.build().to(device)
     params = sum(p.numel() for p in model.parameters())
-    wrapped = honed.Module(model, "bert-base-like")
-    data = [bert_inputs(b, args.seq, device, seed=i) for i, b in enumerate(args.batches)]
+    wrapped = honed.Module(model, args.model)
+    data = [spec.inputs(b, device, seed=i) for i, b in enumerate(args.batches)]
     backends = quick_candidates(device) if args.candidates == "quick" else None
     started = time.perf_counter()
     report = honed.tune(wrapped, data, backends=backends, device=device)
     wall = time.perf_counter() - started
     print(
-        f"BERT-base-like encoder ({params / 1e6:.1f} M parameters), seq {args.seq}, "
+        f"{spec.title} ({params / 1e6:.1f} M parameters), "
         f"batches {args.batches}, {device}, tune wall {wall:.1f} s"
     )
     print(report.render(width=200))

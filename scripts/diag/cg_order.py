@@ -32,7 +32,7 @@ order, warm = VARIANTS[sys.argv[1]]
 dev = torch.device("cuda")
 spec = SPECS["mlp"]
 model = spec.build(tiny=False).to(dev).eval()
-x = spec.inputs(model, 1, dev)
+x = spec.inputs(1, dev)
 bf16 = torch.bfloat16
 make = {
     "ro32": lambda: TorchInductorBackend(TorchInductorBackendConfig(mode="reduce-overhead")),
