@@ -266,7 +266,9 @@ def child_env(job: Job) -> dict[str, str]:
 
 
 def start(job: Job, common: list[str]) -> subprocess.Popen[str]:
-    """Start ``job`` in its own process group (its compile workers die with it)."""
+    """Start ``job`` in its own process group (its compile workers die with it), from empty
+    folders (or a copy of ``caches_from``): what an earlier, unfinished try left is removed."""
+    shutil.rmtree(job.work, ignore_errors=True)
     if job.caches_from is not None:
         for sub in ("inductor", "triton", "honed"):
             merge_tree(job.caches_from / sub, job.work / sub)
@@ -346,12 +348,24 @@ def run_jobs(jobs: list[Job], common: list[str], parallel: int = 1) -> list[dict
                 record = finish(jobs[i], proc, elapsed, timed_out=over and proc.returncode != 0)
                 record["concurrent"] = most
                 records[i] = record
+                if record["status"] == "ok":  # a later call with the same --work-dir reuses it
+                    (jobs[i].work / "record.json").write_text(json.dumps(record, default=str))
             if running:
                 time.sleep(0.2)  # polling children's exit; no result depends on this interval
     finally:
         for proc, _, _ in running.values():
             kill_group(proc)
     return [r for r in records if r is not None]
+
+
+def earlier_record(job: Job) -> dict[str, Any] | None:
+    """The record of this job from an earlier call that finished it in the same folder."""
+    path = job.work / "record.json"
+    if not path.exists():
+        return None
+    record = dict(json.loads(path.read_text()))
+    record["reused"] = True
+    return record
 
 
 def merge_tree(src: Path, dst: Path) -> None:

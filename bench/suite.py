@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 import variants  # bench/variants.py (the script's folder is on sys.path)
-from cold import Job, compile_caches, merge_tree, run_jobs  # bench/cold.py
+from cold import JOBS, Job, compile_caches, earlier_record, merge_tree, run_jobs  # bench/cold.py
 from models import SPECS, SUITE  # bench/models.py
 from provenance import commit  # bench/provenance.py
 from timing import round_robin  # bench/timing.py
@@ -226,6 +226,11 @@ def cold_jobs(args: argparse.Namespace, row: dict[str, Any], budget: Budget, run
             if kind == "cpp":
                 extra += ["--honed-run", str(Path(args.honed_run).resolve())]
             job = Job(kind, name, batch, work / kind, extra, timeout)
+        earlier = earlier_record(job) if args.keep_work and kind not in args.redo else None
+        if earlier is not None:
+            row["cold"][kind] = earlier
+            print(f"suite: {name} b{batch}: {kind}: reused from an earlier call", flush=True)
+            continue
         print(f"suite: {name} b{batch}: {kind} (up to {timeout:.0f} s) ...", flush=True)
         (record,) = run_jobs([job], common_argv(args))
         row["cold"][kind] = record
@@ -436,9 +441,17 @@ def parallel_oneliners(
     timeout = budget.for_job(args.job_timeout_s)
     if timeout < MIN_JOB_S:
         return
-    jobs = [oneliner_job(args, r["model"], r["batch"], timeout) for r in rows]
-    print(f"suite: {len(jobs)} one-liner compile(s), {args.parallel} at once ...", flush=True)
-    for row, record in zip(rows, run_jobs(jobs, common_argv(args), args.parallel), strict=True):
+    todo = []
+    for row in rows:
+        job = oneliner_job(args, row["model"], row["batch"], timeout)
+        earlier = earlier_record(job) if args.keep_work and "oneliner" not in args.redo else None
+        if earlier is not None:
+            row["cold"]["oneliner"] = earlier
+        else:
+            todo.append((row, job))
+    print(f"suite: {len(todo)} one-liner compile(s), {args.parallel} at once ...", flush=True)
+    records = run_jobs([job for _, job in todo], common_argv(args), args.parallel)
+    for (row, _), record in zip(todo, records, strict=True):
         row["cold"]["oneliner"] = record
         print(f"suite: {row['model']} b{row['batch']}: oneliner: {_cold_summary(record)}")
     run.write()
@@ -599,9 +612,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--tiny", action="store_true", help="test-sized configs (CPU tests)")
     p.add_argument("--work-dir", default=None, help="scratch folder (default: a temporary one)")
-    p.add_argument("--keep-work", action="store_true", help="keep caches and artifacts")
+    p.add_argument(
+        "--keep-work",
+        action="store_true",
+        help="keep caches and artifacts in --work-dir; a later run with the same folder reuses "
+        "every cold job that finished there (a row split over two device calls)",
+    )
+    p.add_argument("--redo", nargs="+", choices=JOBS, default=[], help="with --keep-work: rerun")
     p.add_argument("--out", type=Path, default=None, help="JSON file, or a folder for it")
     args = p.parse_args(argv)
+    if "honed" in args.redo and "retune" not in args.redo:
+        args.redo.append("retune")  # the re-tune starts from the caches the tune leaves
     if args.reserve_s is None:
         args.reserve_s = 120.0 if args.device.startswith("cuda") else 60.0
     return args

@@ -142,11 +142,17 @@ COMMON = ["--device", "cpu", "--tiny", "--compile-backend", "eager"]
 def test_cold_jobs_run_in_parallel_and_report_failures(tmp_path: Path) -> None:
     good = cold.Job("oneliner", "mlp", 2, tmp_path / "a", [], timeout_s=300)
     bad = cold.Job("oneliner", "nope", 2, tmp_path / "b", [], timeout_s=300)
+    (tmp_path / "a" / "inductor").mkdir(parents=True)
+    (tmp_path / "a" / "inductor" / "stale").write_text("from an unfinished earlier try")
     first, second = cold.run_jobs([good, bad], COMMON, parallel=2)
+    assert not (tmp_path / "a" / "inductor" / "stale").exists()  # every job starts empty
     assert first["status"] == "ok" and first["compile_first_call_s"] > 0
     assert first["gpu_benchmarks_locked"] is False  # no --gpu-lock: nothing patched
     assert second["status"] == "failed" and "KeyError: 'nope'" in second["reason"]
     assert first["concurrent"] == 2 and second["concurrent"] == 2
+    # A finished job leaves its record for a later call; a failed one does not.
+    assert cold.earlier_record(good) == dict(first, reused=True)
+    assert cold.earlier_record(bad) is None
     # Each job had its own empty caches, from the environment the parent gave it.
     env = cold.child_env(good)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "a" / "inductor")
@@ -222,6 +228,33 @@ def test_honed_budget_from_seconds_or_the_one_liner() -> None:
     assert suite.honed_budget(args, row) == 200.0
     args.honed_time_budget = None
     assert suite.honed_budget(args, row) is None
+
+
+def test_cold_jobs_reuse_an_earlier_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[str] = []
+
+    def fake_run_jobs(jobs: list[cold.Job], common: list[str], parallel: int = 1) -> Any:
+        started.extend(j.kind for j in jobs)
+        return [{"job": j.kind, "status": "ok", "tune_s": 1.0, "concurrent": 1} for j in jobs]
+
+    monkeypatch.setattr(suite, "run_jobs", fake_run_jobs)
+    argv = ["--device", "cpu", "--work-dir", str(tmp_path), "--keep-work", "--rows", "mlp:4"]
+    args = suite.parse_args(argv)
+    earlier = tmp_path / "mlp-b4" / "oneliner"
+    earlier.mkdir(parents=True)
+    (earlier / "record.json").write_text(json.dumps({"status": "ok", "compile_first_call_s": 9}))
+    run = suite.Run(tmp_path / "run.json", args, CPU)
+    row = suite.new_row("mlp", 4)
+    suite.cold_jobs(args, row, suite.Budget(run, 0, 0), run)
+    assert started == ["honed", "retune"]
+    assert row["cold"]["oneliner"] == {"status": "ok", "compile_first_call_s": 9, "reused": True}
+    # --redo honed runs the tune again, and the re-tune that starts from its caches.
+    args = suite.parse_args([*argv, "--redo", "honed"])
+    assert args.redo == ["honed", "retune"]
+    started.clear()
+    row = suite.new_row("mlp", 4)
+    suite.cold_jobs(args, row, suite.Budget(run, 0, 0), run)
+    assert started == ["honed", "retune"] and row["cold"]["oneliner"]["reused"] is True
 
 
 def test_merge_tree_adds_files(tmp_path: Path) -> None:
