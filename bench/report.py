@@ -523,6 +523,8 @@ def _failures_md(merged: dict[str, Any]) -> list[str]:
     items = []
     for row in merged["rows"]:
         where = f"{row['model']} b{row['batch']}"
+        for other in row.get("others_on_gpu") or []:
+            items.append(f"- {where}: measured while another process held the GPU: {_md(other)}")
         if row["status"] != "ok":
             items.append(f"- {where}: row {row['status']}: {_md(row.get('reason', ''))}")
         for kind, rec in (row.get("cold") or {}).items():

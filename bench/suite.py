@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import datetime
 import gc
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -270,6 +272,7 @@ def side_by_side(
     model = spec.build(tiny=args.tiny).to(device)
     x = spec.inputs(row["batch"], device, tiny=args.tiny)
     row["params"] = sum(p.numel() for p in model.parameters())
+    row["others_on_gpu"] = others_on_gpu(device)
     built: dict[str, variants.Built] = {}
     reference = _add(row["variants"], built, "eager", lambda: variants.eager(model, x), None)
     if reference is None:
@@ -278,7 +281,9 @@ def side_by_side(
     builders: dict[str, Callable[[], variants.Built]] = {
         "oneliner": lambda: variants.oneliner(model, x, args.compile_backend),
         "expert": lambda: variants.expert(model, x, spec.convnet, args.compile_backend),
-        "honed": lambda: variants.honed_loaded(model, row["model"], _artifact(cold), x),
+        "honed": lambda: variants.honed_loaded(
+            copy.deepcopy(model), row["model"], _artifact(cold), x
+        ),
     }
     for name, build in builders.items():
         why = _not_buildable(name, cold)
@@ -294,6 +299,25 @@ def side_by_side(
         target = row["variants"].get(name) or _candidate(row, name)
         target.update(figures)
     row["selection"] = selection(row)
+
+
+def others_on_gpu(device: torch.device) -> list[str]:
+    """Other processes holding memory on the GPU while this row is measured (a cold job's
+    orphaned worker would be one), as NVML lists them; [] when none or not a GPU."""
+    if device.type != "cuda":
+        return []
+    try:
+        listing = torch.cuda.list_gpu_processes(device)
+    except Exception as e:  # NVML missing or failing must not stop the measurement
+        return [f"unknown ({first_line(e)})"]
+    if not listing.startswith("GPU:"):  # e.g. "pynvml module not found, ..."
+        return [f"unknown ({listing.strip()})"]
+    pids = [int(m) for m in re.findall(r"process\s+(\d+) uses", listing)]
+    if os.getpid() in pids:
+        return [f"process {p}" for p in pids if p != os.getpid()]
+    if len(pids) > 1:  # another PID namespace: which one is this process cannot be told
+        return [f"{len(pids)} processes hold GPU memory (NVML pids {pids})"]
+    return []
 
 
 def _artifact(cold: dict[str, Any]) -> Path:
@@ -375,9 +399,10 @@ def _candidates(
             into[c["name"]] = {"status": "not run", "reason": "time budget"}
         else:
             recipe = c["recipe"]
-            _add(
-                into, built, c["name"], lambda r=recipe: variants.candidate(r, model, x), reference
-            )
+            # A copy each: a candidate that casts or re-lays out the module it is given must
+            # not change eager's or another candidate's weights.
+            build = lambda r=recipe: variants.candidate(r, copy.deepcopy(model), x)  # noqa: E731
+            _add(into, built, c["name"], build, reference)
         entry["check"] = into[c["name"]]
         if c["name"] in built:
             fns[c["name"]] = built[c["name"]].fn

@@ -257,6 +257,30 @@ def test_cold_jobs_reuse_an_earlier_call(tmp_path: Path, monkeypatch: pytest.Mon
     assert started == ["honed", "retune"] and row["cold"]["oneliner"]["reused"] is True
 
 
+def test_others_on_gpu_from_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    me = os.getpid()
+    listings = {
+        "mine": f"GPU:0\nprocess {me:>10d} uses 900.000 MB GPU memory",
+        "two": f"GPU:0\nprocess {me:>10d} uses 900.000 MB GPU memory\n"
+        "process         42 uses 300.000 MB GPU memory",
+        "namespace": "GPU:0\nprocess          7 uses 1.000 MB GPU memory\n"
+        "process          8 uses 1.000 MB GPU memory",
+        "no nvml": "pynvml module not found, please install nvidia-ml-py",
+    }
+    gpu = torch.device("cuda")
+    found = {}
+    for key, text in listings.items():
+        monkeypatch.setattr(torch.cuda, "list_gpu_processes", lambda device, t=text: t)
+        found[key] = suite.others_on_gpu(gpu)
+    assert found == {
+        "mine": [],
+        "two": ["process 42"],
+        "namespace": ["2 processes hold GPU memory (NVML pids [7, 8])"],
+        "no nvml": ["unknown (pynvml module not found, please install nvidia-ml-py)"],
+    }
+    assert suite.others_on_gpu(CPU) == []
+
+
 def test_merge_tree_adds_files(tmp_path: Path) -> None:
     (tmp_path / "src" / "fx").mkdir(parents=True)
     (tmp_path / "src" / "fx" / "a").write_text("new")
@@ -527,6 +551,7 @@ def fixture_runs(tmp_path: Path) -> list[Path]:
         _run("2026-01-04T00:00:00+00:00", [_row("bert", 8, 1.0, 1.0, 1.0, 1.0)], device="cpu"),
     ]
     runs[1]["rows"][0]["cold"]["honed"]["time_budget_s"] = 75.0
+    runs[0]["rows"][0]["others_on_gpu"] = ["process 42"]
     llama = runs[2]["rows"][2]
     llama["variants"]["honed"] = {"status": "failed", "reason": "InputError: cache output"}
     paths = []
@@ -576,6 +601,7 @@ def test_report_merges_and_computes_targets(fixture_runs: list[Path], tmp_path: 
     assert "| gpt2 | 1 | skipped: time budget (3 s left) |" in text
     assert "| llama | 1 | 4.000 | 1.500 | 1.400 | failed |" in text
     assert "- llama b1: honed: failed: InputError: cache output" in text
+    assert "- bert b8: measured while another process held the GPU: process 42" in text
     assert (
         "- bert b8: honed candidate TorchInductorAotBackend: failed: export: data-dependent "
         "control flow"
