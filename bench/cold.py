@@ -270,8 +270,8 @@ def start(job: Job, common: list[str]) -> subprocess.Popen[str]:
     folders (or a copy of ``caches_from``): what an earlier, unfinished try left is removed."""
     shutil.rmtree(job.work, ignore_errors=True)
     if job.caches_from is not None:
-        for sub in ("inductor", "triton", "honed"):
-            merge_tree(job.caches_from / sub, job.work / sub)
+        for sub in ("inductor", "triton", "honed"):  # honed's own cache may be updated in place
+            merge_tree(job.caches_from / sub, job.work / sub, link=sub != "honed")
     job.work.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, str(HERE / "cold.py"), job.kind, "--model", job.model]
     argv += ["--batch", str(job.batch), "--out", str(job.work / "result.json"), *common, *job.argv]
@@ -358,9 +358,9 @@ def run_jobs(jobs: list[Job], common: list[str], parallel: int = 1) -> list[dict
     return [r for r in records if r is not None]
 
 
-def earlier_record(job: Job) -> dict[str, Any] | None:
-    """The record of this job from an earlier call that finished it in the same folder."""
-    path = job.work / "record.json"
+def earlier_record(folder: Path) -> dict[str, Any] | None:
+    """The record of the job whose folder this is, from an earlier call that finished it."""
+    path = folder / "record.json"
     if not path.exists():
         return None
     record = dict(json.loads(path.read_text()))
@@ -368,18 +368,19 @@ def earlier_record(job: Job) -> dict[str, Any] | None:
     return record
 
 
-def merge_tree(src: Path, dst: Path) -> None:
-    """Add ``src``'s files to ``dst`` (hard links where the file system allows, else copies)."""
+def merge_tree(src: Path, dst: Path, link: bool = True) -> None:
+    """Add ``src``'s files to ``dst``: hard links where the file system allows (compile caches
+    write new files, never into old ones), else, or with ``link=False``, copies."""
     if not src.is_dir():
         return
 
-    def link(s: str, d: str) -> None:
+    def linked(s: str, d: str) -> None:
         try:
             os.link(s, d)
         except OSError:
             shutil.copy2(s, d)
 
-    shutil.copytree(src, dst, dirs_exist_ok=True, copy_function=link)
+    shutil.copytree(src, dst, dirs_exist_ok=True, copy_function=linked if link else shutil.copy2)
 
 
 @contextlib.contextmanager

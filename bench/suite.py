@@ -59,6 +59,7 @@ SCHEMA = "honed-bench-suite/2"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BATCHES = [1, 8, 64]
 MIN_JOB_S = 20.0  # a cold job given less than this is not started
+HONED_MARGIN_S = 30.0  # of a tune job's time, kept for starting the process and honed.save
 
 
 # -- environment -------------------------------------------------------------------------------
@@ -209,6 +210,11 @@ def cold_jobs(args: argparse.Namespace, row: dict[str, Any], budget: Budget, run
     for kind in kinds:
         if kind in row["cold"]:
             continue  # done in the parallel phase
+        earlier = earlier_record(work / kind) if args.keep_work and kind not in args.redo else None
+        if earlier is not None:
+            row["cold"][kind] = earlier
+            print(f"suite: {name} b{batch}: {kind}: reused from an earlier call", flush=True)
+            continue
         timeout = budget.for_job(args.job_timeout_s)
         if timeout < MIN_JOB_S:
             row["cold"][kind] = {"job": kind, "status": "skipped", "reason": _budget_reason(budget)}
@@ -224,15 +230,10 @@ def cold_jobs(args: argparse.Namespace, row: dict[str, Any], budget: Budget, run
             extra = []
             seconds = honed_budget(args, row) if kind == "honed" else None
             if seconds:
-                extra += ["--time-budget-s", f"{min(seconds, timeout - MIN_JOB_S):.1f}"]
+                extra += ["--time-budget-s", f"{min(seconds, timeout - HONED_MARGIN_S):.1f}"]
             if kind == "cpp":
                 extra += ["--honed-run", str(Path(args.honed_run).resolve())]
             job = Job(kind, name, batch, work / kind, extra, timeout)
-        earlier = earlier_record(job) if args.keep_work and kind not in args.redo else None
-        if earlier is not None:
-            row["cold"][kind] = earlier
-            print(f"suite: {name} b{batch}: {kind}: reused from an earlier call", flush=True)
-            continue
         print(f"suite: {name} b{batch}: {kind} (up to {timeout:.0f} s) ...", flush=True)
         (record,) = run_jobs([job], common_argv(args))
         row["cold"][kind] = record
@@ -469,7 +470,8 @@ def parallel_oneliners(
     todo = []
     for row in rows:
         job = oneliner_job(args, row["model"], row["batch"], timeout)
-        earlier = earlier_record(job) if args.keep_work and "oneliner" not in args.redo else None
+        reuse = args.keep_work and "oneliner" not in args.redo
+        earlier = earlier_record(job.work) if reuse else None
         if earlier is not None:
             row["cold"]["oneliner"] = earlier
         else:

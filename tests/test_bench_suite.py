@@ -151,8 +151,8 @@ def test_cold_jobs_run_in_parallel_and_report_failures(tmp_path: Path) -> None:
     assert second["status"] == "failed" and "KeyError: 'nope'" in second["reason"]
     assert first["concurrent"] == 2 and second["concurrent"] == 2
     # A finished job leaves its record for a later call; a failed one does not.
-    assert cold.earlier_record(good) == dict(first, reused=True)
-    assert cold.earlier_record(bad) is None
+    assert cold.earlier_record(good.work) == dict(first, reused=True)
+    assert cold.earlier_record(bad.work) is None
     # Each job had its own empty caches, from the environment the parent gave it.
     env = cold.child_env(good)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "a" / "inductor")
@@ -255,6 +255,13 @@ def test_cold_jobs_reuse_an_earlier_call(tmp_path: Path, monkeypatch: pytest.Mon
     row = suite.new_row("mlp", 4)
     suite.cold_jobs(args, row, suite.Budget(run, 0, 0), run)
     assert started == ["honed", "retune"] and row["cold"]["oneliner"]["reused"] is True
+    # With no time left, what an earlier call finished is still taken; nothing new starts.
+    started.clear()
+    row = suite.new_row("mlp", 4)
+    suite.cold_jobs(args, row, suite.Budget(run, 1e-9, 0), run)
+    assert started == [] and row["cold"]["oneliner"]["reused"] is True
+    assert row["cold"]["honed"]["status"] == "skipped"
+    assert row["cold"]["honed"]["reason"].startswith("time budget")
 
 
 def test_others_on_gpu_from_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
