@@ -45,3 +45,28 @@ def test_integer_outputs_must_be_exact() -> None:
     a = torch.arange(10)
     assert compare(a, a.clone()).ok
     assert not compare(a, a + 1).ok
+
+
+class _Layer:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values = keys, values
+
+
+class _Cache:
+    """Shaped like a transformers KV cache: an object pytree does not know, holding tensors."""
+
+    def __init__(self, layers: list[_Layer]) -> None:
+        self.layers = layers
+        self._seen = object()  # private state differs between two equal caches
+
+
+def test_an_object_holding_tensors_is_compared_by_its_tensors_not_its_identity() -> None:
+    k, v = torch.randn(2, 4, 8), torch.randn(2, 4, 8)
+    logits = torch.randn(2, 10)
+    eager = (logits, _Cache([_Layer(k, v)]))
+    same = (logits.clone(), _Cache([_Layer(k.clone(), v.clone())]))
+    assert compare(eager, same).ok
+    wrong = compare(eager, (logits.clone(), _Cache([_Layer(k.clone(), v + 1.0)])))
+    assert not wrong.ok and "wrong outputs" in wrong.reason
+    fewer = compare(eager, (logits.clone(), _Cache([])))
+    assert not fewer.ok and "structure" in fewer.reason

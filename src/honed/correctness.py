@@ -62,14 +62,44 @@ def compare(
 
     ``tolerance`` replaces the per-dtype one for floating outputs (quantized backends).
     """
-    ref_leaves, ref_spec = pytree.tree_flatten(reference)
-    out_leaves, out_spec = pytree.tree_flatten(candidate)
+    ref_leaves, ref_spec = _flatten(reference)
+    out_leaves, out_spec = _flatten(candidate)
     if ref_spec != out_spec:
         return CheckResult(False, f"wrong output structure: expected {ref_spec}, got {out_spec}")
     result = CheckResult(True)
     for i, (ref, out) in enumerate(zip(ref_leaves, out_leaves, strict=True)):
         result = result.merge(_compare_leaf(i, ref, out, reduced_precision, tolerance))
     return result
+
+
+# Leaves of these types compare by value; any other object is opened up (see _flatten).
+_VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+_MAX_OBJECT_DEPTH = 4
+
+
+def _flatten(value: Any, depth: int = 0) -> tuple[list[Any], Any]:
+    """pytree's flattening, with objects pytree does not know opened up to their attributes.
+
+    A model may return an object that holds tensors (e.g. a transformers KV cache); comparing it by
+    identity would reject eager itself, so its public attributes are compared instead, in name
+    order, under a spec that records the object's type.
+    """
+    leaves, spec = pytree.tree_flatten(value)
+    if depth >= _MAX_OBJECT_DEPTH:
+        return leaves, spec
+    out: list[Any] = []
+    specs: list[Any] = []
+    for leaf in leaves:
+        attrs = getattr(leaf, "__dict__", None)
+        if isinstance(leaf, (torch.Tensor, *_VALUE_TYPES)) or not isinstance(attrs, dict):
+            out.append(leaf)
+            specs.append(None)
+            continue
+        public = {k: v for k, v in sorted(attrs.items()) if not k.startswith("_")}
+        inner, inner_spec = _flatten(public, depth + 1)
+        out.extend(inner)
+        specs.append((type(leaf).__qualname__, inner_spec))
+    return out, (spec, tuple(specs))
 
 
 def _compare_leaf(
