@@ -134,3 +134,16 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Each test gets its own tuning cache, so no test sees another's outcomes."""
     with honed.config.patch(cache_dir=tmp_path_factory.mktemp("cache")):
         yield
+
+
+@pytest.fixture(autouse=True)
+def private_config(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """Each test gets its own honed config folder (keys, trusted keys), also for the processes
+    it starts; the user's ~/.config/honed and HONED_SIGNING_KEY are never used."""
+    root = tmp_path_factory.mktemp("config")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(root))
+    monkeypatch.delenv("HONED_SIGNING_KEY", raising=False)
+    with honed.config.patch(config_dir=root / "honed", signing_key=""):
+        yield root / "honed"

@@ -15,7 +15,7 @@ import re
 import shlex
 import subprocess
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,14 +54,33 @@ def _tune(module: honed.Module) -> honed.TuneReport:
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[honed.TuneReport, Path]:
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A config folder ($XDG_CONFIG_HOME) whose key signs the saved artifact and is trusted."""
+    root = tmp_path_factory.mktemp("keys")
+    with honed.config.patch(config_dir=root / "honed", signing_key=""):
+        honed.trust.keygen()
+    return root
+
+
+@pytest.fixture(autouse=True)
+def private_config(keys: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every process here trusts the key that signed the saved artifact (docs/trust.md)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(keys))
+    monkeypatch.delenv("HONED_SIGNING_KEY", raising=False)
+    with honed.config.patch(config_dir=keys / "honed", signing_key=""):
+        yield keys / "honed"
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory, keys: Path) -> tuple[honed.TuneReport, Path]:
     torch.manual_seed(0)
     module = honed.Module(TinyMLP().eval(), "tiny")
     with honed.config.patch(
         isolation="none", warmup_ms=2.0, warmup_calls=2, window_ms=2.0, window_calls=3
     ):
         report = _tune(module)
-    path = honed.save(module, tmp_path_factory.mktemp("runtime") / "tiny.honed")
+    with honed.config.patch(config_dir=keys / "honed", signing_key=""):
+        path = honed.save(module, tmp_path_factory.mktemp("runtime") / "tiny.honed")
     return report, path
 
 
@@ -82,9 +101,9 @@ def _python_outputs(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """The stored sample and what honed.load-ed Python returns for it."""
     module = honed.Module(TinyMLP().eval(), "tiny").to(DEVICE)
     honed.load(module, path)
-    manifest, entries = honed.artifact.read_artifact(path)
-    graph = manifest["modules"][0]["graphs"][0]
-    sample = honed.artifact._decode_sample(entries[graph["samples"]], torch.device(DEVICE))
+    artifact = honed.artifact.open_artifact(path)
+    graph = artifact.manifest.modules[0].graphs[0]
+    sample = honed.artifact._decode_sample(artifact, graph.samples, torch.device(DEVICE))
     with torch.no_grad():
         return sample.args[0], module(*sample.args).cpu()
 
@@ -193,10 +212,76 @@ def test_honed_run_refuses_a_tampered_artifact_and_fails_a_wrong_reference(
     def wrong(data: bytes) -> bytes:
         return st_save({k: v + 1 for k, v in st_load(data).items()})
 
+    # Rewritten with recomputed hashes, the manifest no longer matches its signature: this
+    # (deliberately wrong) reference loads only when trusted explicitly.
     bad_ref = _rewrite(path, tmp_path / "r.honed", ".outputs.safetensors", wrong, rehash=True)
     done = _run(HONED_RUN, bad_ref, "--device", DEVICE, "--check", "--iterations", "1")
+    assert done.returncode == 2 and "modified after signing" in done.stderr, done.stderr
+    done = _run(
+        HONED_RUN, bad_ref, "--device", DEVICE, "--check", "--iterations", "1",
+        "--trust-native-code",
+    )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "MISMATCH" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch", "0"], "--batch 0: must be a positive integer"),
+        (["--batch", "-3"], "--batch -3: must be a positive integer"),
+        (["--shapes", "abc"], "--shapes 'abc': expected one shape per tensor input"),
+        (["--shapes", "8x"], "sizes joined by 'x'"),
+        (["--rtol", "-1"], "--rtol -1: must be a finite number >= 0"),
+        (["--atol", "nan"], "--atol nan: must be a finite number >= 0"),
+        (["--percentiles", "50,abc"], "--percentiles '50,abc': expected numbers in [0, 100]"),
+        (["--device", "quantum"], "--device 'quantum': not a device; use cpu, cuda or cuda:N"),
+        (
+            ["--json", "/nonexistent-folder/r.json"],
+            "--json /nonexistent-folder/r.json: cannot write",
+        ),
+        (["--no-such-flag"], "see honed-run --help"),
+    ],
+)
+def test_honed_run_refuses_bad_flags_before_running(
+    tuned: tuple[honed.TuneReport, Path], flags: list[str], message: str
+) -> None:
+    _, path = tuned
+    done = _run(HONED_RUN, path, "--iterations", "1", *flags)
+    assert done.returncode == 2, done.stdout + done.stderr
+    err = done.stderr.strip()
+    assert "\n" not in err and err.startswith("honed-run: ") and message in err, err
+    assert done.stdout == ""  # nothing was loaded or run
+
+
+def test_honed_run_refuses_a_flipped_byte_in_the_manifest(
+    tuned: tuple[honed.TuneReport, Path], tmp_path: Path
+) -> None:
+    _, path = tuned
+    data = path.read_bytes()
+    at = data.index(b'"honed_version": "') + len(b'"honed_version": "')
+    flipped = tmp_path / "flipped.honed"
+    flipped.write_bytes(data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :])
+    done = _run(HONED_RUN, flipped, "--device", DEVICE, "--iterations", "1")
+    assert done.returncode == 2
+    assert "'manifest.json'" in done.stderr and "CRC" in done.stderr, done.stderr
+
+
+def test_honed_run_loads_native_code_only_when_trusted(
+    tuned: tuple[honed.TuneReport, Path], tmp_path: Path
+) -> None:
+    _, path = tuned
+    stranger = {"XDG_CONFIG_HOME": str(tmp_path)}  # trusts no key
+    done = _run(HONED_RUN, path, "--device", DEVICE, "--iterations", "1", env=stranger)
+    assert done.returncode == 2
+    err = done.stderr.strip()
+    assert "\n" not in err and "which is not trusted here" in err
+    assert "honed trust PUBKEY" in err and "honed-run --trust-native-code" in err
+    done = _run(
+        HONED_RUN, path, "--device", DEVICE, "--iterations", "1", "--trust-native-code",
+        env=stranger,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
 
 
 def test_runtime_gtest_suite(tuned: tuple[honed.TuneReport, Path]) -> None:
@@ -217,14 +302,20 @@ def _doc_blocks() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def example(tuned: tuple[honed.TuneReport, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def example(
+    tuned: tuple[honed.TuneReport, Path], tmp_path_factory: pytest.TempPathFactory, keys: Path
+) -> Path:
     """Runs the docs' command blocks line by line in one folder holding the saved model as
     model.honed (so honed-run and the example's cmake commands are the documented ones), and
     returns the example program they built."""
     _, path = tuned
     work = tmp_path_factory.mktemp("docs")
     (work / "model.honed").write_bytes(path.read_bytes())
-    env = {**os.environ, "PATH": f"{RUNTIME}:{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "PATH": f"{RUNTIME}:{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
+        "XDG_CONFIG_HOME": str(keys),
+    }
     blocks = _doc_blocks()
     assert len(blocks) >= 3
     for block in blocks:

@@ -1,9 +1,16 @@
 // cpp/runtime/honed_run.cpp: honed-run: load a .honed artifact in C++, check it and benchmark it.
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -32,15 +39,35 @@ struct Options {
   std::string percentiles = "50,90,95,99";
   std::string json_file;
   bool check = false;
-  double rtol = -1;
+  double rtol = -1;  // -1: by dtype
   double atol = -1;
+  bool trust_native_code = false;
+  bool batch_given = false;
 };
 
-std::vector<double> parse_list(const std::string& text) {
+// A bad flag: main prints it as one line and exits 2.
+class FlagError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+template <typename T>
+bool parse_number(std::string_view text, T& out) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+// "50,99.9" -> {50, 99.9}; each in [0, 100].
+std::vector<double> parse_percentiles(const std::string& text) {
   std::vector<double> out;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) out.push_back(std::stod(item));
+    double p = 0;
+    if (!parse_number(item, p) || !(p >= 0 && p <= 100)) {
+      throw FlagError("--percentiles '" + text +
+                      "': expected numbers in [0, 100] separated by commas, e.g. 50,90,99.9");
+    }
+    out.push_back(p);
   }
   return out;
 }
@@ -51,11 +78,60 @@ std::vector<std::vector<int64_t>> parse_shapes(const std::string& text) {
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) {
     std::vector<int64_t> shape;
+    bool ok = !item.empty() && item.back() != 'x';
     std::stringstream dims(item);
-    for (std::string d; std::getline(dims, d, 'x');) shape.push_back(std::stoll(d));
+    for (std::string d; ok && std::getline(dims, d, 'x');) {
+      int64_t size = 0;
+      ok = parse_number(d, size) && size >= 0;
+      shape.push_back(size);
+    }
+    if (!ok) {
+      throw FlagError("--shapes '" + text +
+                      "': expected one shape per tensor input, sizes joined by 'x' and shapes "
+                      "by ',' (e.g. 8x16,8 for a [8, 16] and an [8] input)");
+    }
     out.push_back(shape);
   }
+  if (out.empty()) throw FlagError("--shapes is empty; e.g. --shapes 8x16");
   return out;
+}
+
+// Refuses bad flags before the artifact is loaded or anything runs.
+void validate(const Options& opt, bool rtol_given, bool atol_given) {
+  if (opt.batch < 0 || (opt.batch == 0 && opt.batch_given)) {
+    throw FlagError("--batch " + std::to_string(opt.batch) + ": must be a positive integer");
+  }
+  if (!opt.shapes.empty()) parse_shapes(opt.shapes);
+  parse_percentiles(opt.percentiles);
+  auto non_negative = [](const char* flag, double v) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      std::ostringstream text;
+      text << flag << " " << v << ": must be a finite number >= 0";
+      throw FlagError(text.str());
+    }
+  };
+  if (rtol_given) non_negative("--rtol", opt.rtol);
+  if (atol_given) non_negative("--atol", opt.atol);
+  non_negative("--warmup-ms", opt.warmup_ms);
+  non_negative("--duration-s", opt.duration_s);
+  if (opt.iterations < 0) throw FlagError("--iterations: must be >= 0 (0: adaptive)");
+  try {
+    at::Device device(opt.device);
+    (void)device;
+  } catch (const c10::Error&) {
+    throw FlagError("--device '" + opt.device + "': not a device; use cpu, cuda or cuda:N");
+  }
+  if (!opt.json_file.empty()) {
+    struct stat st{};
+    const bool existed = ::stat(opt.json_file.c_str(), &st) == 0;
+    int fd = ::open(opt.json_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (fd < 0) {
+      throw FlagError("--json " + opt.json_file + ": cannot write there (" + std::strerror(errno) +
+                      ")");
+    }
+    ::close(fd);
+    if (!existed) ::unlink(opt.json_file.c_str());
+  }
 }
 
 std::string shape_str(const at::Tensor& t) {
@@ -181,6 +257,7 @@ int main_impl(const Options& opt) {
   honed::ModelOptions mo;
   mo.module = opt.module;
   mo.runners = std::max(opt.threads, 1);
+  mo.trust_native_code = opt.trust_native_code;
   honed::Model model(opt.artifact, device, mo);
   json report = {{"artifact", opt.artifact},       {"module", model.module_name()},
                  {"device", model.device().str()}, {"honed", honed::version()},
@@ -225,7 +302,7 @@ int main_impl(const Options& opt) {
   if (m.has_host) std::printf("host      median %.4f ms\n", m.host_stats.median_ms);
   std::printf("throughput %.1f samples/s\n", m.throughput);
 
-  std::vector<double> percentiles = parse_list(opt.percentiles);
+  std::vector<double> percentiles = parse_percentiles(opt.percentiles);
   report["inputs"] = shapes;
   report["batch_size"] = batch_size;
   report["threads"] = r.threads;
@@ -238,7 +315,10 @@ int main_impl(const Options& opt) {
   report["latency"] = stats_json(s, m.samples_ms, percentiles);
   if (m.has_host) report["host_latency"] = {{"median_ms", m.host_stats.median_ms}};
   if (!opt.json_file.empty()) {
-    std::ofstream(opt.json_file) << report.dump(2) << "\n";
+    std::ofstream out(opt.json_file);
+    out << report.dump(2) << "\n";
+    out.close();
+    if (!out) throw std::runtime_error("--json " + opt.json_file + ": writing failed");
   }
   if (!ok) std::printf("check     FAILED: outputs differ from the stored eager outputs\n");
   return ok ? 0 : 1;
@@ -269,11 +349,30 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--check", opt.check,
       "compare outputs with the eager outputs stored in the artifact (exit 1 on mismatch)");
-  app.add_option("--rtol", opt.rtol, "--check relative tolerance (default: by dtype)");
-  app.add_option("--atol", opt.atol, "--check absolute tolerance (default: by dtype)");
-  CLI11_PARSE(app, argc, argv);
+  auto* rtol = app.add_option("--rtol", opt.rtol, "--check relative tolerance (default: by dtype)");
+  auto* atol = app.add_option("--atol", opt.atol, "--check absolute tolerance (default: by dtype)");
+  app.add_flag("--trust-native-code", opt.trust_native_code,
+               "load the artifact's compiled code even when no trusted key signed it "
+               "(docs/trust.md)");
+  try {
+    app.parse(argc, argv);
+    opt.batch_given = app.count("--batch") > 0;
+    validate(opt, rtol->count() > 0, atol->count() > 0);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "honed-run: %s; see honed-run --help\n", e.what());
+    return 2;
+  } catch (const FlagError& e) {
+    std::fprintf(stderr, "honed-run: %s\n", e.what());
+    return 2;
+  }
   try {
     return main_impl(opt);
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    std::fprintf(stderr, "honed-run: %s\n", msg.substr(0, msg.find('\n')).c_str());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "honed-run: %s\n", e.what());
     return 2;

@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "honed/artifact.h"
 #include "honed/dispatch.h"
@@ -55,46 +54,36 @@ struct KeyTemplate {
 };
 
 struct Graph {
-  ArtifactGraph stored;
+  ManifestGraph stored;
   KeyTemplate key;
   uint64_t key_hash = 0;  // graph_hash(stored.profile.graph_key)
   Guards guards;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
 };
 
-std::string unescape_bar(std::string s) {
-  for (size_t at = s.find("\\x7c"); at != std::string::npos; at = s.find("\\x7c", at + 1)) {
-    s.replace(at, 4, "|");
+KeyTemplate key_template(const std::string& key) {
+  ParsedKey parsed;
+  try {
+    parsed = parse_graph_key(key);
+  } catch (const std::invalid_argument& e) {
+    throw RuntimeError(std::string("honed runtime: ") + e.what());
   }
-  return s;
-}
-
-KeyTemplate parse_key(const std::string& key) {
   KeyTemplate t;
-  std::vector<std::string> parts;
-  std::stringstream ss(key);
-  for (std::string part; std::getline(ss, part, '|');) parts.push_back(part);
-  if (parts.empty()) throw RuntimeError("honed runtime: empty graph key in the manifest");
-  t.structure = parts[0];
-  for (size_t i = 1; i < parts.size(); ++i) {
-    if (!parts[i].empty() && parts[i][0] == '=') {
-      t.leaves.emplace_back(Constant{unescape_bar(parts[i].substr(1))});
+  t.structure = parsed.structure;
+  for (KeyLeaf& leaf : parsed.leaves) {
+    if (leaf.constant) {
+      t.leaves.emplace_back(std::move(*leaf.constant));
       continue;
     }
-    size_t first = parts[i].find(','), last = parts[i].rfind(',');
-    if (first == std::string::npos || first == last) {
-      throw RuntimeError("honed runtime: malformed tensor leaf '" + parts[i] + "' in graph key " +
-                         key);
-    }
     t.leaves.emplace_back(std::nullopt);
-    t.devices.push_back(parts[i].substr(first + 1, last - first - 1));
-    t.dtypes.push_back(detail::dtype_from_name(parts[i].substr(0, first)));
-    t.ranks.push_back(std::stoul(parts[i].substr(last + 1)));
+    t.devices.push_back(leaf.device);
+    t.dtypes.push_back(detail::dtype_from_name(leaf.dtype));
+    t.ranks.push_back(leaf.rank);
   }
   return t;
 }
 
-Guards parse_guards(const std::string& calling_json) {
+Guards parse_guards(std::string_view calling_json) {
   json c = json::parse(calling_json);
   if (c.value("format", 0) != 1) {
     throw RuntimeError("honed runtime: calling.json has format " +
@@ -182,7 +171,7 @@ HostEnvironment host_environment(const c10::Device& device) {
 // extracts what it needs into its own folder). POSIX calls, not std::filesystem: the libtorch.so
 // of torch 2.11's CUDA wheels exports its own std::filesystem functions, which the dynamic linker
 // picks over libstdc++'s, and its remove_all jumped to address 0 (found on the H100).
-std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const std::string& data,
+std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(std::string_view data,
                                                                       const c10::Device& device,
                                                                       int runners) {
   const char* tmp = std::getenv("TMPDIR");
@@ -237,20 +226,22 @@ struct Model::Impl {
   std::string module;
   std::vector<Graph> graphs;
   Dispatcher dispatcher;
-  Artifact artifact;  // the verified payload, sample and output entries
+  Artifact artifact;  // the verified file, mapped: payload, sample and output entries
   double load_seconds = 0;
 
   void load(const std::string& artifact_path);
-  const ArtifactModule& pick_module() const;
+  void check_trust(const std::vector<const ManifestGraph*>& runnable) const;
+  const ManifestModule& pick_module() const;
   std::string profiles() const;
   // Throws the RuntimeError for inputs no graph takes, with the dispatcher's reasons.
   [[noreturn]] void no_graph_for(const std::vector<at::Tensor>& inputs) const;
 };
 
-const ArtifactModule& Model::Impl::pick_module() const {
+const ManifestModule& Model::Impl::pick_module() const {
   std::string names;
-  for (const ArtifactModule& m : artifact.modules) {
-    if (m.name == options.module || (options.module.empty() && artifact.modules.size() == 1)) {
+  for (const ManifestModule& m : artifact.manifest.modules) {
+    if (m.name == options.module ||
+        (options.module.empty() && artifact.manifest.modules.size() == 1)) {
       return m;
     }
     names += (names.empty() ? "" : ", ") + m.name;
@@ -260,42 +251,61 @@ const ArtifactModule& Model::Impl::pick_module() const {
                                              : "it has no module '" + options.module + "'"));
 }
 
+// Every graph the runtime can run is an AOTInductor package: native code, which is loaded only
+// from an artifact a trusted key signed, or with ModelOptions::trust_native_code (docs/trust.md).
+void Model::Impl::check_trust(const std::vector<const ManifestGraph*>& runnable) const {
+  if (runnable.empty() || options.trust_native_code) return;
+  std::vector<std::string> keys = options.trusted_keys;
+  if (keys.empty()) keys = trusted_keys(config_dir());
+  TrustCheck check = honed::check_trust(artifact, keys);
+  if (check.trust == Trust::kTrusted) return;
+  throw UntrustedArtifactError(untrusted_message(
+      path, check, "AOTInductor package '" + runnable[0]->payload.at(kPackage) + "'",
+      "honed-run --trust-native-code (C++: ModelOptions::trust_native_code)"));
+}
+
 void Model::Impl::load(const std::string& artifact_path) {
-  auto keep = [](const std::string& name) { return name.rfind("weights/", 0) != 0; };
-  artifact = read_artifact(artifact_path, keep);  // the packages carry their own weights
+  artifact = read_artifact(artifact_path);
+  const Manifest& manifest = artifact.manifest;
   std::string why =
-      incompatibility(artifact.environment, artifact.has_payload(), host_environment(device));
+      incompatibility(manifest.env(), manifest.has_payload(), host_environment(device));
   if (!why.empty()) {
     throw IncompatibleArtifactError(path + " was made for " + why +
                                     "; re-tune on this machine (honed.tune(..., target='cpp'))");
   }
-  const ArtifactModule& m = pick_module();
+  const ManifestModule& m = pick_module();
   module = m.name;
-  const bool saved_cuda = artifact.environment.device.rfind("cuda", 0) == 0;
+  const std::string saved_device = manifest.env().device;
+  const bool saved_cuda = saved_device.rfind("cuda", 0) == 0;
   if (saved_cuda != device.is_cuda()) {
-    throw RuntimeError("honed runtime: " + path + " was compiled for " +
-                       artifact.environment.device + ", not for " + device.str() +
-                       "; load it on a " + (saved_cuda ? "CUDA" : "CPU") + " device");
+    throw RuntimeError("honed runtime: " + path + " was compiled for " + saved_device +
+                       ", not for " + device.str() + "; load it on a " +
+                       (saved_cuda ? "CUDA" : "CPU") + " device");
   }
-  c10::OptionalDeviceGuard guard;  // load the packages with the model's GPU current
-  if (device.is_cuda()) guard.reset_device(device);
+  std::vector<const ManifestGraph*> runnable;
   std::string skipped;
-  for (const ArtifactGraph& g : m.graphs) {
+  for (const ManifestGraph& g : m.graphs) {
     if (!g.runnable_from_cpp || !g.payload.count(kPackage) || !g.payload.count(kCalling)) {
-      skipped += (skipped.empty() ? "" : ", ") + g.backend;
+      skipped += (skipped.empty() ? "" : ", ") + g.backend_name();
       continue;
     }
-    Graph graph{g, parse_key(g.profile.graph_key), graph_hash(g.profile.graph_key),
-                parse_guards(artifact.entry(g.payload.at(kCalling))),
-                load_package(artifact.entry(g.payload.at(kPackage)), device, options.runners)};
-    dispatcher.add(g.profile, static_cast<int>(graphs.size()));
-    graphs.push_back(std::move(graph));
+    runnable.push_back(&g);
   }
-  if (graphs.empty()) {
+  if (runnable.empty()) {
     throw RuntimeError("honed runtime: module '" + module + "' of " + path +
                        " has no graph the C++ runtime can run (its graphs use: " +
                        (skipped.empty() ? "none" : skipped) +
                        "); tune it with honed.tune(..., target='cpp') and save it again");
+  }
+  check_trust(runnable);
+  c10::OptionalDeviceGuard guard;  // load the packages with the model's GPU current
+  if (device.is_cuda()) guard.reset_device(device);
+  for (const ManifestGraph* g : runnable) {
+    Graph graph{*g, key_template(g->profile.graph_key), graph_hash(g->profile.graph_key),
+                parse_guards(artifact.entry(g->payload.at(kCalling))),
+                load_package(artifact.entry(g->payload.at(kPackage)), device, options.runners)};
+    dispatcher.add(g->profile, static_cast<int>(graphs.size()));
+    graphs.push_back(std::move(graph));
   }
 }
 
@@ -419,7 +429,7 @@ std::string Model::describe() const {
   std::string out;
   for (size_t i = 0; i < impl_->graphs.size(); ++i) {
     const Graph& g = impl_->graphs[i];
-    out += "graph " + std::to_string(i) + ": " + g.stored.backend + " " +
+    out += "graph " + std::to_string(i) + ": " + g.stored.backend_name() + " " +
            g.stored.profile.graph_key + " " + describe_profile(g.stored.profile) + "\n";
   }
   return out;
@@ -432,7 +442,7 @@ std::vector<int> Model::batch_axes(int graph) const {
 std::vector<Sample> Model::samples() const {
   std::vector<Sample> out;
   for (size_t i = 0; i < impl_->graphs.size(); ++i) {
-    const ArtifactGraph& g = impl_->graphs[i].stored;
+    const ManifestGraph& g = impl_->graphs[i].stored;
     if (g.samples.empty()) continue;
     Sample s;
     s.graph = static_cast<int>(i);

@@ -66,7 +66,7 @@ at::Tensor to_tensor(const RawTensor& raw) {
   throw RuntimeError("honed runtime: safetensors dtype " + raw.dtype + " is not supported");
 }
 
-std::vector<at::Tensor> tensors_with_prefix(const std::string& buffer, const std::string& prefix) {
+std::vector<at::Tensor> tensors_with_prefix(std::string_view buffer, const std::string& prefix) {
   SafeTensors st = parse_safetensors(buffer);
   std::vector<std::pair<long, at::Tensor>> found;
   for (const auto& [name, raw] : st.tensors) {

@@ -15,7 +15,7 @@ at::Tensor to_tensor(const RawTensor& raw);
 
 // The tensor leaves of a sample written by honed.save ("leaf<i>", in flatten order of
 // (args, kwargs)), or of an outputs entry ("out<i>", in flatten order of the outputs).
-std::vector<at::Tensor> tensors_with_prefix(const std::string& buffer, const std::string& prefix);
+std::vector<at::Tensor> tensors_with_prefix(std::string_view buffer, const std::string& prefix);
 
 // "torch.float32" or "float32" -> c10::ScalarType; throws honed::RuntimeError when unknown.
 c10::ScalarType dtype_from_name(std::string name);

@@ -1,178 +1,212 @@
-// cpp/src/artifact.cpp: the .honed zip (libzip), SHA-256 (OpenSSL EVP), manifest, environment.
+// cpp/src/artifact.cpp: the typed manifest and its JSON, environment rules, SHA-256, safetensors.
 #include "honed/artifact.h"
 
 #include <openssl/evp.h>
-#include <zip.h>
 
-#include <cstring>
-#include <memory>
-#include <nlohmann/json.hpp>
+#include <stdexcept>
 
 namespace honed {
 namespace {
 
 using json = nlohmann::json;
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
+// A manifest field of the wrong type or missing: names the field and the file.
+[[noreturn]] void bad_field(const std::string& where, const std::string& field,
+                            const std::string& what) {
+  throw ArtifactError(where + " has a malformed manifest: " + field + " " + what +
+                      "; re-save it from the tuned model");
+}
 
-std::string str_or_empty(const json& obj, const char* key) {
+const char* type_of(const json& v) { return v.type_name(); }
+
+const json& field(const json& obj, const char* key, const std::string& at,
+                  const std::string& where) {
   auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return "";
-  return it->is_string() ? it->get<std::string>() : it->dump();
+  if (it == obj.end()) bad_field(where, at + key, "is missing");
+  return *it;
 }
 
-struct ZipCloser {
-  void operator()(zip_t* z) const { zip_discard(z); }
-};
-using ZipPtr = std::unique_ptr<zip_t, ZipCloser>;
-
-struct FileCloser {
-  void operator()(zip_file_t* f) const { zip_fclose(f); }
-};
-
-std::string unreadable(const std::string& path, const std::string& why) {
-  return path + " is not a readable honed artifact (truncated or not a zip: " + why + ")";
+// A string field; null (or absent, when optional) reads as "".
+std::string text(const json& obj, const char* key, const std::string& at, const std::string& where,
+                 bool required = false) {
+  auto it = obj.find(key);
+  if (it == obj.end()) {
+    if (required) bad_field(where, at + key, "is missing");
+    return "";
+  }
+  if (it->is_null() && !required) return "";
+  if (!it->is_string()) {
+    bad_field(where, at + key, std::string("must be a string, not ") + type_of(*it));
+  }
+  return it->get<std::string>();
 }
 
-ZipPtr open_zip(const std::string& path) {
-  int err = 0;
-  // ZIP_CHECKCONS: refuse an archive whose central directory disagrees with its entries.
-  zip_t* z = zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err);
-  if (z == nullptr) {
-    if (err == ZIP_ER_NOENT || err == ZIP_ER_OPEN) {
-      throw ArtifactError(path + " does not exist (or is not a file)");
+const json& array(const json& obj, const char* key, const std::string& at,
+                  const std::string& where) {
+  const json& v = field(obj, key, at, where);
+  if (!v.is_array()) bad_field(where, at + key, std::string("must be a list, not ") + type_of(v));
+  return v;
+}
+
+const json& object(const json& v, const std::string& at, const std::string& where) {
+  if (!v.is_object()) bad_field(where, at, std::string("must be an object, not ") + type_of(v));
+  return v;
+}
+
+std::map<std::string, std::string> string_map(const json& obj, const char* key,
+                                              const std::string& at, const std::string& where) {
+  std::map<std::string, std::string> out;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return out;
+  for (const auto& [k, v] : object(*it, at + key, where).items()) {
+    if (!v.is_string()) {
+      bad_field(where, at + key + "['" + k + "']",
+                std::string("must be a string, not ") + type_of(v));
     }
-    zip_error_t ze;
-    zip_error_init_with_code(&ze, err);
-    std::string why = zip_error_strerror(&ze);
-    zip_error_fini(&ze);
-    throw ArtifactError(unreadable(path, why));
+    out[k] = v.get<std::string>();
   }
-  return ZipPtr(z);
+  return out;
 }
 
-// Reads one entry whole; libzip also checks its CRC-32 on the way.
-std::string read_entry(zip_t* z, const std::string& name, const std::string& path) {
-  zip_stat_t st;
-  zip_stat_init(&st);
-  if (zip_stat(z, name.c_str(), 0, &st) != 0) {
-    throw ArtifactError(path + " is missing entry " + quoted(name) +
-                        "; the file is incomplete: re-save it from the tuned model");
+ManifestGraph graph_from_json(const json& g, const std::string& at, const std::string& where) {
+  object(g, at, where);
+  ManifestGraph graph;
+  const json& profile = object(field(g, "profile", at + ".", where), at + ".profile", where);
+  try {
+    graph.profile = profile_from_json(profile.dump());
+  } catch (const std::invalid_argument& e) {
+    bad_field(where, at + ".profile", std::string("is not a shape profile (") + e.what() + ")");
   }
-  std::unique_ptr<zip_file_t, FileCloser> f(zip_fopen_index(z, st.index, 0));
-  if (!f) throw ArtifactError(unreadable(path, "cannot open entry " + name));
-  std::string data(static_cast<size_t>(st.size), '\0');
-  zip_uint64_t done = 0;
-  while (done < st.size) {
-    zip_int64_t n = zip_fread(f.get(), data.data() + done, st.size - done);
-    if (n <= 0) {
-      throw ArtifactError(unreadable(path, "entry " + name + ": " + zip_file_strerror(f.get())));
-    }
-    done += static_cast<zip_uint64_t>(n);
+  try {
+    parse_graph_key(graph.profile.graph_key);
+  } catch (const std::invalid_argument& e) {
+    bad_field(where, at + ".profile.graph_key", std::string("is malformed (") + e.what() + ")");
   }
-  return data;
-}
-
-ArtifactGraph parse_graph(const json& g) {
-  ArtifactGraph graph;
-  graph.profile = profile_from_json(g.at("profile").dump());
-  const json& backend = g.at("backend");
-  graph.backend = backend.is_object() ? str_or_empty(backend, "backend") : "";
-  graph.runnable_from_cpp = g.value("runnable_from_cpp", false);
-  if (auto p = g.find("payload"); p != g.end() && p->is_object()) {
-    for (const auto& [file, entry] : p->items()) graph.payload[file] = entry.get<std::string>();
+  graph.backend = object(field(g, "backend", at + ".", where), at + ".backend", where);
+  if (auto it = graph.backend.find("backend"); it != graph.backend.end() && !it->is_string()) {
+    bad_field(where, at + ".backend.backend", "must be a string");
   }
-  graph.samples = str_or_empty(g, "samples");
-  graph.outputs = str_or_empty(g, "outputs");
+  graph.figures = g.value("figures", json::object());
+  if (graph.figures.is_null()) graph.figures = json::object();
+  if (auto it = g.find("runnable_from_cpp"); it != g.end()) {
+    if (!it->is_boolean()) bad_field(where, at + ".runnable_from_cpp", "must be true or false");
+    graph.runnable_from_cpp = it->get<bool>();
+  }
+  graph.payload = string_map(g, "payload", at + ".", where);
+  graph.samples = text(g, "samples", at + ".", where);
+  graph.outputs = text(g, "outputs", at + ".", where);
   return graph;
+}
+
+json graph_to_json(const ManifestGraph& g) {
+  json payload = json(nullptr);
+  if (!g.payload.empty()) payload = g.payload;
+  auto entry = [](const std::string& name) { return name.empty() ? json(nullptr) : json(name); };
+  return {{"graph_key", g.profile.graph_key},
+          {"profile", json::parse(to_json(g.profile))},
+          {"backend", g.backend},
+          {"figures", g.figures},
+          {"runnable_from_cpp", g.runnable_from_cpp},
+          {"payload", payload},
+          {"samples", entry(g.samples)},
+          {"outputs", entry(g.outputs)}};
 }
 
 }  // namespace
 
-bool Artifact::has_payload() const {
-  for (const ArtifactModule& m : modules) {
-    for (const ArtifactGraph& g : m.graphs) {
+std::string ManifestGraph::backend_name() const {
+  auto it = backend.find("backend");
+  return it != backend.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+ArtifactEnvironment Manifest::env() const {
+  auto get = [&](const char* key) {
+    auto it = environment.find(key);
+    if (it == environment.end() || it->is_null()) return std::string();
+    return it->is_string() ? it->get<std::string>() : it->dump();
+  };
+  ArtifactEnvironment e{get("torch"), get("torch_cuda"), get("device"), get("gpu"),
+                        get("compute_capability")};
+  if (e.device.empty()) e.device = "cpu";
+  return e;
+}
+
+bool Manifest::has_payload() const {
+  for (const ManifestModule& m : modules) {
+    for (const ManifestGraph& g : m.graphs) {
       if (!g.payload.empty()) return true;
     }
   }
   return false;
 }
 
-const std::string& Artifact::entry(const std::string& name) const {
-  auto it = entries.find(name);
-  if (it == entries.end()) {
-    throw ArtifactError(path + ": entry " + quoted(name) + " was not loaded (or does not exist)");
+std::string manifest_to_json(const Manifest& m) {
+  json modules = json::array();
+  for (const ManifestModule& mod : m.modules) {
+    json graphs = json::array();
+    for (const ManifestGraph& g : mod.graphs) graphs.push_back(graph_to_json(g));
+    modules.push_back({{"name", mod.name},
+                       {"class", mod.class_name},
+                       {"weights", mod.weights},
+                       {"num_parameters", mod.num_parameters},
+                       {"graphs", graphs},
+                       {"report", mod.report}});
   }
-  return it->second;
+  json out = {{"format", kArtifactFormat},
+              {"format_version", kArtifactFormatVersion},
+              {"honed_version", m.honed_version},
+              {"created", m.created},
+              {"environment", m.environment},
+              {"modules", modules},
+              {"entries", m.entries}};
+  return out.dump(2);
 }
 
-Artifact parse_manifest(std::string_view manifest_json, const std::string& path) {
-  Artifact a;
-  a.path = path;
-  a.manifest_json = std::string(manifest_json);
+Manifest manifest_from_json(std::string_view text_in, const std::string& where) {
   json m;
   try {
-    m = json::parse(manifest_json);
+    m = json::parse(text_in);
   } catch (const json::exception& e) {
-    throw ArtifactError(path + " is not a honed artifact (its manifest is not JSON: " + e.what() +
-                        ")");
+    throw ArtifactError(where + " is not a honed artifact (its " + kManifestEntry +
+                        " is not JSON: " + e.what() + ")");
   }
-  if (!m.is_object() || m.value("format", "") != kArtifactFormat) {
-    throw ArtifactError(path + " is not a honed artifact");
+  if (!m.is_object() || m.value("format", json()) != kArtifactFormat) {
+    throw ArtifactError(where + " is not a honed artifact (" + kManifestEntry +
+                        " has no \"format\": \"honed\")");
   }
   const json version = m.value("format_version", json());
   if (version != kArtifactFormatVersion) {
-    throw IncompatibleArtifactError(path + " has format version " + version.dump() +
+    throw IncompatibleArtifactError(where + " has format version " + version.dump() +
                                     ", this honed reads " + std::to_string(kArtifactFormatVersion) +
                                     "; load it with the honed that wrote it");
   }
-  try {
-    a.honed_version = str_or_empty(m, "honed_version");
-    const json& env = m.at("environment");
-    a.environment = ArtifactEnvironment{str_or_empty(env, "torch"), str_or_empty(env, "torch_cuda"),
-                                        str_or_empty(env, "device"), str_or_empty(env, "gpu"),
-                                        str_or_empty(env, "compute_capability")};
-    if (a.environment.device.empty()) a.environment.device = "cpu";
-    for (const json& mod : m.at("modules")) {
-      ArtifactModule module{mod.at("name").get<std::string>(), str_or_empty(mod, "weights"), {}};
-      for (const json& g : mod.at("graphs")) module.graphs.push_back(parse_graph(g));
-      a.modules.push_back(std::move(module));
+  Manifest out;
+  out.honed_version = text(m, "honed_version", "", where);
+  out.created = text(m, "created", "", where);
+  out.environment = object(field(m, "environment", "", where), "environment", where);
+  const json& modules = array(m, "modules", "", where);
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const std::string at = "modules[" + std::to_string(i) + "]";
+    const json& mod = object(modules[i], at, where);
+    ManifestModule module;
+    module.name = text(mod, "name", at + ".", where, true);
+    module.class_name = text(mod, "class", at + ".", where);
+    module.weights = text(mod, "weights", at + ".", where);
+    if (auto it = mod.find("num_parameters"); it != mod.end() && !it->is_null()) {
+      if (!it->is_number_integer()) bad_field(where, at + ".num_parameters", "must be an integer");
+      module.num_parameters = it->get<int64_t>();
     }
-  } catch (const ArtifactError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw ArtifactError(path + " has a malformed manifest (" + e.what() +
-                        "); re-save it from the tuned model");
-  }
-  return a;
-}
-
-Artifact read_artifact(const std::string& path, const EntryFilter& keep) {
-  ZipPtr z = open_zip(path);
-  zip_int64_t listed = zip_get_num_entries(z.get(), 0);
-  bool has_manifest = zip_name_locate(z.get(), kManifestEntry, 0) >= 0;
-  if (!has_manifest) {
-    throw ArtifactError(path + " is not a honed artifact (no " + kManifestEntry + ", " +
-                        std::to_string(listed) + " entries)");
-  }
-  std::string manifest = read_entry(z.get(), kManifestEntry, path);
-  Artifact a = parse_manifest(manifest, path);
-  json hashes;
-  try {
-    hashes = json::parse(manifest).at("entries");
-  } catch (const json::exception& e) {
-    throw ArtifactError(path + " has a malformed manifest (no entry hashes: " + e.what() + ")");
-  }
-  for (const auto& [name, digest] : hashes.items()) {
-    std::string data = read_entry(z.get(), name, path);
-    if (!digest.is_string() || sha256_hex(data) != digest.get<std::string>()) {
-      throw ArtifactError("entry " + quoted(name) + " of " + path +
-                          " does not match its SHA-256: the file was modified or damaged; "
-                          "re-save it from the tuned model");
+    module.report = mod.value("report", json());
+    if (!module.report.is_null()) object(module.report, at + ".report", where);
+    const json& graphs = array(mod, "graphs", at + ".", where);
+    for (size_t j = 0; j < graphs.size(); ++j) {
+      module.graphs.push_back(
+          graph_from_json(graphs[j], at + ".graphs[" + std::to_string(j) + "]", where));
     }
-    if (!keep || keep(name)) a.entries.emplace(name, std::move(data));
+    out.modules.push_back(std::move(module));
   }
-  return a;
+  out.entries = string_map(m, "entries", "", where);
+  return out;
 }
 
 std::string torch_minor(std::string_view version) {
@@ -217,6 +251,18 @@ std::string sha256_hex(std::string_view data) {
   return out;
 }
 
+namespace {
+// Bytes per element of a safetensors dtype, 0 when unknown.
+size_t dtype_bytes(const std::string& dtype) {
+  static const std::map<std::string, size_t> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},   {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2},
+      {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},     {"U32", 4},     {"F32", 4},
+      {"I64", 8},  {"U64", 8}, {"F64", 8},  {"C64", 8}};
+  auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
+}  // namespace
+
 SafeTensors parse_safetensors(std::string_view buffer) {
   if (buffer.size() < 8) throw ArtifactError("safetensors buffer shorter than its header size");
   uint64_t header_len = 0;
@@ -228,6 +274,7 @@ SafeTensors parse_safetensors(std::string_view buffer) {
   SafeTensors out;
   try {
     json header = json::parse(buffer.substr(8, header_len));
+    if (!header.is_object()) throw ArtifactError("safetensors header is not a JSON object");
     for (const auto& [name, info] : header.items()) {
       if (name == "__metadata__") {
         for (const auto& [k, v] : info.items()) out.metadata[k] = v.get<std::string>();
@@ -239,6 +286,15 @@ SafeTensors parse_safetensors(std::string_view buffer) {
       auto offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data.size()) {
         throw ArtifactError("safetensors tensor " + name + " has offsets outside the data");
+      }
+      uint64_t count = 1;
+      for (int64_t d : t.shape) {
+        if (d < 0) throw ArtifactError("safetensors tensor " + name + " has a negative size");
+        count *= static_cast<uint64_t>(d);
+      }
+      if (count * dtype_bytes(t.dtype) != offsets[1] - offsets[0]) {
+        throw ArtifactError("safetensors tensor " + name + " (" + t.dtype +
+                            ") holds a byte count that does not match its shape");
       }
       t.data = data.substr(offsets[0], offsets[1] - offsets[0]);
       out.tensors.emplace(name, std::move(t));

@@ -94,6 +94,55 @@ std::string graph_key(const Signature& sig) {
   return key;
 }
 
+namespace {
+std::string unescape_bar(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s.compare(i, 4, "\\x7c") == 0) {
+      out += '|';
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+}  // namespace
+
+ParsedKey parse_graph_key(std::string_view key) {
+  ParsedKey out;
+  size_t bar = key.find('|');
+  out.structure = std::string(key.substr(0, bar));
+  if (out.structure.empty()) throw std::invalid_argument("empty graph key structure");
+  while (bar != std::string_view::npos) {
+    size_t next = key.find('|', bar + 1);
+    std::string_view part = key.substr(bar + 1, next == key.npos ? key.npos : next - bar - 1);
+    bar = next;
+    KeyLeaf leaf;
+    if (!part.empty() && part[0] == '=') {
+      leaf.constant = Constant{unescape_bar(part.substr(1))};
+      out.leaves.push_back(std::move(leaf));
+      continue;
+    }
+    size_t first = part.find(','), last = part.rfind(',');
+    size_t rank = 0;
+    auto [end, ec] = last == part.npos
+                         ? std::from_chars(part.data(), part.data(), rank)
+                         : std::from_chars(part.data() + last + 1, part.data() + part.size(), rank);
+    if (first == part.npos || first == last || first == 0 || ec != std::errc() ||
+        end != part.data() + part.size()) {
+      throw std::invalid_argument("malformed tensor leaf '" + std::string(part) +
+                                  "' in graph key " + std::string(key) +
+                                  " (expected dtype,device,rank)");
+    }
+    leaf.dtype = std::string(part.substr(0, first));
+    leaf.device = std::string(part.substr(first + 1, last - first - 1));
+    leaf.rank = rank;
+    out.leaves.push_back(std::move(leaf));
+  }
+  return out;
+}
+
 std::string describe(const Signature& sig) {
   std::string out = sig.structure;
   out += ':';

@@ -102,6 +102,25 @@ TEST(GraphKey, SharedAcrossBatchSizesDistinctOtherwise) {
   EXPECT_EQ(graph_key(forged).find("x|"), std::string::npos);
 }
 
+TEST(GraphKey, ParserInvertsThePrinter) {
+  Signature s{"((*,*,*),{'mode':*})",
+              {TensorSpec{{8, 3}, "float32", "cuda:0"}, Constant{"'a|b'"},
+               TensorSpec{{2}, "int64", "cpu"}, Constant{"None"}}};
+  ParsedKey k = parse_graph_key(graph_key(s));
+  EXPECT_EQ(k.structure, s.structure);
+  ASSERT_EQ(k.leaves.size(), 4u);
+  EXPECT_FALSE(k.leaves[0].constant);
+  EXPECT_EQ(k.leaves[0].dtype, "float32");
+  EXPECT_EQ(k.leaves[0].device, "cuda:0");
+  EXPECT_EQ(k.leaves[0].rank, 2u);
+  EXPECT_EQ(k.leaves[1].constant->repr, "'a|b'");  // the escaped bar comes back
+  EXPECT_EQ(k.leaves[2].rank, 1u);
+  EXPECT_EQ(k.leaves[3].constant->repr, "None");
+  EXPECT_THROW(parse_graph_key("((*,),{})|float32,cpu"), std::invalid_argument);
+  EXPECT_THROW(parse_graph_key("((*,),{})|float32,cpu,two"), std::invalid_argument);
+  EXPECT_THROW(parse_graph_key(""), std::invalid_argument);
+}
+
 TEST(Infer, OneSampleIsAllStatic) {
   GraphProfile p = infer_profile({call({{4, 3, 224, 224}})});
   ASSERT_EQ(p.axes.size(), 1u);

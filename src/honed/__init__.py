@@ -20,6 +20,7 @@ from honed.errors import (
     IncompatibleArtifactError,
     InputError,
     TuneError,
+    UntrustedArtifactError,
 )
 from honed.inspecting import InspectReport, inspect
 from honed.module import Module
@@ -54,6 +55,7 @@ __all__ = [
     "TuneError",
     "TuneReport",
     "TuneStrategy",
+    "UntrustedArtifactError",
     "__version__",
     "_core",
     "backend",

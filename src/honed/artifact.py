@@ -1,21 +1,25 @@
 """src/honed/artifact.py: honed.save / honed.load and the .honed file.
 
-One zip of stored (uncompressed) entries: ``manifest.json`` and payloads. The manifest holds the
-format version, honed version, creation time, environment fingerprint, every module and graph
-(input profile, chosen backend recipe, measured figures), each module's tuning report (read back by
-honed.report.load_report) and a SHA-256 for every other entry.
-Weights and samples are safetensors; nothing is pickled, so loading runs no code but honed's.
+The format belongs to the engine (cpp/include/honed/artifact.h): one zip of stored
+(uncompressed) entries, ``manifest.json`` (format version, honed version, creation time,
+environment fingerprint, every module and graph with its input profile, backend recipe, figures
+and tuning report, and a SHA-256 for every other entry), ``manifest.sig`` (an Ed25519 signature of
+the manifest, when saved with a signing key) and the payloads. This file builds the typed
+``_core.Manifest`` and hands it and the entries to ``_core.write_artifact``; ``_core.read_artifact``
+verifies a file (CRC-32, sizes, names, every SHA-256) before anything here reads it.
+
+Weights and samples are safetensors; nothing is pickled. Native code (a compiled payload) is
+loaded only from an artifact signed by a trusted key, or with ``trust_native_code=True``
+(docs/trust.md).
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import logging
 import os
-import tempfile
-import zipfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +28,25 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch.utils import _pytree as pytree
 
-from honed import _core
+from honed import _core, trust
 from honed._version import __version__
-from honed.backend.base import Sample, backend_from_recipe
+from honed.backend.base import Backend, Sample, backend_from_recipe
 from honed.environment import fingerprint
-from honed.errors import ArtifactError, IncompatibleArtifactError, InputError
+from honed.errors import (
+    ArtifactError,
+    IncompatibleArtifactError,
+    InputError,
+    UntrustedArtifactError,
+)
 from honed.module import Module, Variant, find_modules
 from honed.shapes import graph_info
+from honed.sweep import resize_sample
 
 log = logging.getLogger("honed")
 
 FORMAT = "honed"
 FORMAT_VERSION = _core.ARTIFACT_FORMAT_VERSION  # the engine reads this version (artifact.h)
-MANIFEST = "manifest.json"
+MANIFEST = _core.MANIFEST_ENTRY
 ON_INCOMPATIBLE = ("error", "rebuild", "eager")
 
 
@@ -44,7 +54,9 @@ ON_INCOMPATIBLE = ("error", "rebuild", "eager")
 def save(obj: Any, path: str | os.PathLike[str]) -> Path:
     """Save the tuned modules inside ``obj`` (a honed.Module, a model or a pipeline) to ``path``.
 
-    The file is written to a temporary name and renamed, so a failure leaves nothing partial.
+    The file is written to a temporary name and renamed (mode 0666 minus the umask, like any file
+    the user creates), so a failure leaves nothing partial. With a signing key (``honed keygen``
+    or HONED_SIGNING_KEY) the manifest is signed.
     """
     modules = _modules_of(obj, "save")
     path = Path(path)
@@ -53,30 +65,19 @@ def save(obj: Any, path: str | os.PathLike[str]) -> Path:
             f"honed.save: {path} is a directory; give a file name such as {path / 'model.honed'}"
         )
     entries: dict[str, bytes] = {}
-    manifest_modules = []
-    for module in modules:
-        manifest_modules.append(_save_module(module, entries))
-    device = _device_of(modules[0])
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "honed_version": __version__,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "environment": fingerprint(device),
-        "modules": manifest_modules,
-        "entries": {name: hashlib.sha256(data).hexdigest() for name, data in entries.items()},
-    }
+    manifest = _core.Manifest()
+    manifest.honed_version = __version__
+    manifest.created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    manifest.environment = _jsonable(fingerprint(_device_of(modules[0])))
+    manifest.modules = [_save_module(module, entries) for module in modules]
+    key = trust.signing_key()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as zf:
-            zf.writestr(MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
-            for name, data in entries.items():
-                zf.writestr(name, data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        _core.write_artifact(str(path), manifest, entries, key or "")
+    except _core.ArtifactError as e:
+        raise ArtifactError(f"honed.save: {e}") from None
+    if key is None:
+        trust.tell_unsigned_once()
     return path
 
 
@@ -103,7 +104,7 @@ def _device_of(module: Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _save_module(module: Module, entries: dict[str, bytes]) -> dict[str, Any]:
+def _save_module(module: Module, entries: dict[str, bytes]) -> Any:
     weights_entry = f"weights/{module.name}.safetensors"
     state = {
         k: v.detach().to("cpu", copy=True).contiguous()
@@ -112,44 +113,39 @@ def _save_module(module: Module, entries: dict[str, bytes]) -> dict[str, Any]:
     entries[weights_entry] = st_save(state)
     graphs = []
     for i, variant in enumerate(module.variants):
-        graph: dict[str, Any] = {
-            "graph_key": variant.profile.graph_key,
-            "profile": json.loads(variant.profile.to_json()),
-            "backend": variant.backend.recipe(),
-            "figures": _jsonable(variant.figures),
-            "runnable_from_cpp": bool(getattr(variant.backend, "cpp_runnable", False)),
-            "samples": None,
-            "outputs": None,
-            "payload": None,
-        }
+        graph = _core.ManifestGraph()
+        graph.profile = variant.profile
+        graph.backend = variant.backend.recipe()
+        graph.figures = _jsonable(variant.figures)
+        graph.runnable_from_cpp = bool(getattr(variant.backend, "cpp_runnable", False))
         if variant.backend.saves_payload:
-            files = variant.backend.export_payload(variant.fn)
-            graph["payload"] = {}
-            for name, data in files.items():
+            payload = {}
+            for name, data in variant.backend.export_payload(variant.fn).items():
                 entry = f"payloads/{module.name}/{i}/{name}"
                 entries[entry] = data
-                graph["payload"][name] = entry
+                payload[name] = entry
+            graph.payload = payload
         if variant.warm_sample is not None:
             encoded = _encode_sample(variant.warm_sample)
             if encoded is not None:
                 entry = f"samples/{module.name}/{i}.safetensors"
                 spec, tensors = encoded
                 entries[entry] = st_save(tensors, metadata={"treespec": spec})
-                graph["samples"] = entry
+                graph.samples = entry
                 outputs = _eager_outputs(module, variant.warm_sample)
                 if outputs is not None:
                     entry = f"samples/{module.name}/{i}.outputs.safetensors"
                     entries[entry] = st_save(outputs)
-                    graph["outputs"] = entry
+                    graph.outputs = entry
         graphs.append(graph)
-    return {
-        "name": module.name,
-        "class": f"{type(module.module).__module__}.{type(module.module).__qualname__}",
-        "weights": weights_entry,
-        "num_parameters": sum(p.numel() for p in module.module.parameters()),
-        "graphs": graphs,
-        "report": _jsonable(module.report.to_dict()) if module.report is not None else None,
-    }
+    saved = _core.ManifestModule()
+    saved.name = module.name
+    saved.class_name = f"{type(module.module).__module__}.{type(module.module).__qualname__}"
+    saved.weights = weights_entry
+    saved.num_parameters = sum(p.numel() for p in module.module.parameters())
+    saved.graphs = graphs
+    saved.report = _jsonable(module.report.to_dict()) if module.report is not None else None
+    return saved
 
 
 def _eager_outputs(module: Module, sample: Sample) -> dict[str, torch.Tensor] | None:
@@ -186,42 +182,34 @@ def _encode_sample(sample: Sample) -> tuple[str, dict[str, torch.Tensor]] | None
     return json.dumps({"spec": spec_json, "leaves": constants}), tensors
 
 
-def _decode_sample(data: bytes, device: torch.device) -> Sample:
-
-    tensors = st_load(data)
-    meta = json.loads(_safetensors_metadata(data)["treespec"])
-    leaves = []
-    for i, leaf in enumerate(meta["leaves"]):
-        if "tensor" in leaf:
-            leaves.append(tensors[f"leaf{i}"].to(device))
-        else:
-            leaves.append(leaf["value"])
-    args, kwargs = pytree.tree_unflatten(leaves, pytree.treespec_loads(meta["spec"]))
-    return Sample(tuple(args), dict(kwargs))
-
-
-def _safetensors_metadata(data: bytes) -> dict[str, str]:
-    header_len = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + header_len])
-    return dict(header.get("__metadata__", {}))
-
-
 # -- load --------------------------------------------------------------------------------------
 def load(
     obj: Any,
     path: str | os.PathLike[str],
     on_incompatible: str = "error",
+    trust_native_code: bool = False,
 ) -> Any:
     """Load weights and tuned graphs from ``path`` into the honed.Modules inside ``obj``.
 
-    Every entry's SHA-256 is verified first. ``on_incompatible`` decides what happens when the
-    artifact was made for another device or torch: "error" raises, "rebuild" rebuilds each graph
-    from its stored recipe here, "eager" loads the weights and runs eager.
+    The file is verified first (every entry's CRC and SHA-256). ``on_incompatible`` decides what
+    happens when the artifact was made for another device or torch: "error" raises, "rebuild"
+    rebuilds each graph from its stored recipe here, "eager" loads the weights and runs eager.
+    A graph whose payload is native code (``Backend.native_payload``) is loaded only when a
+    trusted key signed the artifact (``honed trust``), or with ``trust_native_code=True``; this is
+    checked before any payload is written out or loaded (docs/trust.md). Each loaded graph is run
+    once at every batch size of its stored profile, so the first calls are not slow.
     """
     if on_incompatible not in ON_INCOMPATIBLE:
         raise InputError(f"honed.load: on_incompatible must be one of {ON_INCOMPATIBLE}")
     modules = {m.name: m for m in _modules_of(obj, "load")}
-    manifest, entries = read_artifact(path)
+    artifact = open_artifact(path)
+    manifest = artifact.manifest
+    for entry in manifest.modules:
+        if entry.name not in modules:
+            raise ArtifactError(
+                f"honed.load: {path} holds module {entry.name!r}, but the object has "
+                f"honed.Module(s) {sorted(modules)}; load it into the model it was saved from"
+            )
     problem = _incompatibility(manifest)
     mode = "load"
     if problem:
@@ -237,78 +225,188 @@ def load(
             "rebuilding" if on_incompatible == "rebuild" else "running eager",
         )
         mode = on_incompatible
-    for entry in manifest["modules"]:
-        module = modules.get(entry["name"])
-        if module is None:
-            raise ArtifactError(
-                f"honed.load: {path} holds module {entry['name']!r}, but the object has "
-                f"honed.Module(s) {sorted(modules)}; load it into the model it was saved from"
-            )
-        _load_module(module, entry, entries, mode, str(path))
+    if mode == "load":
+        _check_native_code(artifact, trust_native_code)
+    for entry in manifest.modules:
+        _load_module(modules[entry.name], entry, artifact, mode)
     return obj
 
 
-def read_artifact(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The manifest and every verified entry of an artifact; raises ArtifactError on damage.
-
-    Reading and verifying is the engine's (cpp/src/artifact.cpp), shared with the C++ runtime.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ArtifactError(f"honed.load: {path} does not exist (or is not a file)")
+def open_artifact(path: str | os.PathLike[str], who: str = "honed.load") -> Any:
+    """The verified ``_core.Artifact`` at ``path``; ArtifactError (prefixed ``who``) otherwise."""
     try:
-        manifest_json, entries = _core.read_artifact(str(path))
+        return _core.read_artifact(os.fspath(path))
     except _core.IncompatibleArtifactError as e:
-        raise IncompatibleArtifactError(f"honed.load: {e}") from None
+        raise IncompatibleArtifactError(f"{who}: {e}") from None
     except _core.ArtifactError as e:
-        raise ArtifactError(f"honed.load: {e}") from None
-    return json.loads(manifest_json), entries
+        raise ArtifactError(f"{who}: {e}") from None
 
 
-def _incompatibility(manifest: dict[str, Any]) -> str:
+class _Entries(Mapping[str, bytes]):
+    """An artifact's verified entries, each read (copied out of the mapping) when asked for."""
+
+    def __init__(self, artifact: Any) -> None:
+        self._artifact = artifact
+        self._names = list(artifact.entries)
+
+    def __getitem__(self, name: str) -> bytes:
+        if name not in self._names:
+            raise KeyError(name)
+        return bytes(self._artifact.read(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def read_artifact(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Mapping[str, bytes]]:
+    """The manifest (as stored in manifest.json) and the verified entries of an artifact.
+
+    For tools that read the file as data; honed.load works on the typed ``_core.Manifest``.
+    """
+    artifact = open_artifact(path)
+    return dict(artifact.manifest.to_dict()), _Entries(artifact)
+
+
+def _native_backend(graph: Any) -> Backend | None:
+    """The backend whose payload loading would run native code, or None."""
+    try:
+        backend = backend_from_recipe(graph.backend)
+    except Exception:
+        return None  # an unusable recipe loads no payload (_rebuild reports it)
+    if backend is None or not graph.payload or not backend.saves_payload:
+        return None
+    return backend if type(backend).native_payload else None
+
+
+def _check_native_code(artifact: Any, trust_native_code: bool) -> None:
+    """Refuse native payloads that no trusted key signed, before anything is written or loaded."""
+    native = [
+        (graph, backend)
+        for module in artifact.manifest.modules
+        for graph in module.graphs
+        if (backend := _native_backend(graph)) is not None
+    ]
+    keys = trust.trusted_public_keys()
+    state, signer = artifact.trust(keys)
+    if not native:
+        if state == "bad-signature":
+            log.warning(
+                "honed.load: the signature of %s (key %s) does not match its manifest; it holds "
+                "no native code, so it loads as an unsigned artifact",
+                artifact.path,
+                signer,
+            )
+        return
+    if trust_native_code or state == "trusted":
+        return
+    graph, backend = native[0]
+    names = ", ".join(repr(e) for e in sorted(graph.payload.values()))
+    entry = f"{type(backend).__name__} payload {names}"
+    message = artifact.untrusted_message(keys, entry, "honed.load(..., trust_native_code=True)")
+    raise UntrustedArtifactError(f"honed.load: {message}")
+
+
+def _incompatibility(manifest: Any) -> str:
     """Why this artifact cannot be loaded as it is here ("" when it can); the engine's rules."""
     gpu, cc = "", ""
     here_cuda = torch.cuda.is_available()
-    if here_cuda and str(manifest["environment"].get("device", "cpu")).startswith("cuda"):
+    if here_cuda and str(manifest.environment.get("device") or "cpu").startswith("cuda"):
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu, cc = props.name, f"{props.major}.{props.minor}"
-    return str(
-        _core.artifact_incompatibility(json.dumps(manifest), torch.__version__, here_cuda, gpu, cc)
-    )
+    return str(_core.artifact_incompatibility(manifest, torch.__version__, here_cuda, gpu, cc))
 
 
-def _load_module(
-    module: Module, entry: dict[str, Any], entries: dict[str, bytes], mode: str, where: str
-) -> None:
+def _load_module(module: Module, entry: Any, artifact: Any, mode: str) -> None:
     """Weights, then each graph: "load" payloads, "rebuild" from recipes, or "eager" (none)."""
-    state = st_load(entries[entry["weights"]])
+    where = artifact.path
+    if not entry.weights:
+        raise ArtifactError(
+            f"honed.load: {where}: module {entry.name!r} names no weights entry; the file is "
+            "crafted or damaged: re-save it"
+        )
+    state, _ = _safetensors(artifact, entry.weights)
     try:
         module.module.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise ArtifactError(
-            f"honed.load: the weights in {where} do not fit module {entry['name']!r} "
-            f"(saved from {entry.get('class')}): {str(e).splitlines()[0]}; load it into the "
+            f"honed.load: the weights in {where} do not fit module {entry.name!r} "
+            f"(saved from {entry.class_name}): {str(e).splitlines()[0]}; load it into the "
             "same model class it was saved from"
         ) from e
     device = _device_of(module)
     variants: list[Variant] = []
-    for graph in entry["graphs"] if mode != "eager" else []:
-        variant = _rebuild(module, graph, entries, device, use_payload=mode == "load")
+    for graph in entry.graphs if mode != "eager" else []:
+        variant = _rebuild(module, graph, artifact, device, use_payload=mode == "load")
         if variant is not None:
             variants.append(variant)
     module.install(variants)
 
 
+def _safetensors(artifact: Any, entry: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of a safetensors entry; ArtifactError naming it when malformed."""
+    data = bytes(artifact.read(entry)) if entry in artifact.entries else None
+    if data is None:
+        raise ArtifactError(
+            f"honed.load: {artifact.path}: the manifest names entry {entry!r}, which the file "
+            "does not hold; it is crafted or damaged: re-save it"
+        )
+    try:
+        header_len = int.from_bytes(data[:8], "little")
+        if len(data) < 8 or header_len > len(data) - 8:
+            raise ValueError(f"header of {header_len} bytes in a {len(data)}-byte entry")
+        header = json.loads(data[8 : 8 + header_len])
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        metadata = header.get("__metadata__") or {}
+        tensors = st_load(data)
+    except Exception as e:
+        raise ArtifactError(
+            f"honed.load: {artifact.path}: entry {entry!r} is not a valid safetensors file "
+            f"(bad header: {_first_line(e)}); re-save it"
+        ) from None
+    return tensors, dict(metadata)
+
+
+def _decode_sample(artifact: Any, entry: str, device: torch.device) -> Sample:
+    """The stored sample of a graph: tensors, constants and the treespec that nests them."""
+    tensors, metadata = _safetensors(artifact, entry)
+    try:
+        meta = json.loads(metadata["treespec"])
+        spec = pytree.treespec_loads(meta["spec"])
+        leaves = [
+            tensors[f"leaf{i}"].to(device) if "tensor" in leaf else leaf["value"]
+            for i, leaf in enumerate(meta["leaves"])
+        ]
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        return Sample(tuple(args), dict(kwargs))
+    except Exception as e:
+        raise ArtifactError(
+            f"honed.load: {artifact.path}: entry {entry!r} has a bad treespec "
+            f"({type(e).__name__}: {_first_line(e)}); re-save it"
+        ) from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else type(e).__name__
+
+
 def _rebuild(
-    module: Module,
-    graph: dict[str, Any],
-    entries: dict[str, bytes],
-    device: torch.device,
-    use_payload: bool,
+    module: Module, graph: Any, artifact: Any, device: torch.device, use_payload: bool
 ) -> Variant | None:
-    """A graph's variant: its stored payload loaded as it is, or rebuilt from its recipe."""
-    backend = backend_from_recipe(graph["backend"])
-    name = graph["backend"].get("backend")
+    """A graph's variant: its stored payload loaded as it is, or rebuilt from its recipe, then
+    run once at every batch size of its profile."""
+    name = graph.backend_name
+    try:
+        backend = backend_from_recipe(graph.backend)
+    except Exception as e:
+        raise ArtifactError(
+            f"honed.load: {artifact.path}: the recipe of backend {name!r} in module "
+            f"{module.name!r} is malformed ({_first_line(e)}); re-save it"
+        ) from None
     if backend is None:
         log.warning(
             "honed.load: module %r graph uses backend %s, which is not defined in this process; "
@@ -317,20 +415,20 @@ def _rebuild(
             name,
         )
         return None
-    profile = _core.GraphProfile.from_json(json.dumps(graph["profile"]))
-    sample = _decode_sample(entries[graph["samples"]], device) if graph.get("samples") else None
+    profile = graph.profile
+    sample = _decode_sample(artifact, graph.samples, device) if graph.samples else None
     info = graph_info(profile, device)
     examples = [sample] if sample is not None else []
-    payload = graph.get("payload") or {}
+    payload = graph.payload
+    files = {n: bytes(artifact.read(e)) for n, e in payload.items()} if use_payload else {}
     try:
         with torch.no_grad():
             if payload and backend.saves_payload and use_payload:
-                files = {name: entries[entry] for name, entry in payload.items()}
                 fn = backend.load_payload(files, module.module, info)
             else:
                 fn = backend.build_graph(module.module, examples, info)
-            if sample is not None:
-                fn(*sample.args, **sample.kwargs)  # warm up (a JIT backend compiles here)
+            for warm in _warm_samples(sample, profile):
+                fn(*warm.args, **warm.kwargs)  # a JIT backend compiles here, not on first use
     except Exception as e:
         log.warning(
             "honed.load: rebuilding %s for module %r failed (%s: %s); running eager",
@@ -340,4 +438,15 @@ def _rebuild(
             e,
         )
         return None
-    return Variant(profile, backend, fn, graph.get("figures") or {}, sample)
+    return Variant(profile, backend, fn, dict(graph.figures or {}), sample)
+
+
+def _warm_samples(sample: Sample | None, profile: Any) -> list[Sample]:
+    """The stored sample resized to each batch size of the profile (min, opt, max)."""
+    if sample is None:
+        return []
+    axes = list(profile.batch_axes)
+    if not any(a >= 0 for a in axes):
+        return [sample]
+    sizes = sorted({int(profile.min_batch), int(profile.opt_batch), int(profile.max_batch)})
+    return [resize_sample(sample, axes, b) for b in sizes if b > 0]

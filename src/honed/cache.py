@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 
+from honed import trust
 from honed._version import __version__
+from honed.errors import HonedError
 
 log = logging.getLogger("honed")
 
@@ -75,6 +77,16 @@ class TuneCache:
 
     def __init__(self, root: Path) -> None:
         self.dir = Path(root) / "tune" / VERSION
+        # Cached payloads are loaded as code: the folders must be this user's alone (as ssh
+        # requires of ~/.ssh); otherwise the cache is off for this tune.
+        self.refused = next(
+            filter(
+                None, (trust.folder_problem(p) for p in (Path(root), self.dir.parent, self.dir))
+            ),
+            "",
+        )
+        if self.refused:
+            log.warning("honed: the tuning cache is off: %s", self.refused)
 
     @staticmethod
     def key(**parts: Any) -> str:
@@ -84,6 +96,8 @@ class TuneCache:
         return self.dir / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> dict[str, Any] | None:
+        if self.refused:
+            return None
         path = self._path(key)
         try:
             record: dict[str, Any] = json.loads(path.read_text())
@@ -92,25 +106,36 @@ class TuneCache:
         except (OSError, json.JSONDecodeError) as e:
             log.warning("honed: ignoring unreadable cache entry %s (%s)", path, e)
             return None
+        if isinstance(record, dict) and record.get("files"):
+            problem = trust.payload_problem(key, record, self._read_files(key, record))
+            if problem:
+                log.warning("honed: ignoring cache entry %s: %s; evaluating again", path, problem)
+                return None
         return record
 
     def put(self, key: str, record: dict[str, Any], files: dict[str, bytes] | None = None) -> None:
         """Store ``record`` (and payload ``files`` beside it) atomically; failures only warn."""
+        if self.refused:
+            return
         path = self._path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            trust.mkdir_private(path.parent)
             if files:
-                record = dict(record, files=sorted(files))
+                record = dict(record, files=sorted(files), **trust.sign_payload(key, files))
                 for name, data in files.items():
                     self._write(self.payload_dir(key) / name, data)
             self._write(path, _canonical(record).encode())
-        except OSError as e:
+        except (OSError, HonedError) as e:
             log.warning("honed: could not write the tuning cache at %s (%s)", self.dir, e)
 
     def payload_dir(self, key: str) -> Path:
         return self.dir / key[:2] / f"{key}.files"
 
     def files(self, key: str, record: dict[str, Any]) -> dict[str, bytes] | None:
+        files = self._read_files(key, record)
+        return files if not trust.payload_problem(key, record, files) else None
+
+    def _read_files(self, key: str, record: dict[str, Any]) -> dict[str, bytes] | None:
         try:
             return {n: (self.payload_dir(key) / n).read_bytes() for n in record.get("files", [])}
         except OSError:
@@ -118,7 +143,7 @@ class TuneCache:
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        trust.mkdir_private(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:

@@ -24,6 +24,8 @@ EXAMPLES = """examples:
   honed report demo.honed      the tuning report stored in an artifact, as markdown
   honed report demo.honed --format html --out report.html
                                the same as one self-contained HTML page with plots
+  honed keygen                 make the key honed.save signs artifacts with (docs/trust.md)
+  honed trust alice.pub        load native code from artifacts signed by that key
 """
 
 
@@ -59,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     from honed import cli_entry
 
     cli_entry.add_parsers(sub)
+    from honed import cli_trust
+
+    cli_trust.add_parsers(sub)
     report = sub.add_parser(
         "report",
         help="print the tuning report stored in an artifact (markdown, JSON or HTML)",

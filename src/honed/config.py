@@ -48,6 +48,11 @@ def _default_cache_dir() -> Path:
     return Path(xdg) / "honed" if xdg else Path.home() / ".cache" / "honed"
 
 
+def _default_config_dir() -> Path:
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    return Path(xdg) / "honed" if xdg and os.path.isabs(xdg) else Path.home() / ".config" / "honed"
+
+
 # Logging: DEBUG, INFO, WARNING, ERROR. WARNING keeps tunes quiet but for fallbacks and failures.
 log_level: str = _env_str("HONED_LOG_LEVEL", "WARNING").upper()
 
@@ -57,6 +62,14 @@ progress: str = _env_str("HONED_PROGRESS", "auto")
 
 # Where tuning caches and compiler caches live.
 cache_dir: Path = Path(_env_str("HONED_CACHE_DIR", str(_default_cache_dir())))
+
+# Where honed's keys live (`honed keygen`, `honed trust`): $XDG_CONFIG_HOME/honed or
+# ~/.config/honed; the C++ runtime (honed-run) looks in the same place (docs/trust.md).
+config_dir: Path = _default_config_dir()
+
+# The Ed25519 private key honed.save signs artifacts with ("" = <config_dir>/signing_key.pem when
+# `honed keygen` made one; without a key, artifacts are saved unsigned).
+signing_key: str = _env_str("HONED_SIGNING_KEY", "")
 
 # Whether tune() reuses earlier candidate outcomes from the cache (HONED_CACHE=0 turns it off).
 cache_enabled: bool = _env_str("HONED_CACHE", "1").lower() not in ("0", "false", "no", "off")

@@ -34,6 +34,11 @@ class IncompatibleArtifactError(ArtifactError):
     """An artifact was made for another GPU, torch or honed version."""
 
 
+class UntrustedArtifactError(ArtifactError):
+    """An artifact with native code (a compiled payload) that no trusted key signed; see
+    docs/trust.md for `honed trust` and ``trust_native_code=True``."""
+
+
 class EntryPointError(InputError):
     """A command-line entry point (``pkg.module:function``) cannot be loaded or returns the wrong
     thing."""

@@ -36,6 +36,12 @@ struct ModelOptions {
   std::string module;        // which module of the artifact; "" = its only one
   int runners = 1;           // model instances per graph (concurrent calls); see above
   bool check_inputs = true;  // dtypes, devices and sizes against what each graph was compiled for
+  // The packages are native code: they load only from an artifact signed by a trusted key
+  // (docs/trust.md), or when this is true.
+  bool trust_native_code = false;
+  // Public keys (PEM) whose signatures are trusted; empty: those `honed trust` added
+  // ($XDG_CONFIG_HOME/honed/trusted or ~/.config/honed/trusted).
+  std::vector<std::string> trusted_keys;
 };
 
 // A sample stored in the artifact: the inputs a graph was tuned on and eager PyTorch's outputs
@@ -48,9 +54,10 @@ struct Sample {
 
 class Model {
  public:
-  // Reads and verifies the artifact (every entry's SHA-256, format, environment), then loads each
-  // graph runnable from C++ on `device` ("cuda" without an index means cuda:0). Throws
-  // honed::ArtifactError / honed::RuntimeError.
+  // Reads and verifies the artifact (every entry's CRC and SHA-256, format, environment, the
+  // signature of its native code), then loads each graph runnable from C++ on `device` ("cuda"
+  // without an index means cuda:0). Throws honed::ArtifactError (UntrustedArtifactError for an
+  // unsigned or unknown signer) / honed::RuntimeError.
   explicit Model(const std::string& path, const c10::Device& device = c10::Device(c10::kCPU),
                  const ModelOptions& options = {});
   ~Model();

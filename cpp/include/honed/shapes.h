@@ -46,6 +46,19 @@ std::string describe(const Signature& sig);
 // The graph a call belongs to: structure, then per leaf "|dtype,device,rank" (tensor; sizes are
 // NOT part of it) or "|=repr" (constant). A '|' inside a constant or dict key is written "\x7c".
 std::string graph_key(const Signature& sig);
+// graph_key's inverse: the structure, then per leaf a tensor's dtype, device and rank, or a
+// constant's repr (unescaped). Throws std::invalid_argument naming the malformed part.
+struct KeyLeaf {
+  std::optional<Constant> constant;  // set for a constant leaf
+  std::string dtype;                 // tensor leaves: "float32"
+  std::string device;                // tensor leaves: "cuda:0"
+  size_t rank = 0;                   // tensor leaves
+};
+struct ParsedKey {
+  std::string structure;
+  std::vector<KeyLeaf> leaves;
+};
+ParsedKey parse_graph_key(std::string_view key);
 // A fast 64-bit hash of the key (word-wise multiply-xorshift). In-process only: never persist it.
 uint64_t graph_hash(std::string_view graph_key);
 

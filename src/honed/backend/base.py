@@ -113,6 +113,10 @@ class Backend:
     # True when the built callable can be stored as files in the artifact (e.g. an AOTInductor
     # .pt2) and loaded back without rebuilding; see export_payload / load_payload.
     saves_payload: ClassVar[bool] = False
+    # True when the saved payload is native code that loading runs (a shared library, a TensorRT
+    # engine): honed.load then needs a trusted signature (docs/trust.md). Payload backends count
+    # as native unless they declare otherwise.
+    native_payload: ClassVar[bool] = True
     # True when the C++ runtime (libhoned_runtime, honed-run) can run the saved payload;
     # honed.tune(target="cpp") keeps only such backends.
     cpp_runnable: ClassVar[bool] = False

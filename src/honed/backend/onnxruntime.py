@@ -332,6 +332,7 @@ class ONNXRuntimeBackend(Backend):
     config_class = ONNXRuntimeBackendConfig
     portability = 3
     saves_payload = True
+    native_payload = False  # an ONNX graph: operators, no code
     config: ONNXRuntimeBackendConfig
 
     @classmethod

@@ -559,6 +559,7 @@ class TensorRTBackend(Backend):
     config_class = TensorRTBackendConfig
     portability = 6
     saves_payload = True
+    native_payload = True  # a serialized TensorRT engine
     requires = ("tensorrt",)
     config: TensorRTBackendConfig
 

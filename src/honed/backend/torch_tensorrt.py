@@ -333,6 +333,7 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
     config_class = TorchTensorRTAotBackendConfig
     portability = 6
     saves_payload = True
+    native_payload = True  # TensorRT engines inside an exported program
     config: TorchTensorRTAotBackendConfig
 
     def build_graph(
