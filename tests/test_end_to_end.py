@@ -53,6 +53,7 @@ def test_tune_save_load_in_a_new_process_and_serve(
     assert "outside its tuned profile" in caplog.text
 
     artifact = tmp_path / f"{case}.honed"
+    honed.trust.keygen()  # signed and trusted: native payloads (AOTInductor) load (docs/trust.md)
     honed.save(model, artifact)
     loaded = load_in_new_process(artifact, [inside, outside], tmp_path)
     assert loaded.backend_class == type(backend).__name__

@@ -254,6 +254,15 @@ def test_honed_run_refuses_bad_flags_before_running(
     assert done.stdout == ""  # nothing was loaded or run
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_honed_run_without_cuda_says_so_in_one_line(tuned: tuple[honed.TuneReport, Path]) -> None:
+    _, path = tuned
+    done = _run(HONED_RUN, path, "--device", "cuda", "--iterations", "1")
+    assert done.returncode == 2
+    err = done.stderr.strip()
+    assert "\n" not in err and "torch cannot use CUDA here" in err, err
+
+
 def test_honed_run_refuses_a_flipped_byte_in_the_manifest(
     tuned: tuple[honed.TuneReport, Path], tmp_path: Path
 ) -> None:
