@@ -254,6 +254,19 @@ def test_honed_run_refuses_bad_flags_before_running(
     assert done.stdout == ""  # nothing was loaded or run
 
 
+def test_honed_run_warms_every_batch_size_of_the_profile_at_load(
+    tuned: tuple[honed.TuneReport, Path],
+) -> None:
+    _, path = tuned
+    p = honed.artifact.open_artifact(path).manifest.modules[0].graphs[0].profile
+    sizes = sorted({p.min_batch, p.opt_batch, p.max_batch})
+    assert sizes[0] == 1 and sizes[-1] == 8
+    done = _run(HONED_RUN, path, "--device", DEVICE, "--iterations", "1")
+    assert done.returncode == 0, done.stderr
+    warmed = ", ".join(f"0:{b}" for b in sizes)
+    assert f"(warm-up, graph:batch: {warmed})" in done.stdout, done.stdout
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_honed_run_without_cuda_says_so_in_one_line(tuned: tuple[honed.TuneReport, Path]) -> None:
     _, path = tuned

@@ -161,18 +161,10 @@ std::vector<at::Tensor> bench_inputs(const honed::Model& model, const Options& o
   if (samples.empty()) {
     throw honed::RuntimeError("the artifact stores no sample inputs; give --shapes");
   }
-  std::vector<at::Tensor> inputs = samples[0].inputs;
   if (opt.batch > 0) {
-    std::vector<int> axes = model.batch_axes(samples[0].graph);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      int axis = i < axes.size() ? axes[i] : -1;
-      if (axis < 0) continue;
-      std::vector<int64_t> rows = honed::batch_indices(inputs[i].size(axis), opt.batch);
-      at::Tensor index = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(model.device());
-      inputs[i] = inputs[i].index_select(axis, index).contiguous();
-    }
+    return honed::resize_batch(samples[0].inputs, model.batch_axes(samples[0].graph), opt.batch);
   }
-  return inputs;
+  return samples[0].inputs;
 }
 
 // Compares every stored sample's outputs with eager PyTorch's, stored next to it. Per-dtype
@@ -265,7 +257,13 @@ int main_impl(const Options& opt) {
   std::printf("honed-run %s · module %s · %d graph(s) on %s\n%s", opt.artifact.c_str(),
               model.module_name().c_str(), model.num_graphs(), model.device().str().c_str(),
               model.describe().c_str());
-  std::printf("load      %.3f s\n", model.load_seconds());
+  std::string warmed;
+  for (const auto& [graph, batch] : model.warmed()) {
+    warmed += (warmed.empty() ? "" : ", ") + std::to_string(graph) + ":" +
+              (batch > 0 ? std::to_string(batch) : "as stored");
+  }
+  std::printf("load      %.3f s (warm-up, graph:batch: %s)\n", model.load_seconds(),
+              warmed.empty() ? "none" : warmed.c_str());
   bool ok = true;
   if (opt.check) ok = check(model, opt, report);
 

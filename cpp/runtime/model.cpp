@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "honed/artifact.h"
 #include "honed/dispatch.h"
@@ -228,6 +229,7 @@ struct Model::Impl {
   Dispatcher dispatcher;
   Artifact artifact;  // the verified file, mapped: payload, sample and output entries
   double load_seconds = 0;
+  std::vector<std::pair<int, int64_t>> warmed;  // (graph, batch size; 0: as stored) run at load
 
   void load(const std::string& artifact_path);
   void check_trust(const std::vector<const ManifestGraph*>& runnable) const;
@@ -326,9 +328,44 @@ Model::Model(const std::string& path, const c10::Device& device, const ModelOpti
   impl_->options = options;
   impl_->path = path;
   impl_->load(path);
+  if (options.warm_up) warm_up();
   impl_->load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+// Runs each graph's stored sample once at every batch size of its profile (min, opt, max), so
+// that lazily loaded kernels and first-call set-up happen here rather than in the first calls.
+void Model::warm_up() {
+  for (const Sample& sample : samples()) {
+    const GraphProfile& p = impl_->graphs[static_cast<size_t>(sample.graph)].stored.profile;
+    const std::vector<int>& axes = p.batch_axes;
+    std::set<int64_t> sizes;
+    if (std::any_of(axes.begin(), axes.end(), [](int a) { return a >= 0; })) {
+      sizes = {p.min_batch, p.opt_batch, p.max_batch};
+    } else {
+      sizes = {0};  // no batch axis: the sample as it is
+    }
+    for (int64_t batch : sizes) {
+      run(batch > 0 ? resize_batch(sample.inputs, axes, batch) : sample.inputs);
+      impl_->warmed.emplace_back(sample.graph, batch);
+    }
+  }
+}
+
+std::vector<at::Tensor> resize_batch(const std::vector<at::Tensor>& inputs,
+                                     const std::vector<int>& batch_axes, int64_t batch) {
+  std::vector<at::Tensor> out = inputs;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int axis = i < batch_axes.size() ? batch_axes[i] : -1;
+    if (axis < 0) continue;
+    std::vector<int64_t> rows = batch_indices(out[i].size(axis), batch);
+    at::Tensor index = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(out[i].device());
+    out[i] = out[i].index_select(axis, index).contiguous();
+  }
+  return out;
+}
+
+const std::vector<std::pair<int, int64_t>>& Model::warmed() const { return impl_->warmed; }
 
 Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;

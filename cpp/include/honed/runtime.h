@@ -39,6 +39,9 @@ struct ModelOptions {
   // The packages are native code: they load only from an artifact signed by a trusted key
   // (docs/trust.md), or when this is true.
   bool trust_native_code = false;
+  // Run each graph's stored sample at every batch size of its profile (min, opt, max) while
+  // loading, so the first calls are not slower than the rest.
+  bool warm_up = true;
   // Public keys (PEM) whose signatures are trusted; empty: those `honed trust` added
   // ($XDG_CONFIG_HOME/honed/trusted or ~/.config/honed/trusted).
   std::vector<std::string> trusted_keys;
@@ -80,11 +83,19 @@ class Model {
   double load_seconds() const;          // wall time of the constructor
   // Per graph and tensor input: its batch axis (-1 for none), from the tuned profile.
   std::vector<int> batch_axes(int graph) const;
+  // (graph, batch size) of every warm-up call made while loading (batch 0: the sample as stored).
+  const std::vector<std::pair<int, int64_t>>& warmed() const;
 
  private:
+  void warm_up();
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// `inputs` with each tensor cut or repeated to `batch` rows along its batch axis (-1: left as it
+// is), as honed.tune(batch_sizes=) resizes samples.
+std::vector<at::Tensor> resize_batch(const std::vector<at::Tensor>& inputs,
+                                     const std::vector<int>& batch_axes, int64_t batch);
 
 // Maps torch dtypes to the names honed's graph keys use ("float32", "int64", ...).
 std::string dtype_name(c10::ScalarType type);
