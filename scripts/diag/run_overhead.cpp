@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
   const int calls = argc > 6 ? std::stoi(argv[6]) : 200;
   const bool cuda = device.is_cuda();
 
-  honed::Model model(argv[1], device);
+  honed::ModelOptions options;
+  options.trust_native_code = true;  // the artifact make_cpp_artifact.py just built here
+  honed::Model model(argv[1], device, options);
   torch::inductor::AOTIModelPackageLoader raw(argv[2], "model", false, 1,
                                               cuda ? static_cast<c10::DeviceIndex>(0) : -1);
   const std::vector<at::Tensor> inputs{at::randn(shape, at::TensorOptions().device(device))};

@@ -19,8 +19,8 @@ echo "artifact $SECONDS s"
 wait
 echo "--- aoti_load (libtorch alone)"; /tmp/aoti_load /tmp/tiny-cuda.honed.pt2 0 4x16; echo "rc=$?"
 HR=$RT/cpp/runtime/honed-run
-echo "--- honed-run cuda"; $HR /tmp/tiny-cuda.honed --device cuda --check --iterations 50; echo "rc=$?"
+echo "--- honed-run cuda"; $HR /tmp/tiny-cuda.honed --device cuda --check --iterations 50 --trust-native-code; echo "rc=$?"
 echo "--- cuda-gdb honed-run"
-cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args $HR /tmp/tiny-cuda.honed --device cuda --check --iterations 5 2>&1 | grep -v "^\[New Thread\|^\[Thread" | head -120
+cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args $HR /tmp/tiny-cuda.honed --device cuda --check --iterations 5 --trust-native-code 2>&1 | grep -v "^\[New Thread\|^\[Thread" | head -120
 echo "--- cuda-gdb aoti_load"
 cuda-gdb -batch -ex run -ex bt --args /tmp/aoti_load /tmp/tiny-cuda.honed.pt2 0 4x16 2>&1 | grep -v "^\[New Thread\|^\[Thread" | tail -40
