@@ -2,10 +2,12 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <charconv>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -231,13 +233,16 @@ struct RoutingDispatcher : Dispatcher {
   std::vector<nb::object> targets;
 };
 
-int fast_lookup(const Dispatcher& d, nb::handle args, nb::handle kwargs) {
+// Walks a call into a reused builder (keep_leaves=false) and hands it to `use`. A tensor
+// subclass's attribute may call back in: a builder in use is never reused.
+template <typename Use>
+auto with_fast_walk(nb::handle args, nb::handle kwargs, const Use& use) {
   thread_local SignatureBuilder shared;
-  thread_local bool busy = false;  // a tensor subclass's attribute may call back into lookup
+  thread_local bool busy = false;
   if (busy) {
     SignatureBuilder local;
     walk_call(args, kwargs, local, false);
-    return d.lookup(local);
+    return use(local);
   }
   busy = true;
   try {
@@ -247,7 +252,11 @@ int fast_lookup(const Dispatcher& d, nb::handle args, nb::handle kwargs) {
     throw;
   }
   busy = false;
-  return d.lookup(shared);
+  return use(shared);
+}
+
+int fast_lookup(const Dispatcher& d, nb::handle args, nb::handle kwargs) {
+  return with_fast_walk(args, kwargs, [&](const SignatureBuilder& b) { return d.lookup(b); });
 }
 
 AxisOverride to_override(nb::handle key, nb::handle value) {
@@ -388,6 +397,12 @@ void bind_shapes(nb::module_& m) {
       .def("to_json", [](const GraphProfile& p) { return to_json(p); })
       .def_static(
           "from_json", [](const std::string& s) { return profile_from_json(s); }, "s"_a)
+      // Pickled as its JSON, so what carries a profile can go to a worker process.
+      .def("__getstate__", [](const GraphProfile& p) { return std::make_tuple(to_json(p)); })
+      .def("__setstate__",
+           [](GraphProfile& p, const std::tuple<std::string>& state) {
+             new (&p) GraphProfile(profile_from_json(std::get<0>(state)));
+           })
       .def("__eq__", [](const GraphProfile& a, const GraphProfile& b) { return a == b; })
       .def("__repr__", [](const GraphProfile& p) { return "GraphProfile(" + to_json(p) + ")"; });
 
@@ -443,6 +458,24 @@ void bind_shapes(nb::module_& m) {
           "explain",
           [](const RoutingDispatcher& d, nb::handle args, nb::handle kwargs) {
             return d.lookup(make_signature(args, kwargs)).reason;
+          },
+          "args"_a, "kwargs"_a);
+
+  // A compiled payload's accepted inputs (see dispatch.h); fits() walks the call like lookup().
+  nb::class_<InputGuard>(m, "InputGuard")
+      .def(nb::init<GraphProfile>(), "profile"_a)
+      .def_prop_ro("profile", &InputGuard::profile)
+      .def(
+          "fits",
+          [](const InputGuard& g, nb::handle args, nb::handle kwargs) {
+            return with_fast_walk(args, kwargs,
+                                  [&](const SignatureBuilder& b) { return g.fits(b); });
+          },
+          "args"_a, "kwargs"_a)
+      .def(
+          "explain",
+          [](const InputGuard& g, nb::handle args, nb::handle kwargs) {
+            return g.explain(make_signature(args, kwargs));
           },
           "args"_a, "kwargs"_a);
 }

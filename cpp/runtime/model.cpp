@@ -28,20 +28,6 @@ using json = nlohmann::json;
 constexpr const char* kPackage = "model.pt2";  // backend/torch_inductor_aot.py PAYLOAD_PACKAGE
 constexpr const char* kCalling = "calling.json";
 
-// What one tensor input of a package must look like (TensorGuard of torch_inductor_aot.py).
-struct Guard {
-  c10::ScalarType dtype;
-  std::string device_type;
-  std::vector<int64_t> lo, hi;
-  std::vector<std::string> groups;  // shared-dimension name per axis, "" for none
-  std::vector<int> group_ids;       // per axis: index into Guards::names, -1 for none
-};
-
-struct Guards {
-  std::vector<Guard> inputs;
-  std::vector<std::string> names;  // the shared-dimension names of all inputs
-};
-
 // A graph key split into its structure and per-leaf template: a tensor leaf takes the call's
 // dtype and rank (and the stored device string), a constant is fixed.
 struct KeyTemplate {
@@ -58,7 +44,7 @@ struct Graph {
   ManifestGraph stored;
   KeyTemplate key;
   uint64_t key_hash = 0;  // graph_hash(stored.profile.graph_key)
-  Guards guards;
+  InputGuard guard;       // the profile the package was compiled for (the engine checks it)
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
 };
 
@@ -84,72 +70,23 @@ KeyTemplate key_template(const std::string& key) {
   return t;
 }
 
-Guards parse_guards(std::string_view calling_json) {
+// The engine's guard of a package: calling.json's "guard" profile (backend/_calling.py); files of
+// format 1 were compiled for exactly the stored profile.
+InputGuard read_guard(std::string_view calling_json, const GraphProfile& stored) {
   json c = json::parse(calling_json);
-  if (c.value("format", 0) != 1) {
-    throw RuntimeError("honed runtime: calling.json has format " +
-                       c.value("format", json()).dump() +
-                       "; this runtime reads format 1: re-save with this honed version");
+  const int format = c.value("format", 0);
+  if (format == 1) return InputGuard(stored);
+  if (format != 2) {
+    throw RuntimeError("honed runtime: calling.json has format " + std::to_string(format) +
+                       "; this runtime reads formats 1 and 2: re-save with this honed version");
   }
-  Guards guards;
-  for (const json& g : c.at("guards")) {
-    Guard guard{detail::dtype_from_name(g.at("dtype").get<std::string>()),
-                g.at("device").get<std::string>(),
-                g.at("lo").get<std::vector<int64_t>>(),
-                g.at("hi").get<std::vector<int64_t>>(),
-                g.at("groups").get<std::vector<std::string>>(),
-                {}};
-    for (const std::string& name : guard.groups) {
-      if (name.empty()) {
-        guard.group_ids.push_back(-1);
-        continue;
-      }
-      auto at = std::find(guards.names.begin(), guards.names.end(), name);
-      guard.group_ids.push_back(static_cast<int>(at - guards.names.begin()));
-      if (at == guards.names.end()) guards.names.push_back(name);
-    }
-    guards.inputs.push_back(std::move(guard));
-  }
-  return guards;
+  return InputGuard(profile_from_json(c.at("guard").dump()));
 }
 
 std::string shape_str(at::IntArrayRef shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-void check_guards(const Guards& guards, const std::vector<at::Tensor>& inputs) {
-  thread_local std::vector<int64_t> sizes;  // per shared-dimension name: its size, -1 unseen
-  sizes.assign(guards.names.size(), -1);
-  for (size_t i = 0; i < guards.inputs.size(); ++i) {
-    const Guard& g = guards.inputs[i];
-    const at::Tensor& t = inputs[i];
-    if (t.scalar_type() != g.dtype || static_cast<size_t>(t.dim()) != g.lo.size()) {
-      throw RuntimeError("honed runtime: tensor input " + std::to_string(i) + " is " +
-                         dtype_name(t.scalar_type()) + " " + shape_str(t.sizes()) +
-                         ", but the graph was compiled for " + dtype_name(g.dtype) + " of rank " +
-                         std::to_string(g.lo.size()));
-    }
-    for (size_t a = 0; a < g.lo.size(); ++a) {
-      int64_t size = t.size(static_cast<int64_t>(a));
-      if (size < g.lo[a] || size > g.hi[a]) {
-        throw RuntimeError("honed runtime: tensor input " + std::to_string(i) + " has shape " +
-                           shape_str(t.sizes()) + "; axis " + std::to_string(a) + " must be in [" +
-                           std::to_string(g.lo[a]) + ", " + std::to_string(g.hi[a]) +
-                           "] as compiled");
-      }
-      const int group = g.group_ids[a];
-      if (group < 0) continue;
-      int64_t& seen = sizes[static_cast<size_t>(group)];
-      if (seen < 0) seen = size;
-      if (seen != size) {
-        throw RuntimeError("honed runtime: axis " + std::to_string(a) + " of tensor input " +
-                           std::to_string(i) + " must equal the other axes of dimension '" +
-                           g.groups[a] + "' (" + std::to_string(seen) + ")");
-      }
-    }
-  }
 }
 
 HostEnvironment host_environment(const c10::Device& device) {
@@ -169,9 +106,9 @@ HostEnvironment host_environment(const c10::Device& device) {
 }
 
 // Writes the package where the loader can read it, and removes it once loaded (the loader
-// extracts what it needs into its own folder). POSIX calls, not std::filesystem: the libtorch.so
-// of torch 2.11's CUDA wheels exports its own std::filesystem functions, which the dynamic linker
-// picks over libstdc++'s, and its remove_all jumped to address 0 (found on the H100).
+// extracts what it needs into its own folder). POSIX calls, not std::filesystem: libtorch.so of
+// CUDA wheels may export its own std::filesystem functions, which the dynamic linker then picks
+// over libstdc++'s, and those need not work from here.
 std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(std::string_view data,
                                                                       const c10::Device& device,
                                                                       int runners) {
@@ -304,7 +241,7 @@ void Model::Impl::load(const std::string& artifact_path) {
   if (device.is_cuda()) guard.reset_device(device);
   for (const ManifestGraph* g : runnable) {
     Graph graph{*g, key_template(g->profile.graph_key), graph_hash(g->profile.graph_key),
-                parse_guards(artifact.entry(g->payload.at(kCalling))),
+                read_guard(artifact.entry(g->payload.at(kCalling)), g->profile),
                 load_package(artifact.entry(g->payload.at(kPackage)), device, options.runners)};
     dispatcher.add(g->profile, static_cast<int>(graphs.size()));
     graphs.push_back(std::move(graph));
@@ -443,11 +380,20 @@ void Model::Impl::no_graph_for(const std::vector<at::Tensor>& inputs) const {
 
 std::vector<at::Tensor> Model::run(const std::vector<at::Tensor>& inputs, void* cuda_stream) const {
   const Graph& g = impl_->graphs[static_cast<size_t>(select(inputs))];
-  // The model's GPU current on this thread (a thread that never touched CUDA has no context:
-  // cuBLAS warned "no current CUDA context" on the H100); restored on return.
+  // The model's GPU current on this thread (a thread that never touched CUDA has no context, and
+  // cuBLAS needs one); restored on return.
   c10::OptionalDeviceGuard guard;
   if (impl_->device.is_cuda()) guard.reset_device(impl_->device);
-  if (impl_->options.check_inputs) check_guards(g.guards, inputs);
+  if (impl_->options.check_inputs) {  // dispatch matched the key: the sizes are left to check
+    thread_local std::vector<int64_t> sizes;
+    sizes.clear();
+    for (const at::Tensor& x : inputs)
+      sizes.insert(sizes.end(), x.sizes().begin(), x.sizes().end());
+    if (!g.guard.fits_sizes(sizes)) {
+      throw RuntimeError("honed runtime: the package was compiled for other shapes: " +
+                         g.guard.explain_sizes(sizes));
+    }
+  }
   const bool all_contiguous = std::all_of(inputs.begin(), inputs.end(),
                                           [](const at::Tensor& t) { return t.is_contiguous(); });
   if (all_contiguous) return g.loader->run(inputs, cuda_stream);

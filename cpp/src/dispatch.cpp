@@ -2,6 +2,7 @@
 #include "honed/dispatch.h"
 
 #include <stdexcept>
+#include <utility>
 
 namespace honed {
 
@@ -76,6 +77,33 @@ DispatchResult Dispatcher::lookup(const Signature& sig) const {
   if (count_ > 3) tuned += ", ...";
   return {kNone, "no tuned graph has the input signature " + key +
                      (tuned.empty() ? " (nothing is tuned yet)" : " (tuned: " + tuned + ")")};
+}
+
+InputGuard::InputGuard(GraphProfile profile)
+    : profile_(std::move(profile)),
+      rules_(size_rules(profile_)),
+      hash_(graph_hash(profile_.graph_key)) {}
+
+bool InputGuard::fits(const SignatureBuilder& call) const {
+  return call.hash() == hash_ && call.key_equals(profile_.graph_key) &&
+         sizes_fit(rules_, call.sizes());
+}
+
+bool InputGuard::fits_sizes(std::span<const int64_t> sizes) const {
+  return sizes_fit(rules_, sizes);
+}
+
+std::string InputGuard::explain(const Signature& sig) const {
+  const std::string key = graph_key(sig);
+  if (key != profile_.graph_key) return key_difference(profile_.graph_key, key);
+  std::vector<int64_t> sizes;
+  for (const TensorSpec& t : tensor_specs(sig))
+    sizes.insert(sizes.end(), t.shape.begin(), t.shape.end());
+  return explain_sizes(sizes);
+}
+
+std::string InputGuard::explain_sizes(std::span<const int64_t> sizes) const {
+  return check_sizes(profile_, sizes).reason;
 }
 
 }  // namespace honed

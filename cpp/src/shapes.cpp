@@ -143,6 +143,48 @@ ParsedKey parse_graph_key(std::string_view key) {
   return out;
 }
 
+namespace {
+
+// A parsed leaf in words: "float32 of rank 2 on cpu", or "== 0.5" for a constant.
+std::string leaf_words(const KeyLeaf& leaf) {
+  if (leaf.constant) return "== " + leaf.constant->repr;
+  return leaf.dtype + " of rank " + std::to_string(leaf.rank) + " on " + leaf.device;
+}
+
+bool same_leaf(const KeyLeaf& a, const KeyLeaf& b) {
+  return a.constant == b.constant && a.dtype == b.dtype && a.device == b.device && a.rank == b.rank;
+}
+
+}  // namespace
+
+std::string key_difference(std::string_view want, std::string_view got) {
+  if (want == got) return "";
+  const ParsedKey w = parse_graph_key(want), g = parse_graph_key(got);
+  if (w.structure != g.structure || w.leaves.size() != g.leaves.size()) {
+    return "the inputs are structured differently: " + g.structure + " where the graph takes " +
+           w.structure;
+  }
+  int tensor = 0;
+  for (size_t i = 0; i < w.leaves.size(); ++i) {
+    const KeyLeaf &wl = w.leaves[i], &gl = g.leaves[i];
+    if (!same_leaf(wl, gl)) {
+      if (wl.constant && gl.constant) {
+        return "the non-tensor input at leaf " + std::to_string(i) + " was compiled for " +
+               leaf_words(wl) + ", got " + gl.constant->repr;
+      }
+      if (!wl.constant && !gl.constant) {
+        return "tensor input " + std::to_string(tensor) + " is " + leaf_words(gl) +
+               ", but the graph was compiled for " + leaf_words(wl);
+      }
+      return "leaf " + std::to_string(i) + " is " +
+             (gl.constant ? "a non-tensor value" : "a tensor") + " where the graph takes " +
+             (wl.constant ? "a fixed value " : "a tensor ") + leaf_words(wl);
+    }
+    if (!wl.constant) ++tensor;
+  }
+  return "";
+}
+
 std::string describe(const Signature& sig) {
   std::string out = sig.structure;
   out += ':';
@@ -607,7 +649,7 @@ ShapeCheck check(const GraphProfile& profile, const Signature& sig) {
   const std::string key = graph_key(sig);
   if (key != profile.graph_key) {
     return {false, "the input signature " + key + " is not the tuned graph " + profile.graph_key +
-                       " (structure, dtypes, devices, ranks or constant values differ)"};
+                       ": " + key_difference(profile.graph_key, key)};
   }
   std::vector<int64_t> sizes;
   for (const TensorSpec& t : tensor_specs(sig)) {

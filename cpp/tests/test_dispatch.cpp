@@ -166,3 +166,45 @@ TEST(Dispatch, FastPathCostIsPrinted) {
   EXPECT_EQ(hits, kCalls);
   std::printf("[dispatch] engine fast path: %.1f ns per call (one tensor)\n", ns);
 }
+
+TEST(InputGuard, FitsWhatTheProfileAllowsAndSaysWhyNot) {
+  const InputGuard guard(batch_profile(1, 8, "True"));
+  SignatureBuilder b;
+  auto fits = [&](std::vector<int64_t> shape, const std::string& flag, const std::string& dtype) {
+    b.reset(false);
+    walk(b, shape, flag, dtype);
+    return guard.fits(b);
+  };
+  EXPECT_TRUE(fits({1, 3}, "True", "float32"));
+  EXPECT_TRUE(fits({8, 3}, "True", "float32"));
+  EXPECT_FALSE(fits({9, 3}, "True", "float32"));
+  EXPECT_FALSE(fits({4, 4}, "True", "float32"));
+  EXPECT_FALSE(fits({4, 3}, "False", "float32"));
+  EXPECT_FALSE(fits({4, 3}, "True", "float16"));
+  EXPECT_FALSE(fits({4, 3}, "", "float32"));
+
+  EXPECT_EQ(guard.explain(call({4, 3}, "True")), "");
+  EXPECT_EQ(guard.explain(call({9, 3}, "True")),
+            "input 0 axis 0 (batch) is 9, outside the tuned range [1, 8]");
+  EXPECT_EQ(guard.explain(call({4, 3}, "False")),
+            "the non-tensor input at leaf 1 was compiled for == True, got False");
+  EXPECT_EQ(guard.explain(call({4, 3}, "True", "float16")),
+            "tensor input 0 is float16 of rank 2 on cpu, but the graph was compiled for float32 "
+            "of rank 2 on cpu");
+  EXPECT_EQ(guard.explain(call({4, 3})),
+            "the inputs are structured differently: ((*),{}) where the graph takes "
+            "((*),{'flag':*})");
+  const std::vector<int64_t> sizes{4, 3}, wide{4, 5};
+  EXPECT_TRUE(guard.fits_sizes(sizes));
+  EXPECT_FALSE(guard.fits_sizes(wide));
+  EXPECT_EQ(guard.explain_sizes(wide), "input 0 axis 1 is 5, the tuned graph fixes it at 3");
+}
+
+TEST(Shapes, CheckNamesTheLeafThatDiffers) {
+  const ShapeCheck c = check(batch_profile(1, 8), call({4, 3}, "", "float64"));
+  EXPECT_FALSE(c.ok);
+  EXPECT_EQ(c.reason,
+            "the input signature ((*),{})|float64,cpu,2 is not the tuned graph "
+            "((*),{})|float32,cpu,2: tensor input 0 is float64 of rank 2 on cpu, but the graph "
+            "was compiled for float32 of rank 2 on cpu");
+}

@@ -51,4 +51,26 @@ class Dispatcher {
   size_t count_ = 0;
 };
 
+// What one compiled payload accepts: a graph profile, the tuned one or the shapes it was compiled
+// for when narrower. Every payload backend and the C++ runtime check calls with it before running
+// (compiled code does not check shapes: a size outside its range would read out of bounds). A call
+// the dispatcher routed under this very profile was checked already.
+class InputGuard {
+ public:
+  explicit InputGuard(GraphProfile profile);
+  const GraphProfile& profile() const { return profile_; }
+  // Hot path: the builder holds the call's key and sizes (built with keep_leaves=false).
+  bool fits(const SignatureBuilder& call) const;
+  // For a caller that knows the key matches (the C++ runtime after dispatch): sizes only.
+  bool fits_sizes(std::span<const int64_t> sizes) const;
+  // Why a call does not fit, naming the input and axis, dtype or value; "" when it fits.
+  std::string explain(const Signature& sig) const;
+  std::string explain_sizes(std::span<const int64_t> sizes) const;
+
+ private:
+  GraphProfile profile_;
+  std::vector<SizeRule> rules_;
+  uint64_t hash_;
+};
+
 }  // namespace honed

@@ -61,6 +61,9 @@ struct ParsedKey {
 ParsedKey parse_graph_key(std::string_view key);
 // A fast 64-bit hash of the key (word-wise multiply-xorshift). In-process only: never persist it.
 uint64_t graph_hash(std::string_view graph_key);
+// How the graph key `got` (a call's) differs from `want` (a tuned graph's), in words: the
+// structure, or the first leaf whose dtype, device, rank or constant value differs; "" if equal.
+std::string key_difference(std::string_view want, std::string_view got);
 
 // Builds a Signature while a front end walks one call's inputs in flatten order, and the graph
 // key and sizes on the way. With keep_leaves=false it only keeps the key and the concatenated
