@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# scripts/gpu-test.sh [tests|bench|runtime|all]: on the GPU machine (no network): build against
-# the preinstalled torch, then
+# scripts/gpu-test.sh [tests|bench|precision|runtime|all]: on the GPU machine (no network): build
+# against the preinstalled torch, then
 #   tests: the C++ tests, the whole Python suite with CUDA, and `honed doctor`;
 #   bench: `honed demo --device cuda`, the overhead and cache benchmarks, a BERT-base tune (transformers BertModel);
+#   precision: the precision/layout candidates' GPU tests and their evidence (not in "all");
 #   runtime: the C++ runtime (libhoned_runtime, honed-run) built against the device's torch with
 #     CUDA, its tests on CPU and CUDA (tune, save, honed-run --check, GoogleTest, examples/cpp),
 #     honed-run against honed.load on the same artifacts (bench/cpp_vs_python.py), and the
@@ -140,6 +141,25 @@ if [ "$STAGE" = suite ]; then
   shopt -u nullglob
   run $PY bench/report.py --out-dir "$OUT/bench" ${suite_files[@]+"${suite_files[@]}"}
   sed -n '/^## Targets/,/^## Correctness/p' "$OUT/bench/RESULTS.md" 2>/dev/null | head -40
+fi
+
+# -- stage "precision" (not part of "all"): the precision and layout candidates --------------------
+# Their GPU tests (a ResNet-like convnet at batch 64 in bf16 + channels_last + reduce-overhead; TF32;
+# an AOTInductor bf16 package saved, loaded in a new process and run), then the evidence for the
+# default list: scripts/precision_candidates.py tunes each of PRECISION_ROWS (default: the
+# suite's ResNet-50 at batch 64 and BERT at batch 8) over the old best kinds of candidate and the
+# new ones and prints each one's median, speed-up and which was selected ($OUT/precision-*.json).
+if [ "$STAGE" = precision ]; then
+  step "precision and layout candidates: GPU tests"
+  $PY -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_backend_precision.py 2>&1 \
+    | tee "$OUT/precision-tests.log" | tail -15
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  step "precision candidates: ${PRECISION_ROWS:-resnet50:64 bert:8}"
+  timeout -k 20 "${PRECISION_WALL:-420}" $PY scripts/precision_candidates.py \
+      --rows ${PRECISION_ROWS:-resnet50:64 bert:8} --json "$OUT/precision-candidates.json" 2>&1 \
+    | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
+    | tee "$OUT/precision-candidates.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: scripts/precision_candidates.py"; status=1; }
 fi
 
 if [ "$STAGE" = runtime ] || [ "$STAGE" = all ]; then

@@ -19,17 +19,17 @@ import torch
 from torch import nn
 
 import honed
-from honed.backend import GraphInfo, Sample, backend_from_recipe
+from honed import _core
+from honed.backend import GraphInfo, Sample, availability, backend_from_recipe
+from honed.backend._aoti_env import link_options
+from honed.backend._calling import Calling
+from honed.backend._export import plan
 from honed.backend.torch_inductor_aot import (
     PAYLOAD_CALLING,
     PAYLOAD_PACKAGE,
     AotCompiled,
-    Calling,
-    TensorGuard,
     TorchInductorAotBackend,
     TorchInductorAotBackendConfig,
-    _link_options,
-    _plan,
 )
 
 from conftest import KwModel, TinyMLP, batches
@@ -128,7 +128,7 @@ def test_recipe_round_trip_and_class_attributes() -> None:
 
 def test_available_here_and_names_a_missing_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     assert TorchInductorAotBackend.available().ok
-    monkeypatch.setattr("honed.backend.torch_inductor._cpu_compiler", lambda: None)
+    monkeypatch.setattr("honed.backend._inductor_env.cpu_compiler", lambda: None)
     avail = TorchInductorAotBackend.available()
     assert not avail.ok
     assert "no C++ compiler" in avail.reason
@@ -140,7 +140,7 @@ def test_available_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError("broken install")
 
     monkeypatch.setattr("honed.backend.torch_inductor_aot.cpu_available", boom)
-    avail = TorchInductorAotBackend.available()
+    avail = availability(TorchInductorAotBackend)
     assert not avail.ok
     assert "broken install" in avail.reason
 
@@ -150,42 +150,40 @@ def test_plan_shares_one_dim_between_axes_named_alike() -> None:
     samples = [Sample((x, x.clone()), {}) for x in xs]
     shapes = ((3, 16), (3, 16)), ((6, 16), (6, 16))
     named = GraphInfo(CPU, True, shapes[0], shapes[1], shapes[1], (("b", ""), ("b", "")))
-    dims = _plan(samples, named, None).dims
+    dims = plan(samples, named, None, "T").dims
     assert dims[0] is not None and dims[1] is not None
     assert dims[0][0] is dims[1][0]
     assert (dims[0][0].min, dims[0][0].max) == (3, 6)
     apart = GraphInfo(CPU, True, shapes[0], shapes[1], shapes[1], (("b", ""), ("c", "")))
-    dims = _plan(samples, apart, None).dims
+    dims = plan(samples, apart, None, "T").dims
     assert dims[0] is not None and dims[1] is not None
     assert dims[0][0] is not dims[1][0]
     # Without names: axes equal in every sample (and of one range) share a Dim.
     unnamed = GraphInfo(CPU, True, shapes[0], shapes[1], shapes[1])
-    plan = _plan(samples, unnamed, None)
-    assert plan.dims[0] is not None and plan.dims[1] is not None
-    assert plan.dims[0][0] is plan.dims[1][0]
-    assert plan.calling.guards[0].groups == plan.calling.guards[1].groups == ("in0_axis0", "")
+    unnamed_plan = plan(samples, unnamed, None, "T")
+    assert unnamed_plan.dims[0] is not None and unnamed_plan.dims[1] is not None
+    assert unnamed_plan.dims[0][0] is unnamed_plan.dims[1][0]
+    assert unnamed_plan.groups[0] == unnamed_plan.groups[1] == ("in0_axis0", "")
 
 
 def test_unnamed_equal_batch_axes_export_as_one_dim() -> None:
     # torch.export refuses two separate Dims for axes that x + y makes equal; the plan's shared
     # Dim makes the export succeed (export only: no AOT compile).
-    from honed.backend.torch_inductor_aot import _export, _FlatForward
+    from honed.backend._export import FlatForward, export_program
 
     samples = [Sample((x, x * 2), {}) for x in batches(3, 6)]
     graph = GraphInfo(CPU, True, ((3, 16),) * 2, ((6, 16),) * 2, ((6, 16),) * 2)
-    plan = _plan(samples, graph, None)
-    exported = _export(
-        _FlatForward(TwoInputs(), plan.calling, plan.spec, plan.template), plan, False, "TwoInputs"
-    )
+    two = plan(samples, graph, None, "T")
+    exported = export_program(FlatForward(TwoInputs(), two), two, False, "TwoInputs", "T")
     ranges = sorted((int(r.lower), int(r.upper)) for r in exported.range_constraints.values())
     assert ranges == [(3, 6)]
 
 
 def test_plan_enlarges_a_batch_one_example_and_keeps_min_one() -> None:
-    plan = _plan(_samples(*batches(1)), _profile(1, 1, 8, ("batch", "")), None)
-    assert tuple(plan.tensors[0].shape) == (2, 16)
-    torch.testing.assert_close(plan.tensors[0][1], plan.tensors[0][0])  # repeated rows
-    dim = plan.dims[0][0] if plan.dims[0] else None
+    one = plan(_samples(*batches(1)), _profile(1, 1, 8, ("batch", "")), None, "T")
+    assert tuple(one.tensors[0].shape) == (2, 16)
+    torch.testing.assert_close(one.tensors[0][1], one.tensors[0][0])  # repeated rows
+    dim = one.dims[0][0] if one.dims[0] else None
     assert dim is not None and (dim.min, dim.max) == (1, 8)
 
 
@@ -196,16 +194,17 @@ def test_dynamic_true_without_a_dynamic_axis_is_a_config_error(mlp: nn.Module) -
 
 
 def test_calling_json_round_trip() -> None:
-    calling = Calling(
-        3,
-        (0, 2),
-        (TensorGuard("torch.float32", "cpu", (1, 4), (8, 4), ("batch", "")),) * 2,
-        {1: 0.5},
-        None,
-    )
-    assert Calling.from_json(calling.to_json()) == calling
+    samples = [Sample((x, 0.5, x.clone()), {}) for x in batches(1, 8)]
+    profile = _core.infer_profile([_core.signature(s.args, s.kwargs) for s in samples])
+    calling = Calling(3, (0, 2), None, profile)
+    back = Calling.from_json(calling.to_json())
+    assert back == calling
+    assert back.min_shapes() == [(1, 16), (1, 16)] and back.max_shapes() == [(8, 16), (8, 16)]
     with pytest.raises(honed.InputError, match="format"):
         Calling.from_json('{"format": 99}')
+    # Files of format 1 (before the guard was the engine's) take the graph's stored profile.
+    old = '{"format": 1, "num_leaves": 3, "tensor_positions": [0, 2], "in_spec": null}'
+    assert Calling.from_json(old, profile) == calling
 
 
 def test_data_dependent_control_flow_fails_clearly() -> None:
@@ -236,11 +235,13 @@ def test_dynamic_profile_matches_eager_from_min_to_max(
 
 
 def test_shapes_outside_the_compiled_range_are_refused(dynamic_fn: AotCompiled) -> None:
-    with pytest.raises(honed.InputError, match=r"axis 0 must be in \[1, 8\]"):
+    with pytest.raises(
+        honed.InputError, match=r"axis 0 \(batch\) is 9, outside the tuned range \[1, 8\]"
+    ):
         dynamic_fn(torch.randn(9, 16))
-    with pytest.raises(honed.InputError, match=r"compiled for torch\.float32 of rank 2"):
+    with pytest.raises(honed.InputError, match=r"compiled for float32 of rank 2 on cpu"):
         dynamic_fn(torch.randn(4, 16, dtype=torch.float64))
-    with pytest.raises(honed.InputError, match="axis 1 must be in"):
+    with pytest.raises(honed.InputError, match="axis 1 is 17, the tuned graph fixes it at 16"):
         dynamic_fn(torch.randn(4, 17))
 
 
@@ -265,15 +266,15 @@ def test_payload_round_trip_loads_without_compiling(
     with torch.no_grad():
         for x in batches(1, 6, 8, seed=3):
             torch.testing.assert_close(loaded(x), mlp(x))
-    with pytest.raises(honed.InputError, match=r"must be in \[1, 8\]"):
+    with pytest.raises(honed.InputError, match=r"outside the tuned range \[1, 8\]"):
         loaded(torch.randn(10, 16))
 
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="needs binutils' readelf")
 def test_the_wrapper_links_the_shared_cxx_runtime(dynamic_fn: AotCompiled, tmp_path: Path) -> None:
     """A wrapper.so with a private static libstdc++ segfaults on load (seen on the H100 machine)."""
-    assert ":libstdc++.so.6" in _link_options(None)["aot_inductor.custom_op_libs"]
-    assert _link_options({"aot_inductor.custom_op_libs": ["x"]})["aot_inductor.custom_op_libs"] == [
+    assert ":libstdc++.so.6" in link_options(None)["aot_inductor.custom_op_libs"]
+    assert link_options({"aot_inductor.custom_op_libs": ["x"]})["aot_inductor.custom_op_libs"] == [
         "x",
         ":libstdc++.so.6",
     ]
@@ -329,7 +330,7 @@ def test_static_build_refuses_other_shapes_and_constants(
     x, bias = inputs["x"], inputs["bias"]
     with pytest.raises(honed.InputError, match=r"non-tensor input .* == 0\.5, got 2\.0"):
         fn(x, bias=bias, scale=2.0)
-    with pytest.raises(honed.InputError, match=r"axis 0 must be in \[4, 4\]"):
+    with pytest.raises(honed.InputError, match=r"axis 0 is 5, the tuned graph fixes it at 4"):
         fn(torch.randn(5, 16), bias=torch.randn(5, 8), scale=0.5)
     with pytest.raises(honed.InputError, match="structured differently"):
         fn(x, bias)
@@ -380,11 +381,11 @@ def test_dynamic_profile_on_cuda_matches_eager_and_round_trips() -> None:
 def test_a_loader_crash_in_the_probe_becomes_an_error(
     dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from honed.backend import torch_inductor_aot as aot
+    from honed.backend import _aoti_env as aot
 
     crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
-    monkeypatch.setattr(aot, "_PROBE_CODE", crash)
-    monkeypatch.setattr(aot, "_PROBED", {})
+    monkeypatch.setattr(aot, "PROBE_CODE", crash)
+    monkeypatch.setattr(aot, "PROBED", {})
     backend = TorchInductorAotBackend()
     files = backend.export_payload(dynamic_fn)
     with pytest.raises(honed.TuneError, match=r"package crashed with signal 11 in a probe process"):
@@ -397,7 +398,7 @@ def test_a_loader_crash_in_the_probe_becomes_an_error(
 def test_a_successful_probe_is_remembered_across_processes(
     dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from honed.backend import torch_inductor_aot as aot
+    from honed.backend import _aoti_env as aot
 
     backend = TorchInductorAotBackend()
     files = backend.export_payload(dynamic_fn)
@@ -411,15 +412,15 @@ def test_a_successful_probe_is_remembered_across_processes(
 
     monkeypatch.setattr(subprocess, "run", counting_run)
     with honed.config.patch(cache_dir=tmp_path):
-        monkeypatch.setattr(aot, "_PROBED", {})  # a new process: nothing known
+        monkeypatch.setattr(aot, "PROBED", {})  # a new process: nothing known
         backend.load_payload(files, TinyMLP(), graph)
         assert len(probes) == 1 and list((tmp_path / "aoti-probe").glob("cpu-*.ok"))
-        monkeypatch.setattr(aot, "_PROBED", {})  # another new process: the verdict is on disk
+        monkeypatch.setattr(aot, "PROBED", {})  # another new process: the verdict is on disk
         x = batches(3)[0]
         torch.testing.assert_close(backend.load_payload(files, TinyMLP(), graph)(x), dynamic_fn(x))
         assert len(probes) == 1
         with honed.config.patch(cache_enabled=False):  # no cache: probe again
-            monkeypatch.setattr(aot, "_PROBED", {})
+            monkeypatch.setattr(aot, "PROBED", {})
             backend.load_payload(files, TinyMLP(), graph)
         assert len(probes) == 2
 
@@ -447,7 +448,7 @@ def _vec_isa_seen_inside(aot: Any) -> Any:
     """torch's cpp.vec_isa_ok as a compile inside honed's ISA context would see it."""
     from torch._inductor import config as inductor_config
 
-    with aot._vec_isa_known():
+    with aot.vec_isa_known():
         return inductor_config.cpp.vec_isa_ok
 
 
@@ -459,10 +460,10 @@ def test_a_passed_vector_isa_check_is_remembered_and_a_failed_one_is_not(
     has passed, later compiles tell torch so instead."""
     from torch._inductor import cpu_vec_isa
 
-    from honed.backend import torch_inductor_aot as aot
+    from honed.backend import _aoti_env as aot
 
     flagged = ["avx512 avx512_vnni", "avx512", "avx2"]
-    monkeypatch.setattr(aot, "_flagged_vec_isas", lambda: flagged)
+    monkeypatch.setattr(aot, "flagged_vec_isas", lambda: flagged)
     checked: list[str] = []
 
     class FakeCheck:  # torch's functools.cache'd valid_vec_isa_list, as one process sees it
@@ -497,9 +498,9 @@ def test_a_passed_vector_isa_check_is_remembered_and_a_failed_one_is_not(
         assert _vec_isa_seen_inside(aot) is True
 
         # Another CPU (other flags) or no cache: checked again.
-        monkeypatch.setattr(aot, "_flagged_vec_isas", lambda: ["avx2"])
+        monkeypatch.setattr(aot, "flagged_vec_isas", lambda: ["avx2"])
         assert _vec_isa_seen_inside(aot) is None
-        monkeypatch.setattr(aot, "_flagged_vec_isas", lambda: flagged)
+        monkeypatch.setattr(aot, "flagged_vec_isas", lambda: flagged)
         with honed.config.patch(cache_enabled=False):
             assert _vec_isa_seen_inside(aot) is None
 
@@ -514,9 +515,9 @@ def test_compiling_twice_in_new_processes_skips_the_isa_check_the_second_time(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """End to end on this CPU: two compiles, the second as a new process would run it."""
-    from honed.backend import torch_inductor_aot as aot
+    from honed.backend import _aoti_env as aot
 
-    flagged = aot._flagged_vec_isas()
+    flagged = aot.flagged_vec_isas()
     if not flagged:
         pytest.skip("torch checks vector ISAs only on x86-64 Linux")
     from torch._inductor import cpu_vec_isa

@@ -71,7 +71,7 @@ def test_available_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError("driver exploded")
 
     monkeypatch.setattr(torch.cuda, "is_available", boom)
-    avail = CudaGraphsBackend.available()
+    avail = honed.backend.availability(CudaGraphsBackend)
     assert not avail.ok
     assert "driver exploded" in avail.reason
 

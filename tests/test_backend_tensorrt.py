@@ -44,7 +44,6 @@ from honed.backend.tensorrt import (
     split_range,
     tensorrt_verdict,
 )
-from honed.backend.torch_inductor_aot import TensorGuard
 from honed.backend.torch_tensorrt import (
     compile_kwargs,
     reduced_precision,
@@ -407,11 +406,9 @@ def test_aot_config_like_the_seed_and_its_recipe() -> None:
 
 
 def test_input_specs_come_from_the_tuned_profile() -> None:
-    guards = (
-        TensorGuard("torch.float32", "cuda", (1, 16), (64, 16), ("batch", "")),
-        TensorGuard("torch.int64", "cuda", (1, 8), (64, 8), ("batch", "")),
-    )
-    specs = trt_inputs(guards, ((8, 16), (8, 8)))
+    lo, hi = [(1, 16), (1, 8)], [(64, 16), (64, 8)]
+    dtypes = [torch.float32, torch.int64]
+    specs = trt_inputs(lo, hi, dtypes, ((8, 16), (8, 8)))
     assert specs[0] == {
         "min_shape": (1, 16),
         "opt_shape": (8, 16),
@@ -419,4 +416,4 @@ def test_input_specs_come_from_the_tuned_profile() -> None:
         "dtype": torch.float32,
     }
     assert specs[1]["dtype"] == torch.int64
-    assert trt_inputs(guards, ())[0]["opt_shape"] == (64, 16)  # no opt: the max
+    assert trt_inputs(lo, hi, dtypes, ())[0]["opt_shape"] == (64, 16)  # no opt: the max

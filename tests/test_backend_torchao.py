@@ -247,7 +247,7 @@ def test_available_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError("broken install")
 
     monkeypatch.setattr("honed.backend.torchao.torchao_available", boom)
-    avail = TorchAOBackend.available()
+    avail = honed.backend.availability(TorchAOBackend)
     assert not avail.ok and "broken install" in avail.reason
 
 

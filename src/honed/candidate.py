@@ -17,6 +17,7 @@ import torch
 
 from honed import _core, config
 from honed.backend.base import Backend, GraphInfo, Sample
+from honed.backend.registry import availability
 from honed.correctness import CheckResult, Tolerance, compare
 
 log = logging.getLogger("honed")
@@ -152,7 +153,7 @@ def evaluate(
 ) -> Outcome:
     """Build ``backend`` for ``module``, check it on every sample, and measure it."""
     outcome = Outcome(backend, is_baseline=is_baseline)
-    available = type(backend).available()
+    available = availability(type(backend))
     if not available:
         return _fail(
             outcome,

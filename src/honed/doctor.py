@@ -188,7 +188,7 @@ def _package_warning(p: PackageStatus, how: str, dist: str) -> str:
 def _backends(packages: list[PackageStatus]) -> list[dict[str, Any]]:
     """Each backend's availability. A backend whose library failed its import probe is not asked
     (its available() would import that library here, and a crash there would end the doctor)."""
-    from honed.backend.registry import builtin_backends
+    from honed.backend.registry import availability, builtin_backends
 
     broken = {p.name: p for p in packages if p.installed and p.imports is False}
     rows = []
@@ -206,18 +206,8 @@ def _backends(packages: list[PackageStatus]) -> list[dict[str, Any]]:
                 }
             )
             continue
-        try:
-            a = cls.available()
-            rows.append({"name": cls.__name__, "available": a.ok, "reason": a.reason, "fix": a.fix})
-        except Exception as e:  # available() must not raise; report one that does
-            rows.append(
-                {
-                    "name": cls.__name__,
-                    "available": False,
-                    "reason": f"available() raised {type(e).__name__}: {e}",
-                    "fix": "report this as a bug in the backend",
-                }
-            )
+        a = availability(cls)
+        rows.append({"name": cls.__name__, "available": a.ok, "reason": a.reason, "fix": a.fix})
     return rows
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from honed import _core, config
+from honed.backend._calling import dispatch_target
 from honed.backend.base import Backend, Sample
 from honed.errors import InputError
 
@@ -225,7 +226,8 @@ class Module(torch.nn.Module):
         dispatcher = _core.Dispatcher()
         for i, v in enumerate(variants):
             dispatcher.add(v.profile, i)
-        dispatcher.set_targets([v.fn for v in variants])
+        # A payload guarded by the very profile the dispatcher checks skips its second check.
+        dispatcher.set_targets([dispatch_target(v.fn, v.profile) for v in variants])
         self.variants = list(variants)
         self._warned = set()
         self._dispatcher = dispatcher if variants else None

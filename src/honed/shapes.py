@@ -126,4 +126,5 @@ def graph_info(profile: Any, device: torch.device) -> GraphInfo:
         opt_shapes=shapes(profile.opt_shapes()),
         max_shapes=shapes(profile.max_shapes()),
         axis_names=tuple(tuple(str(a.name) for a in axes) for axes in profile.axes),
+        profile=profile,
     )

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from honed import _core
-from honed.backend.base import Backend
+from honed.backend.base import Backend, GraphInfo
 from honed.backend.registry import default_backends
 from honed.errors import ConfigError
 
@@ -40,9 +40,12 @@ class TuneStrategy:
     def __init__(self, backends: Sequence[Backend] | None = None) -> None:
         self._backends = _check_backends(type(self).__name__, backends)
 
-    def backends(self, device: torch.device) -> list[Backend]:
-        """The candidates to try on ``device``: the given ones, or every available default."""
-        return list(self._backends) if self._backends is not None else default_backends(device)
+    def backends(self, device: torch.device, graph: GraphInfo | None = None) -> list[Backend]:
+        """The candidates to try on ``device``: the given ones, or every available default
+        (fitted to the kind of model when ``graph`` says what its inputs are)."""
+        if self._backends is not None:
+            return list(self._backends)
+        return default_backends(device, graph)
 
     def select(self, candidates: list[Any]) -> Any:
         raise NotImplementedError

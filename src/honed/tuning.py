@@ -415,7 +415,9 @@ def _tune_graph(
         return outcome
 
     baseline = run(TorchEagerBackend(), is_baseline=True)
-    candidates, target_note = _for_target(strategy.backends(ctx.device), ctx.target, module.name)
+    candidates, target_note = _for_target(
+        strategy.backends(ctx.device, info), ctx.target, module.name
+    )
     # Eager competes (and is the fallback) unless the tuned graph must run from C++.
     uses_baseline = strategy.uses_baseline and ctx.target == "python"
     outcomes: list[Outcome] = []

@@ -53,6 +53,9 @@ class GraphInfo:
     # Per tensor input, per axis, the profile's axis name (e.g. "batch"); axes named alike are
     # one dimension (always equal). Empty when unknown; static axes may have any name.
     axis_names: tuple[tuple[str, ...], ...] = ()
+    # The engine's profile of the graph (_core.GraphProfile) when the tuner knows it; payload
+    # backends accept exactly the inputs it allows (see _calling.py).
+    profile: Any = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass
@@ -61,6 +64,23 @@ class BackendConfig:
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: _to_json_value(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def describe(self) -> list[str]:
+        """Name parts for the fields that differ from the defaults, e.g. ``mode=max-autotune``;
+        a field may say it in words (its ``describe`` metadata, e.g. "bf16 weights")."""
+        defaults = type(self)()
+        parts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == getattr(defaults, f.name):
+                continue
+            words = f.metadata.get("describe")
+            if words is not None:
+                parts.append(words(value))
+            else:
+                shown = str(value).removeprefix("torch.") if value is not None else "None"
+                parts.append(f"{f.name}={shown}")
+        return [p for p in parts if p]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BackendConfig:
@@ -95,7 +115,9 @@ def _from_json_value(value: Any) -> Any:
     return value
 
 
-_BACKEND_CLASSES: dict[str, type[Backend]] = {}
+# Every Backend subclass defined in this process, by qualified name (module.QualName): the
+# recipes of backends that are not registered under a name (see registry.py) name them so.
+_SUBCLASSES: dict[str, type[Backend]] = {}
 
 
 class Backend:
@@ -126,7 +148,7 @@ class Backend:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _BACKEND_CLASSES[cls.__name__] = cls
+        _SUBCLASSES[f"{cls.__module__}.{cls.__qualname__}"] = cls
 
     def __init__(self, config: BackendConfig | None = None) -> None:
         if config is None and self.config_class is not None:
@@ -145,7 +167,8 @@ class Backend:
     # -- what a backend implements -------------------------------------------------------------
     @classmethod
     def available(cls) -> Availability:
-        """Whether this backend can run here. Must not raise and must stay cheap."""
+        """Whether this backend can run here; cheap, and cached where it is not. The registry's
+        ``availability()`` asks it: whatever it raises becomes an "unavailable" verdict there."""
         return Availability(True)
 
     def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
@@ -197,22 +220,29 @@ class Backend:
     def name(self) -> str:
         """A readable, stable candidate name, e.g. ``TorchInductorBackend(mode=max-autotune)``."""
         config = getattr(self, "config", None)
-        if not isinstance(config, BackendConfig):
-            return type(self).__name__
-        defaults = type(config)()
-        parts = []
-        for f in dataclasses.fields(config):
-            value = getattr(config, f.name)
-            if value != getattr(defaults, f.name):
-                shown = str(value).removeprefix("torch.") if value is not None else "None"
-                parts.append(f"{f.name}={shown}")
+        parts = config.describe() if isinstance(config, BackendConfig) else []
         return f"{type(self).__name__}({', '.join(parts)})" if parts else type(self).__name__
 
+    @property
+    def expected_cost(self) -> float:
+        """Rough build cost, in units of one torch.compile in its default mode (eager: 0). A
+        tuner may order or prune candidates by it and by ``expected_gain``."""
+        return 1.0
+
+    @property
+    def expected_gain(self) -> float:
+        """Rough prior speed-up over eager on the devices this backend targets (1.0: none)."""
+        return 1.0
+
     def recipe(self) -> dict[str, Any]:
-        """How to rebuild this backend: its class name and its config as JSON (no pickle)."""
+        """How to rebuild this backend: its registered name (else its qualified class name) and
+        its config as JSON (no pickle)."""
+        from honed.backend.registry import registered_name
+
+        cls = type(self)
         config = getattr(self, "config", None)
         return {
-            "backend": type(self).__name__,
+            "backend": registered_name(cls) or f"{cls.__module__}.{cls.__qualname__}",
             "config": config.to_json() if isinstance(config, BackendConfig) else None,
         }
 
@@ -221,8 +251,13 @@ class Backend:
 
 
 def backend_from_recipe(recipe: dict[str, Any]) -> Backend | None:
-    """The backend a recipe names, or None when that class is not loaded in this process."""
-    cls = _BACKEND_CLASSES.get(str(recipe.get("backend")))
+    """The backend a recipe names, or None when that class is not loaded in this process.
+
+    Registered names (built-ins, plugins) come from the registry; other names are qualified
+    class names of backends defined in this process. Recipes of older honed versions named a
+    user's class by its bare name: such a name is accepted when exactly one loaded class has it.
+    """
+    cls = _recipe_class(str(recipe.get("backend")))
     if cls is None:
         return None
     config_json = recipe.get("config")
@@ -231,55 +266,14 @@ def backend_from_recipe(recipe: dict[str, Any]) -> Backend | None:
     return cls()
 
 
-def autocast_wrapper(
-    fn: Callable[..., Any], device_type: str, dtype: torch.dtype
-) -> Callable[..., Any]:
-    """Run ``fn`` under autocast and cast floating outputs back to float32 like eager returns."""
+def _recipe_class(name: str) -> type[Backend] | None:
+    from honed.backend.registry import find_backend
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type=device_type, dtype=dtype):
-            out = fn(*args, **kwargs)
-        return torch.utils._pytree.tree_map(
-            lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == dtype else t, out
-        )
-
-    return run
-
-
-class CastModule(torch.nn.Module):
-    """Runs ``inner`` in ``dtype``: floating inputs cast to it, outputs back to eager's dtypes."""
-
-    def __init__(
-        self,
-        inner: torch.nn.Module,
-        dtype: torch.dtype | None,
-        out_dtypes: list[torch.dtype | None],
-    ) -> None:
-        super().__init__()
-        self.inner = inner
-        self.dtype = dtype
-        self.out_dtypes = out_dtypes
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
-
-        if self.dtype is not None:
-            dtype = self.dtype
-            args, kwargs = tree_map(
-                lambda t: (
-                    t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                ),
-                (args, kwargs),
-            )
-        out = self.inner(*args, **kwargs)
-        leaves, spec = tree_flatten(out)
-        if len(leaves) != len(self.out_dtypes):
-            return out
-        cast = [
-            t.to(d) if isinstance(t, torch.Tensor) and d is not None and t.dtype != d else t
-            for t, d in zip(leaves, self.out_dtypes, strict=True)
-        ]
-        return tree_unflatten(cast, spec)
+    found = find_backend(name) or _SUBCLASSES.get(name)
+    if found is not None:
+        return found
+    bare = [cls for cls in _SUBCLASSES.values() if cls.__name__ == name]
+    return bare[0] if len(bare) == 1 else None
 
 
 def device_of(module: torch.nn.Module, example_inputs: list[Sample]) -> torch.device:

@@ -25,7 +25,17 @@ from typing import Any
 
 import torch
 
+from honed.backend._precision import (
+    check_config,
+    converted,
+    memory_format_field,
+    precision_field,
+    tf32_enabled,
+    tolerance,
+    with_precision,
+)
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
+from honed.correctness import Tolerance
 from honed.errors import ConfigError, InputError, TuneError
 
 log = logging.getLogger("honed")
@@ -44,15 +54,19 @@ class CudaGraphsBackendConfig(BackendConfig):
     # log line says so).
     max_graphs: int = 64
 
+    # fp32, tf32, bf16 or fp16 (bf16/fp16 cast the weights); see backend/_precision.py.
+    precision: str = precision_field()
+    # None (the module's own) or "channels_last" (image models).
+    memory_format: str | None = memory_format_field()
+
     def __post_init__(self) -> None:
-        if self.autocast_dtype is not None and self.autocast_dtype not in (
-            torch.float16,
-            torch.bfloat16,
-        ):
-            raise ConfigError(
-                f"autocast_dtype={self.autocast_dtype} is not supported; use torch.float16 or "
-                "torch.bfloat16"
-            )
+        check_config(
+            "CudaGraphsBackendConfig",
+            self.precision,
+            self.memory_format,
+            self.autocast_enabled,
+            self.autocast_dtype,
+        )
         if self.warmup_iters < 1:
             raise ConfigError(
                 f"CudaGraphsBackendConfig: warmup_iters must be at least 1 (got "
@@ -73,15 +87,22 @@ class CudaGraphsBackend(Backend):
     jit = True  # a new signature is captured on its first call
     config: CudaGraphsBackendConfig
 
+    def tolerance(self) -> Tolerance | None:
+        return tolerance(self.config.precision)
+
+    @property
+    def expected_cost(self) -> float:
+        return 0.3
+
+    @property
+    def expected_gain(self) -> float:
+        reduced = self.config.precision in ("bf16", "fp16") or self.config.autocast_enabled
+        return 1.3 * (1.5 if reduced else 1.0)
+
     @classmethod
     def available(cls) -> Availability:
-        try:
-            if torch.cuda.is_available():
-                return Availability(True)
-        except Exception as e:  # never raise from available()
-            return Availability(
-                False, f"torch.cuda.is_available() raised: {e}", "run `honed doctor` for the cause"
-            )
+        if torch.cuda.is_available():
+            return Availability(True)
         return Availability(
             False,
             "needs a CUDA device (torch.cuda.is_available() is False)",
@@ -102,10 +123,15 @@ class CudaGraphsBackend(Backend):
                 "CudaGraphsBackend needs a CUDA device (torch.cuda.is_available() is False); "
                 "run `honed doctor` for the reason"
             )
-        fn = CudaGraphed(module, graph.device, self.config)
-        for sample in example_inputs:  # capture the recorded signatures now: build time
-            fn.capture_for(sample.args, sample.kwargs)
-        return fn
+        cfg = self.config
+        module = converted(module, example_inputs, cfg.precision, cfg.memory_format, self.name)
+        fn = CudaGraphed(module, graph.device, cfg)
+        with contextlib.ExitStack() as stack:
+            if cfg.precision == "tf32":  # kernels are chosen while capturing
+                stack.enter_context(tf32_enabled())
+            for sample in example_inputs:  # capture the recorded signatures now: build time
+                fn.capture_for(sample.args, sample.kwargs)
+        return with_precision(fn, cfg.precision, graph.device)
 
 
 @dataclasses.dataclass
@@ -264,8 +290,8 @@ def _workspaces_in_graph_pool() -> Iterator[None]:
     A GEMM captured into a graph keeps the address of the cuBLAS workspace of its stream. If that
     workspace was allocated before the capture, it belongs to the ordinary allocator, and anyone
     who clears the workspaces later (torch.compile's reduce-overhead mode does, each time it
-    warms up or records) frees memory our graph still writes to on every replay: seen on the H100
-    as "an illegal memory access" once a reduce-overhead function recorded after our capture.
+    warms up or records) frees memory our graph still writes to on every replay, which shows as
+    "an illegal memory access" once a reduce-overhead function records after our capture.
     Dropped first, the workspace is allocated during the capture, inside the graph's private pool,
     which lives as long as the graph; dropped after, eager work never shares it.
     """

@@ -5,19 +5,18 @@ profile as ``torch.export.Dim``s, axes named alike sharing one Dim) and run by a
 ``onnxruntime.InferenceSession`` with the requested execution provider. The model is stored in
 the artifact as ``model.onnx`` (weights included) and loads back without exporting again.
 
-Calling convention: the AOTInductor backend's (see torch_inductor_aot.py). What is exported takes
-the tensor inputs in flatten order of ``(args, kwargs)`` as ``input_0``, ``input_1``, ...;
-non-tensor inputs are fixed at their recorded values. Every call is checked against what was
-exported (structure, constants, tensor ranks, dtypes and shape ranges) and refused with an
-InputError otherwise. Outputs come back as torch tensors of eager's dtypes, in eager's structure
-(its pytree spec is recorded at build time).
+Calling convention: that of every payload backend (see _calling.py). What is exported takes the
+tensor inputs in flatten order of ``(args, kwargs)`` as ``input_0``, ``input_1``, ...; non-tensor
+inputs are fixed at their recorded values; the engine's guard refuses other calls with an
+InputError. Outputs come back as torch tensors of eager's dtypes, in eager's structure (its
+pytree spec is recorded at build time).
 
 I/O binding (``io_binding=True``, CUDA and TensorRT providers): the torch tensors' memory is
 bound as the session's inputs (no copy), ONNX Runtime allocates the outputs on the GPU and they
 become torch tensors through DLPack (no copy). The current torch stream is synchronized before
 the run, since ONNX Runtime reads the inputs on its own stream. On CPU, plain ``session.run`` is
 used: torch CPU tensors and numpy arrays share memory both ways, so it copies nothing either,
-and it measured faster than binding here. ``io_binding=False`` uses plain ``session.run``
+and it skips binding's per-call bookkeeping. ``io_binding=False`` uses plain ``session.run``
 everywhere (CUDA tensors then go through host memory).
 """
 
@@ -25,26 +24,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.backend.torch_inductor_aot import (
-    Calling,
-    _check_tensors,
-    _FlatForward,
-    _Plan,
-    _plan,
-    _TensorCheck,
+from honed.backend._calling import CALLING_FILE, GuardedPayload
+from honed.backend._export import FlatForward, plan
+from honed.backend._onnx_export import (
+    OnnxCalling,
+    dtype_named,
+    export_onnx,
+    onnx_available,
+    onnx_calling,
 )
+from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
 
 PAYLOAD_MODEL = "model.onnx"
-PAYLOAD_CALLING = "calling.json"
-_CALLING_FORMAT = 1
+PAYLOAD_CALLING = CALLING_FILE
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -52,11 +50,6 @@ TENSORRT_PROVIDER = "TensorrtExecutionProvider"
 _PROVIDERS = (CPU_PROVIDER, CUDA_PROVIDER, TENSORRT_PROVIDER)
 _OPT_LEVELS = ("disabled", "basic", "extended", "all")
 _MIN_DYNAMO_OPSET = 18
-
-# Oldest versions known to work with torch.onnx.export(dynamo=True) as honed calls it.
-_MIN_VERSIONS = {"onnx": (1, 16), "onnxruntime": (1, 17), "onnxscript": (0, 2)}
-_MIN_TORCH = (2, 6)
-_INSTALL = "pip install onnx onnxruntime onnxscript (or: pip install 'honed[onnx]')"
 
 
 @dataclasses.dataclass
@@ -99,137 +92,25 @@ class ONNXRuntimeBackendConfig(BackendConfig):
             )
 
 
-# -- availability -------------------------------------------------------------------------------
-def _version_tuple(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split("+")[0].split(".")[:2]:
-        digits = "".join(c for c in piece if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
-def _dist_version(name: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "(version unknown)"
-
-
-@functools.cache
-def onnx_available() -> Availability:
-    """onnx, onnxruntime and onnxscript import, at versions that work with this torch. Cached."""
-    import importlib
-
-    torch_version = torch.__version__
-    if _version_tuple(torch_version) < _MIN_TORCH:
-        wanted = ".".join(map(str, _MIN_TORCH))
-        return Availability(
-            False,
-            f"torch {torch_version} has no torch.onnx.export(dynamo=True) as honed uses it",
-            f"install torch {wanted} or newer",
-        )
-    for name, minimum in _MIN_VERSIONS.items():
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                return Availability(False, f"{name} is not installed", _INSTALL)
-            return _import_failure(name, e, torch_version)
-        except Exception as e:  # any import crash makes only this backend unavailable
-            return _import_failure(name, e, torch_version)
-        version = str(getattr(module, "__version__", "") or _dist_version(name))
-        if _version_tuple(version) < minimum:
-            wanted = ".".join(map(str, minimum))
-            return Availability(
-                False,
-                f"{name} {version} is too old for torch {torch_version}'s ONNX exporter "
-                f"(needs {name} >= {wanted})",
-                f"pip install -U '{name}>={wanted}'",
-            )
-    return Availability(True)
-
-
-def _import_failure(name: str, error: BaseException, torch_version: str) -> Availability:
-    first = (str(error).strip().splitlines() or [""])[0]
-    wanted = ".".join(map(str, _MIN_VERSIONS[name]))
-    return Availability(
-        False,
-        f"{name} {_dist_version(name)} fails to import (with torch {torch_version}): "
-        f"{type(error).__name__}: {first}",
-        f"install a {name} release (>= {wanted}) built for this torch and numpy, e.g. "
-        f"pip install -U {name}; or uninstall {name} to hide this backend",
-    )
-
-
-# -- the calling description stored next to the model -----------------------------------------
-@dataclasses.dataclass(frozen=True)
-class OnnxCalling:
-    """How calls map to the ONNX model's inputs and its outputs back to eager's structure."""
-
-    calling: Calling
-    input_names: tuple[str, ...]  # one per tensor input, in flatten order
-    out_spec: str  # treespec_dumps of eager's output
-    out_dtypes: tuple[str, ...]  # eager's dtype per output leaf
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": _CALLING_FORMAT,
-                "calling": json.loads(self.calling.to_json()),
-                "input_names": list(self.input_names),
-                "out_spec": self.out_spec,
-                "out_dtypes": list(self.out_dtypes),
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> OnnxCalling:
-        data = json.loads(text)
-        if data.get("format") != _CALLING_FORMAT:
-            raise InputError(
-                f"ONNX {PAYLOAD_CALLING} has format {data.get('format')!r}; this honed reads "
-                f"format {_CALLING_FORMAT}: re-tune and save with this honed version"
-            )
-        return cls(
-            Calling.from_json(json.dumps(data["calling"])),
-            tuple(data["input_names"]),
-            str(data["out_spec"]),
-            tuple(data["out_dtypes"]),
-        )
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise InputError(f"ONNX payload names an unknown dtype {name!r}; save it again")
-    return dtype
-
-
 # -- the callable ------------------------------------------------------------------------------
-class OnnxCompiled:
+class OnnxCompiled(GuardedPayload):
     """An ONNX Runtime session, called like the module it was exported from."""
+
+    what = "ONNX model"
 
     def __init__(
         self, session: Any, model: bytes, calling: OnnxCalling, device: torch.device, bind: bool
     ) -> None:
-        from torch.utils._pytree import tree_structure, treespec_loads
+        from torch.utils._pytree import treespec_loads
 
+        super().__init__(calling.calling)
         self.session = session
         self.model = model
-        self.calling = calling
+        self.onnx_calling = calling
         self.device = device
         self.io_binding = bind
-        inner = calling.calling
-        self._in_spec = treespec_loads(inner.in_spec) if inner.in_spec is not None else None
-        self._checks = [_TensorCheck(g) for g in inner.guards]
-        n = len(inner.tensor_positions)
-        # Plain: the module takes n positional tensors and nothing else (no flattening needed).
-        self._plain = inner.num_leaves == n and self._in_spec == tree_structure(((0,) * n, {}))
         self._out_spec = treespec_loads(calling.out_spec)
-        self._out_dtypes = [_dtype(d) for d in calling.out_dtypes]
+        self._out_dtypes = [dtype_named(d) for d in calling.out_dtypes]
         # The exporter may drop an input the graph never reads: feed only the ones it has.
         present = {i.name for i in session.get_inputs()}
         self._feeds = [(i, n) for i, n in enumerate(calling.input_names) if n in present]
@@ -240,48 +121,20 @@ class OnnxCompiled:
                 f"{len(self._out_dtypes)} tensors; this is a honed bug: report it"
             )
         # On CPU, plain run is already zero-copy (torch and numpy share memory both ways) and
-        # measured faster than I/O binding (about 28 vs 47 us per call for a tiny MLP), so
-        # binding is used for CUDA tensors only.
+        # costs less per call than binding, so binding is used for CUDA tensors only.
         self._bind = bind and device.type != "cpu"
         self._bind_device = "cpu" if device.type == "cpu" else "cuda"
         self._device_id = device.index or 0
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def run(self, tensors: list[Any]) -> Any:
         from torch.utils._pytree import tree_unflatten
 
-        if self._plain and not kwargs and len(args) == len(self._checks):
-            tensors = list(args)
-        else:
-            tensors = self._flatten(args, kwargs)
-        try:
-            _check_tensors(self._checks, tensors)
-        except InputError as e:  # the shared check names AOTInductor; say what was called
-            raise InputError(str(e).replace("AOTInductor package", "ONNX model", 1)) from None
         outs = self._run_bound(tensors) if self._bind else self._run_plain(tensors)
         cast = [
             t if t.dtype == want else t.to(want)
             for t, want in zip(outs, self._out_dtypes, strict=True)
         ]
         return tree_unflatten(cast, self._out_spec)
-
-    def _flatten(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        from torch.utils._pytree import tree_flatten
-
-        leaves, spec = tree_flatten((args, kwargs))
-        inner = self.calling.calling
-        if len(leaves) != inner.num_leaves or (self._in_spec is not None and spec != self._in_spec):
-            raise InputError(
-                "ONNX model called with inputs structured differently from the ones it was "
-                f"exported for (expected {self._in_spec or f'{inner.num_leaves} leaves'}, got "
-                f"{spec}); call it like the recorded samples or tune with samples like these"
-            )
-        for pos, value in inner.constants.items():
-            if leaves[pos] != value:
-                raise InputError(
-                    f"ONNX model was exported for non-tensor input {pos} == {value!r}, got "
-                    f"{leaves[pos]!r}; tune with samples that use this value"
-                )
-        return [leaves[i] for i in inner.tensor_positions]
 
     def _run_bound(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         binding = self.session.io_binding()
@@ -337,10 +190,7 @@ class ONNXRuntimeBackend(Backend):
 
     @classmethod
     def available(cls) -> Availability:
-        try:
-            return onnx_available()
-        except Exception as e:  # never raise from available()
-            return Availability(False, f"checking ONNX Runtime failed: {e}", _INSTALL)
+        return onnx_available()
 
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
@@ -350,13 +200,16 @@ class ONNXRuntimeBackend(Backend):
         _require(onnx_available())
         cfg = self.config
         _check_provider(cfg.provider, graph.device)
-        plan = _plan(example_inputs, graph, None)
-        wrapper = _FlatForward(module, plan.calling, plan.spec, plan.template)
+        exported_plan = plan(example_inputs, graph, None, "ONNXRuntimeBackend")
+        wrapper = FlatForward(module, exported_plan)
         wrapper.train(module.training)
+        example = exported_plan.example
         with torch.no_grad():
-            eager_out = module(*plan.example.args, **plan.example.kwargs)
-        calling = _onnx_calling(plan, eager_out, type(module).__name__)
-        model = _export(wrapper, plan, calling, cfg, type(module).__name__)
+            eager_out = module(*example.args, **example.kwargs)
+        calling = onnx_calling(exported_plan, eager_out, type(module).__name__)
+        model = export_onnx(
+            wrapper, exported_plan, calling, cfg.opset, cfg.dynamo, type(module).__name__
+        )
         session = _session(model, cfg, graph, calling)
         return OnnxCompiled(session, model, calling, graph.device, cfg.io_binding)
 
@@ -366,7 +219,7 @@ class ONNXRuntimeBackend(Backend):
                 "ONNXRuntimeBackend.export_payload takes what its build returned, got "
                 f"{type(fn).__name__}"
             )
-        return {PAYLOAD_MODEL: fn.model, PAYLOAD_CALLING: fn.calling.to_json().encode()}
+        return {PAYLOAD_MODEL: fn.model, PAYLOAD_CALLING: fn.onnx_calling.to_json().encode()}
 
     def load_payload(
         self, files: dict[str, bytes], module: torch.nn.Module, graph: GraphInfo
@@ -381,7 +234,7 @@ class ONNXRuntimeBackend(Backend):
         _require(onnx_available())
         cfg = self.config
         _check_provider(cfg.provider, graph.device)
-        calling = OnnxCalling.from_json(files[PAYLOAD_CALLING].decode())
+        calling = OnnxCalling.from_json(files[PAYLOAD_CALLING].decode(), graph.profile)
         model = files[PAYLOAD_MODEL]
         session = _session(model, cfg, graph, calling)
         return OnnxCompiled(session, model, calling, graph.device, cfg.io_binding)
@@ -410,89 +263,6 @@ def _check_provider(provider: str, device: torch.device) -> None:
             f"{device}; use {CPU_PROVIDER} for CPU tensors and {CUDA_PROVIDER} or "
             f"{TENSORRT_PROVIDER} for CUDA tensors"
         )
-
-
-def _onnx_calling(plan: _Plan, eager_out: Any, model: str) -> OnnxCalling:
-    from torch.utils._pytree import tree_flatten, treespec_dumps
-
-    leaves, out_spec = tree_flatten(eager_out)
-    bad = [type(v).__name__ for v in leaves if not isinstance(v, torch.Tensor)]
-    if bad or not leaves:
-        raise TuneError(
-            f"{model} returns {', '.join(bad) or 'no tensors'}; ONNX models return tensors only: "
-            "return tensors (or containers of them), or use another backend"
-        )
-    try:
-        spec_text = str(treespec_dumps(out_spec))
-    except Exception as e:
-        raise TuneError(
-            f"{model}'s output structure {out_spec} cannot be stored ({e}); return tuples, lists "
-            "or dicts of tensors, or use another backend"
-        ) from e
-    names = tuple(f"input_{i}" for i in range(len(plan.tensors)))
-    return OnnxCalling(plan.calling, names, spec_text, tuple(str(t.dtype) for t in leaves))
-
-
-def _export(
-    wrapper: _FlatForward,
-    plan: _Plan,
-    calling: OnnxCalling,
-    cfg: ONNXRuntimeBackendConfig,
-    model: str,
-) -> bytes:
-    names = list(calling.input_names)
-    try:
-        with torch.no_grad():
-            if cfg.dynamo:
-                program = torch.onnx.export(
-                    wrapper,
-                    tuple(plan.tensors),
-                    None,
-                    dynamic_shapes=(tuple(plan.dims),),
-                    input_names=names,
-                    opset_version=cfg.opset,
-                    dynamo=True,
-                    verbose=False,
-                )
-                if program is None:
-                    raise TuneError("torch.onnx.export returned no ONNXProgram")
-                return bytes(program.model_proto.SerializeToString())
-            return _export_torchscript(wrapper, plan, calling, cfg.opset)
-    except TuneError:
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise TuneError(
-            f"torch.onnx.export could not export {model} ({type(e).__name__}: {first}); the "
-            "exporter needs one graph of ops ONNX knows: replace data-dependent Python control "
-            "flow with torch.cond or tensor ops, or use TorchInductorBackend"
-        ) from e
-
-
-def _export_torchscript(
-    wrapper: _FlatForward, plan: _Plan, calling: OnnxCalling, opset: int | None
-) -> bytes:
-    """The TorchScript exporter (dynamo=False): dynamic axes named by their shared dimension."""
-    import tempfile
-    from pathlib import Path
-
-    names = list(calling.input_names)
-    axes = {
-        name: {a: g for a, g in enumerate(guard.groups) if g}
-        for name, guard in zip(names, calling.calling.guards, strict=True)
-    }
-    with tempfile.TemporaryDirectory(prefix="honed-onnx-") as tmp:
-        path = Path(tmp) / PAYLOAD_MODEL
-        torch.onnx.export(
-            wrapper,
-            tuple(plan.tensors),
-            str(path),
-            input_names=names,
-            dynamic_axes={n: a for n, a in axes.items() if a},
-            opset_version=opset,
-            dynamo=False,
-        )
-        return path.read_bytes()
 
 
 _OPT_LEVEL_NAMES = {
@@ -547,10 +317,10 @@ def provider_list(provider: str, graph: GraphInfo, calling: OnnxCalling) -> list
 
 def tensorrt_profiles(graph: GraphInfo, calling: OnnxCalling) -> dict[str, str]:
     """TensorRT provider options ``trt_profile_{min,opt,max}_shapes`` ("name:2x16,...")."""
-    guards = calling.calling.guards
-    if all(g.lo == g.hi for g in guards):
+    lo, hi = calling.calling.min_shapes(), calling.calling.max_shapes()
+    if lo == hi:
         return {}
-    opt = list(graph.opt_shapes) if len(graph.opt_shapes) == len(guards) else [g.hi for g in guards]
+    opt = list(graph.opt_shapes) if len(graph.opt_shapes) == len(lo) else hi
 
     def spec(shapes: list[tuple[int, ...]]) -> str:
         return ",".join(
@@ -559,7 +329,7 @@ def tensorrt_profiles(graph: GraphInfo, calling: OnnxCalling) -> dict[str, str]:
         )
 
     return {
-        "trt_profile_min_shapes": spec([g.lo for g in guards]),
+        "trt_profile_min_shapes": spec(lo),
         "trt_profile_opt_shapes": spec([tuple(s) for s in opt]),
-        "trt_profile_max_shapes": spec([g.hi for g in guards]),
+        "trt_profile_max_shapes": spec(hi),
     }

@@ -1,12 +1,11 @@
 """src/honed/backend/tensorrt.py: TensorRT: the module exported to ONNX, built into an engine.
 
-NOT RUN HERE: TensorRT cannot be installed on this project's machines (CPU CI, and a GPU machine
-without it). The code follows the TensorRT 10/11 Python API (``trt.Builder``, ``OnnxParser``,
-``IBuilderConfig``, named-tensor execution with ``execute_async_v3``); what needs no TensorRT is
-unit-tested: the optimization profiles, the translation of the config into builder flags and
-settings, and the availability verdicts (tests/test_backend_tensorrt.py).
+The code follows the TensorRT 10/11 Python API (``trt.Builder``, ``OnnxParser``,
+``IBuilderConfig``, named-tensor execution with ``execute_async_v3``). What needs no TensorRT is
+unit-tested without it (tests/test_backend_tensorrt.py): the optimization profiles, the
+translation of the config into builder flags and settings, and the availability verdicts.
 
-Build: the module is exported with the ONNX Runtime backend's exporter (same calling convention,
+Build: the module is exported to ONNX (_onnx_export.py, the calling convention of _calling.py,
 dynamic axes from the tuned profile), parsed by ``trt.OnnxParser`` and built with one or more
 optimization profiles: the tuned min/opt/max, or with ``num_profiles > 1`` the range of the first
 dynamic dimension (usually the batch) split into narrower ranges, each with its own kernels.
@@ -37,21 +36,25 @@ from typing import Any
 
 import torch
 
-from honed.backend.base import (
-    Availability,
-    Backend,
-    BackendConfig,
-    CastModule,
-    GraphInfo,
-    Sample,
+from honed.backend._calling import CALLING_FILE, GuardedPayload
+from honed.backend._export import FlatForward, plan
+from honed.backend._onnx_export import (
+    OnnxCalling,
+    dtype_named,
+    export_onnx,
+    onnx_available,
+    onnx_calling,
 )
+from honed.backend._precision import CastModule
+from honed.backend._tensorrt_env import cc_verdict, probe
+from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
 from honed.correctness import REDUCED, Tolerance
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
 
 log = logging.getLogger("honed")
 
 PAYLOAD_ENGINE = "model.plan"
-PAYLOAD_CALLING = "calling.json"
+PAYLOAD_CALLING = CALLING_FILE
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
 HARDWARE_COMPATIBILITY = {
@@ -61,9 +64,8 @@ HARDWARE_COMPATIBILITY = {
 }
 _LOW_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _WEAK_FLAGS = {"tf32": "TF32", "fp16": "FP16", "bf16": "BF16", "int8": "INT8", "fp8": "FP8"}
-# Oldest TensorRT with the named-tensor API honed uses; oldest GPU TensorRT 10 builds for.
+# Oldest TensorRT with the named-tensor API honed uses.
 MIN_TENSORRT = (10, 0)
-MIN_CC = (7, 5)
 QUANTIZED = Tolerance(atol=0.1, rtol=0.1, min_cosine=0.99)
 _INSTALL = "pip install tensorrt (matching your CUDA: tensorrt-cu12 or tensorrt-cu13)"
 
@@ -152,56 +154,13 @@ def tensorrt_verdict(
     return Availability(True)
 
 
-def cc_verdict(cc: tuple[int, int], hardware_compatibility_level: str) -> Availability:
-    """Whether TensorRT builds for a GPU of compute capability ``cc`` with this setting."""
-    if tuple(cc) < MIN_CC:
-        return Availability(
-            False,
-            f"TensorRT 10 builds for compute capability >= 7.5; this GPU has {cc[0]}.{cc[1]}",
-            "use TorchInductorBackend on this GPU",
-        )
-    if hardware_compatibility_level == "ampere_plus" and tuple(cc) < (8, 0):
-        return Availability(
-            False,
-            f"hardware_compatibility_level=ampere_plus needs an Ampere or newer GPU (8.0+); this "
-            f"one has {cc[0]}.{cc[1]}",
-            "use hardware_compatibility_level='none'",
-        )
-    return Availability(True)
-
-
-def _probe(name: str) -> tuple[str | None, str | None]:
-    """(version, import error) of an optional library, without raising."""
-    import importlib
-    import importlib.util
-    from importlib import metadata
-
-    if importlib.util.find_spec(name) is None:
-        return None, None
-    try:
-        module = importlib.import_module(name)
-    except Exception as e:  # any import crash makes only this backend unavailable
-        first = (str(e).strip().splitlines() or [""])[0]
-        version = None
-        for dist in (name.replace("_", "-"), name):
-            try:
-                version = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-        return version, f"{type(e).__name__}: {first}"
-    return str(getattr(module, "__version__", "0")), None
-
-
 @functools.cache
 def tensorrt_available() -> Availability:
     """TensorRT imports, is new enough, and torch has CUDA; then the ONNX exporter. Cached."""
-    version, error = _probe("tensorrt")
+    version, error = probe("tensorrt")
     verdict = tensorrt_verdict(version, error, torch.version.cuda, _cuda_available())
     if not verdict:
         return verdict
-    from honed.backend.onnxruntime import onnx_available
-
     onnx = onnx_available()
     if not onnx:
         return Availability(False, f"TensorRTBackend exports through ONNX: {onnx.reason}", onnx.fix)
@@ -429,20 +388,20 @@ _TRT_TO_TORCH = {
 }
 
 
-class TrtCompiled:
+class TrtCompiled(GuardedPayload):
     """A TensorRT engine, called like the module it was exported from."""
 
+    what = "TensorRT engine"
+
     def __init__(
-        self, engine_bytes: bytes, calling: Any, device: torch.device, cuda_graphs: bool
+        self, engine_bytes: bytes, calling: OnnxCalling, device: torch.device, cuda_graphs: bool
     ) -> None:
         import tensorrt as trt
         from torch.utils._pytree import treespec_loads
 
-        from honed.backend.onnxruntime import _dtype
-        from honed.backend.torch_inductor_aot import _TensorCheck
-
+        super().__init__(calling.calling)
         self.engine_bytes = engine_bytes
-        self.calling = calling
+        self.onnx_calling = calling
         self.device = device
         self.cuda_graphs = cuda_graphs
         self._trt = trt
@@ -463,25 +422,14 @@ class TrtCompiled:
             engine_profile([self.engine.get_tensor_profile_shape(n, k) for _, n in self._feeds])
             for k in range(self.engine.num_optimization_profiles)
         ]
-        self._out_dtypes = [_dtype(d) for d in calling.out_dtypes]
+        self._out_dtypes = [dtype_named(d) for d in calling.out_dtypes]
         self._out_spec = treespec_loads(calling.out_spec)
-        self._checks = [_TensorCheck(g) for g in calling.calling.guards]
         self._active: int | None = None
         self._graphs: dict[Any, Any] = {}
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.utils._pytree import tree_flatten, tree_unflatten
+    def run(self, tensors: list[Any]) -> Any:
+        from torch.utils._pytree import tree_unflatten
 
-        from honed.backend.torch_inductor_aot import _check_tensors
-
-        leaves, _ = tree_flatten((args, kwargs))
-        inner = self.calling.calling
-        if len(leaves) != inner.num_leaves:
-            raise InputError(
-                f"TensorRT engine called with {len(leaves)} inputs, built for {inner.num_leaves}"
-            )
-        tensors = [leaves[i] for i in inner.tensor_positions]
-        _check_tensors(self._checks, tensors)
         feeds = [tensors[i].contiguous() for i, _ in self._feeds]
         shapes = [tuple(t.shape) for t in feeds]
         if self.cuda_graphs:
@@ -565,10 +513,7 @@ class TensorRTBackend(Backend):
 
     @classmethod
     def available(cls) -> Availability:
-        try:
-            return tensorrt_available()
-        except Exception as e:  # never raise from available()
-            return Availability(False, f"checking TensorRT failed: {e}", _INSTALL)
+        return tensorrt_available()
 
     def supports(self, device: torch.device) -> Availability:
         if device.type != "cuda":
@@ -593,9 +538,6 @@ class TensorRTBackend(Backend):
     ) -> Callable[..., Any]:
         import tensorrt as trt
 
-        from honed.backend.onnxruntime import ONNXRuntimeBackendConfig, _export, _onnx_calling
-        from honed.backend.torch_inductor_aot import _FlatForward, _plan
-
         if not example_inputs:
             raise InputError("TensorRTBackend needs at least one recorded sample")
         _require(self.available())
@@ -605,33 +547,27 @@ class TensorRTBackend(Backend):
         # Translate once without Q/DQ knowledge to learn the export dtype (errors come later).
         strong = cfg.strongly_typed is not False
         export_dtype = _LOW_DTYPES.get(cfg.precision) if strong else None
-        plan = _plan(example_inputs, graph, None)
+        exported_plan = plan(example_inputs, graph, None, "TensorRTBackend")
+        example = exported_plan.example
         with torch.no_grad():
-            eager_out = module(*plan.example.args, **plan.example.kwargs)
+            eager_out = module(*example.args, **example.kwargs)
         inner = module
         if export_dtype is not None:
             leaves = torch.utils._pytree.tree_leaves(eager_out)
             out_dtypes = [t.dtype if isinstance(t, torch.Tensor) else None for t in leaves]
             inner = CastModule(copy.deepcopy(module).to(export_dtype), export_dtype, out_dtypes)
-        wrapper = _FlatForward(inner, plan.calling, plan.spec, plan.template)
-        calling = _onnx_calling(plan, eager_out, type(module).__name__)
-        export_cfg = ONNXRuntimeBackendConfig(opset=cfg.opset, dynamo=cfg.use_dynamo)
-        model = _export(wrapper, plan, calling, export_cfg, type(module).__name__)
+        wrapper = FlatForward(inner, exported_plan)
+        name = type(module).__name__
+        calling = onnx_calling(exported_plan, eager_out, name)
+        model = export_onnx(wrapper, exported_plan, calling, cfg.opset, cfg.use_dynamo, name)
         settings = build_settings(cfg, major, has_qdq(model))
-        guards = calling.calling.guards
-        opt = (
-            list(graph.opt_shapes)
-            if len(graph.opt_shapes) == len(guards)
-            else [g.hi for g in guards]
-        )
+        lo, hi = exported_plan.lo, exported_plan.hi
+        opt = list(graph.opt_shapes) if len(graph.opt_shapes) == len(lo) else hi
         profiles = optimization_profiles(
-            [g.lo for g in guards],
-            [tuple(s) for s in opt],
-            [g.hi for g in guards],
-            [g.groups for g in guards],
-            cfg.num_profiles,
+            lo, [tuple(s) for s in opt], hi, exported_plan.groups, cfg.num_profiles
         )
-        engine = _build_engine(trt, model, calling, settings, profiles, cfg, plan.tensors)
+        tensors = exported_plan.tensors
+        engine = _build_engine(trt, model, calling, settings, profiles, cfg, tensors)
         return TrtCompiled(engine, calling, graph.device, cfg.cuda_graphs)
 
     def export_payload(self, fn: Callable[..., Any]) -> dict[str, bytes]:
@@ -640,20 +576,19 @@ class TensorRTBackend(Backend):
                 f"TensorRTBackend.export_payload takes what its build returned, got "
                 f"{type(fn).__name__}"
             )
-        return {PAYLOAD_ENGINE: fn.engine_bytes, PAYLOAD_CALLING: fn.calling.to_json().encode()}
+        calling = fn.onnx_calling.to_json().encode()
+        return {PAYLOAD_ENGINE: fn.engine_bytes, PAYLOAD_CALLING: calling}
 
     def load_payload(
         self, files: dict[str, bytes], module: torch.nn.Module, graph: GraphInfo
     ) -> Callable[..., Any]:
-        from honed.backend.onnxruntime import OnnxCalling
-
         del module  # the engine holds the weights
         missing = [n for n in (PAYLOAD_ENGINE, PAYLOAD_CALLING) if n not in files]
         if missing:
             raise InputError(f"TensorRTBackend payload lacks {missing}: save it again")
         _require(self.available())
         _require(self.supports(graph.device))
-        calling = OnnxCalling.from_json(files[PAYLOAD_CALLING].decode())
+        calling = OnnxCalling.from_json(files[PAYLOAD_CALLING].decode(), graph.profile)
         return TrtCompiled(files[PAYLOAD_ENGINE], calling, graph.device, self.config.cuda_graphs)
 
 

@@ -3,6 +3,10 @@
 Config fields follow the seed torch-inductor-backend.txt: fullgraph, dynamic, mode, options,
 autocast_enabled, autocast_dtype. ``mode`` and ``options`` together are an error (torch.compile
 refuses them too); ``dynamic=None`` turns dynamic kernels on when the tuner found a dynamic axis.
+Beyond the seed: ``precision`` and ``memory_format`` (see _precision.py), and two Inductor
+settings worth a candidate of their own, ``coordinate_descent_tuning`` (tunes each Triton
+kernel's launch parameters further) and ``freezing`` (folds the weights in as constants, which
+lets Inductor pre-pack them and fold more; inference only, as honed runs).
 """
 
 from __future__ import annotations
@@ -13,14 +17,19 @@ from typing import Any
 
 import torch
 
-from honed.backend.base import (
-    Availability,
-    Backend,
-    BackendConfig,
-    GraphInfo,
-    Sample,
+from honed.backend._inductor_env import inductor_available
+from honed.backend._precision import (
     autocast_wrapper,
+    check_config,
+    converted,
+    flag_field,
+    memory_format_field,
+    precision_field,
+    tolerance,
+    with_precision,
 )
+from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
+from honed.correctness import Tolerance
 from honed.errors import ConfigError
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -34,6 +43,13 @@ class TorchInductorBackendConfig(BackendConfig):
     options: dict[str, Any] | None = None
     autocast_enabled: bool = False
     autocast_dtype: torch.dtype | None = None
+    # fp32, tf32, bf16 or fp16 (bf16/fp16 cast the weights); see backend/_precision.py.
+    precision: str = precision_field()
+    # None (the module's own) or "channels_last" (image models).
+    memory_format: str | None = memory_format_field()
+    # Inductor's coordinate_descent_tuning and freezing, added to the mode's or options' settings.
+    coordinate_descent_tuning: bool = flag_field("coordinate descent")
+    freezing: bool = flag_field("freezing")
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.options is not None:
@@ -47,49 +63,36 @@ class TorchInductorBackendConfig(BackendConfig):
             raise ConfigError(
                 f"TorchInductorBackendConfig: unknown mode {self.mode!r}; use one of {MODES}"
             )
-        if self.autocast_dtype is not None and self.autocast_dtype not in (
-            torch.float16,
-            torch.bfloat16,
-        ):
-            raise ConfigError(
-                f"autocast_dtype={self.autocast_dtype} is not supported; use torch.float16 or "
-                "torch.bfloat16"
-            )
-
-
-def _inductor_available() -> tuple[bool, str, str]:
-    try:
-        from torch._dynamo.eval_frame import is_dynamo_supported
-    except Exception as e:  # an import failure is a reason, not a crash
-        return False, f"torch._dynamo cannot be imported: {e}", "reinstall torch"
-    try:
-        supported = bool(is_dynamo_supported())
-    except Exception as e:
-        return False, f"torch.compile is not supported here: {e}", "use a supported Python/torch"
-    if not supported:
-        return False, "torch.compile does not support this Python/torch", "use a supported Python"
-    return True, "", ""
-
-
-def _cpu_compiler() -> str | None:
-    import os
-    import shutil
-
-    for cxx in (os.environ.get("CXX", ""), "g++", "c++", "clang++"):
-        if cxx and shutil.which(cxx):
-            return cxx
-    return None
-
-
-def cpu_available() -> Availability:
-    """Inductor's CPU kernels are C++: a compiler must be on PATH."""
-    if _cpu_compiler() is None:
-        return Availability(
-            False,
-            "Inductor generates C++ for CPU and no C++ compiler was found",
-            "install one (apt-get install g++) or set CXX",
+        check_config(
+            "TorchInductorBackendConfig",
+            self.precision,
+            self.memory_format,
+            self.autocast_enabled,
+            self.autocast_dtype,
         )
-    return Availability(True)
+
+    def compile_settings(self, dynamic: bool | None) -> dict[str, Any]:
+        """torch.compile's ``mode``/``options`` keyword arguments for this config."""
+        extra = {
+            k: True
+            for k, on in (
+                ("coordinate_descent_tuning", self.coordinate_descent_tuning),
+                ("freezing", self.freezing),
+            )
+            if on
+        }
+        if not extra:
+            if self.mode is not None:
+                return {"mode": self.mode}
+            return {"options": dict(self.options)} if self.options is not None else {}
+        # torch.compile takes a mode or options: a mode's settings become options here.
+        from torch._inductor import list_mode_options
+
+        if self.options is not None:
+            base = dict(self.options)
+        else:  # list_mode_options(None) lists every mode
+            base = dict(list_mode_options(self.mode, dynamic)) if self.mode else {}
+        return {"options": {**base, **extra}}
 
 
 class TorchInductorBackend(Backend):
@@ -102,16 +105,33 @@ class TorchInductorBackend(Backend):
 
     @classmethod
     def available(cls) -> Availability:
-        ok, reason, fix = _inductor_available()
-        return Availability(ok, reason, fix)
+        return inductor_available()
 
     @property
     def uses_cudagraphs(self) -> bool:
         """Whether this config replays CUDA graphs (their outputs live in reused buffers)."""
-        cfg = self.config
-        if cfg.mode in ("reduce-overhead", "max-autotune"):
+        settings = self.config.compile_settings(None)
+        if settings.get("mode") in ("reduce-overhead", "max-autotune"):
             return True
-        return bool((cfg.options or {}).get("triton.cudagraphs", False))
+        return bool(settings.get("options", {}).get("triton.cudagraphs", False))
+
+    @property
+    def expected_cost(self) -> float:
+        cfg = self.config
+        autotune = cfg.mode in ("max-autotune", "max-autotune-no-cudagraphs") or bool(
+            (cfg.options or {}).get("max_autotune")
+        )
+        return (5.0 if autotune else 1.0) + (1.0 if cfg.coordinate_descent_tuning else 0.0)
+
+    @property
+    def expected_gain(self) -> float:
+        cfg = self.config
+        gain = 1.3 * (1.3 if self.uses_cudagraphs else 1.0)
+        reduced = cfg.precision in ("bf16", "fp16") or cfg.autocast_enabled
+        return gain * (1.5 if reduced else 1.0) * (1.1 if cfg.memory_format else 1.0)
+
+    def tolerance(self) -> Tolerance | None:
+        return tolerance(self.config.precision)
 
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
@@ -120,19 +140,20 @@ class TorchInductorBackend(Backend):
         dynamic = cfg.dynamic
         if dynamic is None and graph.has_dynamic_axes:
             dynamic = True
-        kwargs: dict[str, Any] = {"backend": "inductor", "fullgraph": cfg.fullgraph}
-        kwargs["dynamic"] = dynamic
-        if cfg.mode is not None:
-            kwargs["mode"] = cfg.mode
-        if cfg.options is not None:
-            kwargs["options"] = dict(cfg.options)
-        compiled: Callable[..., Any] = torch.compile(module, **kwargs)
+        module = converted(module, example_inputs, cfg.precision, cfg.memory_format, self.name)
+        compiled: Callable[..., Any] = torch.compile(
+            module,
+            backend="inductor",
+            fullgraph=cfg.fullgraph,
+            dynamic=dynamic,
+            **cfg.compile_settings(dynamic),
+        )
         if graph.device.type == "cuda" and self.uses_cudagraphs:
             compiled = _owned_outputs(compiled)
         if cfg.autocast_enabled:
             dtype = cfg.autocast_dtype or torch.bfloat16
-            return autocast_wrapper(compiled, graph.device.type, dtype)
-        return compiled
+            compiled = autocast_wrapper(compiled, graph.device.type, dtype)
+        return with_precision(compiled, cfg.precision, graph.device)
 
 
 def _owned_outputs(compiled: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,8 +1,7 @@
 """src/honed/backend/torch_tensorrt.py: Torch-TensorRT, just in time and ahead of time.
 
-NOT RUN HERE: Torch-TensorRT (and TensorRT under it) cannot be installed on this project's
-machines. The code follows the torch_tensorrt 2.x API; what needs no Torch-TensorRT is unit-tested
-(config translation, version verdicts; tests/test_backend_tensorrt.py).
+The code follows the torch_tensorrt 2.x API; what needs no Torch-TensorRT is unit-tested without
+it (config translation, version verdicts; tests/test_backend_tensorrt.py).
 
   TorchTensorRTJitBackend  ``torch.compile(backend="torch_tensorrt", options=compile_config)``:
                            engines are built on the first call; nothing is stored (honed.load
@@ -34,8 +33,10 @@ from typing import Any
 
 import torch
 
+from honed.backend._calling import CALLING_FILE, Calling, GuardedPayload
+from honed.backend._export import FlatForward, plan
+from honed.backend._tensorrt_env import cc_verdict, probe
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.backend.tensorrt import _probe
 from honed.correctness import REDUCED, Tolerance
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
 
@@ -43,7 +44,7 @@ log = logging.getLogger("honed")
 
 IRS = ("dynamo", "ts", "fx")
 PAYLOAD_PROGRAM = "model.ep"
-PAYLOAD_CALLING = "calling.json"
+PAYLOAD_CALLING = CALLING_FILE
 _INSTALL = "pip install torch-tensorrt=={minor}.* (the release made for torch {minor})"
 # Settings whose value is a set in CompilationSettings (JSON keeps them as lists).
 _SET_FIELDS = ("enabled_precisions", "torch_executed_ops")
@@ -165,7 +166,7 @@ def torch_tensorrt_verdict(
 @functools.cache
 def torch_tensorrt_available() -> Availability:
     """Cached verdict for this machine."""
-    version, error = _probe("torch_tensorrt")
+    version, error = probe("torch_tensorrt")
     return torch_tensorrt_verdict(
         version,
         error,
@@ -176,8 +177,6 @@ def torch_tensorrt_available() -> Availability:
 
 
 def _supports(device: torch.device) -> Availability:
-    from honed.backend.tensorrt import cc_verdict
-
     if device.type != "cuda":
         return Availability(
             False, f"Torch-TensorRT runs on CUDA GPUs, not {device.type}", "tune on a CUDA device"
@@ -214,10 +213,7 @@ class _TorchTensorRTBackend(Backend):
 
     @classmethod
     def available(cls) -> Availability:
-        try:
-            return torch_tensorrt_available()
-        except Exception as e:  # never raise from available()
-            return Availability(False, f"checking Torch-TensorRT failed: {e}", "reinstall it")
+        return torch_tensorrt_available()
 
     def supports(self, device: torch.device) -> Availability:
         return _supports(device)
@@ -277,53 +273,39 @@ class TorchTensorRTAotBackendConfig(BackendConfig):
             )
 
 
-def trt_inputs(guards: Any, opt_shapes: tuple[tuple[int, ...], ...]) -> list[dict[str, Any]]:
+def trt_inputs(
+    lo: list[tuple[int, ...]],
+    hi: list[tuple[int, ...]],
+    dtypes: list[torch.dtype],
+    opt_shapes: tuple[tuple[int, ...], ...],
+) -> list[dict[str, Any]]:
     """Per tensor input, torch_tensorrt.Input's min/opt/max shapes and dtype (pure)."""
-    opts = list(opt_shapes) if len(opt_shapes) == len(guards) else [g.hi for g in guards]
+    opts = list(opt_shapes) if len(opt_shapes) == len(lo) else hi
     out = []
-    for g, opt in zip(guards, opts, strict=True):
-        clamped = tuple(min(max(o, a), b) for a, o, b in zip(g.lo, opt, g.hi, strict=True))
+    for low, opt, high, dtype in zip(lo, opts, hi, dtypes, strict=True):
+        clamped = tuple(min(max(o, a), b) for a, o, b in zip(low, opt, high, strict=True))
         out.append(
             {
-                "min_shape": tuple(g.lo),
+                "min_shape": tuple(low),
                 "opt_shape": clamped,
-                "max_shape": tuple(g.hi),
-                "dtype": getattr(torch, g.dtype.removeprefix("torch.")),
+                "max_shape": tuple(high),
+                "dtype": dtype,
             }
         )
     return out
 
 
-class TorchTrtCompiled:
+class TorchTrtCompiled(GuardedPayload):
     """A Torch-TensorRT compiled module, called like the module it was compiled from."""
 
-    def __init__(self, module: Any, calling: Any, program: bytes | None) -> None:
-        from torch.utils._pytree import treespec_loads
+    what = "Torch-TensorRT module"
 
-        from honed.backend.torch_inductor_aot import _TensorCheck
-
+    def __init__(self, module: Any, calling: Calling, program: bytes | None) -> None:
+        super().__init__(calling)
         self.module = module
-        self.calling = calling
         self.program = program
-        self._in_spec = treespec_loads(calling.in_spec) if calling.in_spec is not None else None
-        self._checks = [_TensorCheck(g) for g in calling.guards]
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.utils._pytree import tree_flatten
-
-        from honed.backend.torch_inductor_aot import _check_tensors
-
-        leaves, spec = tree_flatten((args, kwargs))
-        calling = self.calling
-        if len(leaves) != calling.num_leaves or (
-            self._in_spec is not None and spec != self._in_spec
-        ):
-            raise InputError(
-                "Torch-TensorRT module called with inputs structured differently from the ones "
-                "it was compiled for; call it like the recorded samples"
-            )
-        tensors = [leaves[i] for i in calling.tensor_positions]
-        _check_tensors(self._checks, tensors)
+    def run(self, tensors: list[Any]) -> Any:
         return self.module(*tensors)
 
 
@@ -339,8 +321,6 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
     def build_graph(
         self, module: torch.nn.Module, example_inputs: list[Sample], graph: GraphInfo
     ) -> Callable[..., Any]:
-        from honed.backend.torch_inductor_aot import _FlatForward, _plan
-
         name = type(self).__name__
         if not example_inputs:
             raise InputError(f"{name} needs at least one recorded sample")
@@ -349,20 +329,20 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
         import torch_tensorrt
 
         cfg = self.config
-        plan = _plan(example_inputs, graph, None)
-        wrapper = _FlatForward(module, plan.calling, plan.spec, plan.template).eval()
-        inputs = [
-            torch_tensorrt.Input(**spec)
-            for spec in trt_inputs(plan.calling.guards, graph.opt_shapes)
-        ]
+        exported_plan = plan(example_inputs, graph, None, name)
+        wrapper = FlatForward(module, exported_plan).eval()
+        tensors = exported_plan.tensors
+        dtypes = [t.dtype for t in tensors]
+        specs = trt_inputs(exported_plan.lo, exported_plan.hi, dtypes, graph.opt_shapes)
+        inputs = [torch_tensorrt.Input(**spec) for spec in specs]
         kwargs = compile_kwargs(cfg.compile_config)
         try:
             if cfg.ir == "dynamo":
                 exported = torch.export.export(
-                    wrapper, tuple(plan.tensors), dynamic_shapes=(tuple(plan.dims),)
+                    wrapper, tuple(tensors), dynamic_shapes=(tuple(exported_plan.dims),)
                 )
                 compiled = torch_tensorrt.dynamo.compile(exported, arg_inputs=inputs, **kwargs)
-                program = _save_program(torch_tensorrt, compiled, plan.tensors)
+                program = _save_program(torch_tensorrt, compiled, tensors)
             else:
                 compiled = torch_tensorrt.compile(wrapper, ir=cfg.ir, inputs=inputs, **kwargs)
                 program = None
@@ -373,7 +353,7 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
                 f"({type(e).__name__}: {first}); try TorchTensorRTJitBackend (it falls back to "
                 "PyTorch for unsupported ops) or another backend"
             ) from e
-        return TorchTrtCompiled(compiled, plan.calling, program)
+        return TorchTrtCompiled(compiled, exported_plan.calling, program)
 
     def export_payload(self, fn: Callable[..., Any]) -> dict[str, bytes]:
         if not isinstance(fn, TorchTrtCompiled):
@@ -385,8 +365,6 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
     def load_payload(
         self, files: dict[str, bytes], module: torch.nn.Module, graph: GraphInfo
     ) -> Callable[..., Any]:
-        from honed.backend.torch_inductor_aot import Calling
-
         del module  # the program holds the engines and weights
         name = type(self).__name__
         missing = [n for n in (PAYLOAD_PROGRAM, PAYLOAD_CALLING) if n not in files]
@@ -398,7 +376,7 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
 
         program = files[PAYLOAD_PROGRAM]
         loaded = torch.export.load(io.BytesIO(program)).module()
-        calling = Calling.from_json(files[PAYLOAD_CALLING].decode())
+        calling = Calling.from_json(files[PAYLOAD_CALLING].decode(), graph.profile)
         return TorchTrtCompiled(loaded, calling, program)
 
 

@@ -37,15 +37,9 @@ from typing import Any
 
 import torch
 
-from honed.backend.base import (
-    Availability,
-    Backend,
-    BackendConfig,
-    CastModule,
-    GraphInfo,
-    Sample,
-)
-from honed.backend.torch_inductor import _inductor_available
+from honed.backend._inductor_env import inductor_available
+from honed.backend._precision import CastModule
+from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
 from honed.correctness import Tolerance
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
 
@@ -372,13 +366,8 @@ class TorchAOBackend(Backend):
 
     @classmethod
     def available(cls) -> Availability:
-        try:
-            inductor = Availability(*_inductor_available())
-            if not inductor:
-                return inductor
-            return torchao_available()
-        except Exception as e:  # never raise from available()
-            return Availability(False, f"checking torchao failed: {e}", "reinstall torchao")
+        inductor = inductor_available()
+        return torchao_available() if inductor else inductor
 
     def supports(self, device: torch.device) -> Availability:
         return scheme_support(self.config.scheme, device)
@@ -446,8 +435,8 @@ class TorchAOBackend(Backend):
 
 def _explain_int_mm(fn: Callable[..., Any]) -> Callable[..., Any]:
     """int8 dynamic quantization multiplies with torch._int_mm, which on CUDA takes only more
-    than 16 rows (batch x tokens); say so instead of the kernel's bare message (seen on the H100
-    with torch 2.11 and torchao 0.18 at batch 16)."""
+    than 16 rows (batch x tokens); say so instead of the kernel's bare message, which does not
+    name the cause."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
