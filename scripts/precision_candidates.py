@@ -1,11 +1,14 @@
 """scripts/precision_candidates.py: the evidence for the default list's precision candidates.
 
-    python scripts/precision_candidates.py [--rows resnet50:64 bert:8] [--tiny] [--json FILE]
+    python scripts/precision_candidates.py [--rows resnet50:64 bert:8] [--set core|autotune]
+                                           [--tiny] [--json FILE]
 
-Per model and batch of bench/models.py: one honed.tune over the previous best kinds of
-candidate (reduce-overhead under bf16 autocast, CUDA graphs under bf16 autocast) and the new
-ones (reduce-overhead with bf16 weights, channels_last for image models, AOTInductor with bf16
-weights and with max-autotune), each behind the correctness gate, measured alike, in one process.
+Per model and batch of bench/models.py: one honed.tune (eager is the baseline) over, with
+``--set core``, the previous best kinds of candidate (reduce-overhead and CUDA graphs under bf16
+autocast) and the new default ones (reduce-overhead and AOTInductor with bf16 weights, both
+also in channels_last for image models); with ``--set autotune``, the proposed ones not in the
+default list (max-autotune with CUDA graphs in bf16, AOTInductor bf16 with max-autotune,
+reduce-overhead in TF32). Each is behind the correctness gate and measured alike, in one process.
 Prints each candidate's status, median latency and speed-up over eager, and which one honed
 selected; a new candidate belongs in the default list where it is selected, or within noise of
 the best. ``--tiny`` runs test-sized models (a check that the script works, on CPU too).
@@ -39,7 +42,10 @@ from honed.backend import (  # noqa: E402
 )
 
 
-def candidates(image: bool, cuda: bool) -> list[Backend]:
+def candidates(image: bool, cuda: bool, kind: str) -> list[Backend]:
+    """``core``: the old best kinds and the new default candidates; ``autotune``: the candidates
+    proposed but not in the default list (max-autotune with CUDA graphs, AOTInductor
+    max-autotune, TF32)."""
     if not cuda:  # the script's own check: one cheap candidate per new axis
         layouts = [None, "channels_last"] if image else [None]
         return [
@@ -48,35 +54,42 @@ def candidates(image: bool, cuda: bool) -> list[Backend]:
         ]
     bf16 = torch.bfloat16
     inductor = TorchInductorBackendConfig
+    aot = TorchInductorAotBackendConfig
+    layout = "channels_last" if image else None
+    if kind == "autotune":
+        plain = [TorchInductorBackend(inductor(mode="max-autotune", precision="bf16"))]
+        return (plain if image else []) + [
+            TorchInductorBackend(
+                inductor(mode="max-autotune", precision="bf16", memory_format=layout)
+            ),
+            TorchInductorAotBackend(aot(precision="bf16", memory_format=layout, max_autotune=True)),
+            TorchInductorBackend(inductor(mode="reduce-overhead", precision="tf32")),
+        ]
     rows: list[Backend] = [
         TorchInductorBackend(
             inductor(mode="reduce-overhead", autocast_enabled=True, autocast_dtype=bf16)
         ),
         CudaGraphsBackend(CudaGraphsBackendConfig(autocast_enabled=True, autocast_dtype=bf16)),
         TorchInductorBackend(inductor(mode="reduce-overhead", precision="bf16")),
-        TorchInductorBackend(inductor(mode="reduce-overhead", precision="tf32")),
-        TorchInductorAotBackend(TorchInductorAotBackendConfig(precision="bf16")),
-        TorchInductorAotBackend(TorchInductorAotBackendConfig(precision="bf16", max_autotune=True)),
+        TorchInductorAotBackend(aot(precision="bf16")),
     ]
     if image:
         rows += [
             TorchInductorBackend(
-                inductor(mode="reduce-overhead", precision="bf16", memory_format="channels_last")
+                inductor(mode="reduce-overhead", precision="bf16", memory_format=layout)
             ),
-            TorchInductorAotBackend(
-                TorchInductorAotBackendConfig(precision="bf16", memory_format="channels_last")
-            ),
+            TorchInductorAotBackend(aot(precision="bf16", memory_format=layout)),
         ]
     return rows
 
 
-def run_row(name: str, batch: int, device: torch.device, tiny: bool) -> dict[str, Any]:
+def run_row(name: str, batch: int, device: torch.device, tiny: bool, kind: str) -> dict[str, Any]:
     spec = SPECS[name]
     model = spec.build(tiny=tiny).to(device)
     x = spec.inputs(model, batch, device)
     image = x.dim() == 4
     module = honed.Module(model, f"{name}-b{batch}")
-    strategy = honed.MaxThroughputStrategy(candidates(image, device.type == "cuda"))
+    strategy = honed.MaxThroughputStrategy(candidates(image, device.type == "cuda", kind))
     started = time.perf_counter()
     report = honed.tune(module, [x], strategy=strategy, device=device.type)
     tuning_s = time.perf_counter() - started
@@ -100,6 +113,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", nargs="+", default=["resnet50:64", "bert:8"])
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--set", choices=["core", "autotune"], default="core", dest="kind")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
@@ -107,7 +121,7 @@ def main() -> None:
     results = []
     for row in args.rows:
         name, batch = row.split(":")
-        result = run_row(name, int(batch), device, args.tiny)
+        result = run_row(name, int(batch), device, args.tiny, args.kind)
         results.append(result)
         print(f"\n{name} batch {batch} (tuning {result['tuning_s']:.0f} s)")
         for c in result["candidates"]:

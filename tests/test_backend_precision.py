@@ -323,17 +323,22 @@ def test_tune_picks_among_precisions_and_the_artifact_rebuilds_them(tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
-def test_aot_package_in_bf16_takes_and_returns_fp32_on_cpu() -> None:
-    model = TinyMLP().eval()
-    samples = [Sample((x,), {}) for x in batches(2, 6)]
-    graph = GraphInfo(CPU, True, ((2, 16),), ((6, 16),), ((6, 16),), (("batch", ""),))
-    backend = TorchInductorAotBackend(TorchInductorAotBackendConfig(precision="bf16"))
+def test_aot_package_in_bf16_channels_last_takes_and_returns_fp32_on_cpu() -> None:
+    model = _convnet()
+    samples = [Sample((_images(b),), {}) for b in (2, 4)]
+    graph = GraphInfo(CPU, True, ((2, 3, 16, 16),), ((4, 3, 16, 16),), ((4, 3, 16, 16),))
+    config = TorchInductorAotBackendConfig(precision="bf16", memory_format="channels_last")
+    backend = TorchInductorAotBackend(config)
     fn = backend.build_graph(model, samples, graph)
-    x = batches(4, seed=3)[0]
-    out = fn(x)
-    assert out.dtype == torch.float32
-    assert compare(model(x), out, tolerance=backend.tolerance()).ok
-    assert not torch.equal(out, model(x))
+    x = _images(3, seed=3)
+    with torch.no_grad():
+        out, ref = fn(x), model(x)
+    assert out.dtype == torch.float32 and out.is_contiguous()
+    assert compare(ref, out, tolerance=backend.tolerance()).ok
+    assert not torch.equal(out, ref)  # it really ran in bf16
+    files = backend.export_payload(fn)
+    loaded = backend.load_payload(files, ConvNet(), graph)
+    assert torch.equal(loaded(x), out)
 
 
 # -- GPU -------------------------------------------------------------------------------------------
@@ -400,3 +405,15 @@ def test_aot_bf16_package_saves_loads_in_a_new_process_and_runs_on_cuda(tmp_path
     out = loaded.outputs[0]
     assert out.dtype == torch.float32 and out.device.type == "cuda"
     assert compare(model.module(x), out, tolerance=REDUCED).ok
+
+
+@gpu
+@needs_cuda
+def test_cuda_graphs_over_the_bf16_module_return_fp32_on_cuda() -> None:
+    model = _convnet("cuda")
+    x = _images(8, device="cuda")
+    backend = honed.backend.CudaGraphsBackend(CudaGraphsBackendConfig(precision="bf16"))
+    fn = backend.build(model, [Sample((x,), {})])
+    out = fn(x)
+    assert out.dtype == torch.float32
+    assert compare(model(x), out, tolerance=backend.tolerance()).ok
