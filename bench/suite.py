@@ -89,6 +89,9 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 def precision(name: str) -> str:
     """fp32, bf16 or fp16, from a candidate's name (autocast defaults to bf16)."""
+    for cast in ("bf16", "fp16"):  # precision= casts the weights: "(..., bf16 weights)"
+        if f"{cast} weights" in name:
+            return cast
     if "float16" in name and "bfloat16" not in name:
         return "fp16"
     return "bf16" if "autocast_enabled=True" in name or "bfloat16" in name else "fp32"

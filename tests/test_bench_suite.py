@@ -650,3 +650,10 @@ def test_report_with_no_runs(tmp_path: Path) -> None:
     text = (tmp_path / "RESULTS.md").read_text()
     assert result["targets"]["selection"]["met"] is False
     assert "No suite run on this device yet" in text and "88,714" in text
+
+
+def test_precision_of_a_candidate_name_includes_cast_weights() -> None:
+    assert suite.precision("TorchInductorBackend(mode=reduce-overhead, bf16 weights)") == "bf16"
+    assert suite.precision("TorchInductorAotBackend(fp16 weights, channels_last)") == "fp16"
+    assert suite.precision("TorchInductorBackend(autocast_enabled=True)") == "bf16"
+    assert suite.precision("TorchInductorBackend(tf32)") == "fp32"
