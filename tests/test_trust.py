@@ -232,27 +232,39 @@ def test_replaced_library_with_recomputed_hashes_fails_the_signature(
     assert not marker.exists()
 
 
-def test_save_signs_with_the_users_key_and_says_once_how_to(
+def test_first_save_makes_the_users_key_and_signs_with_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     module = honed.Module(TinyMLP().eval(), "tiny")
-    honed.artifact.trust._told_unsigned = False
-    with caplog.at_level(logging.WARNING, logger="honed"):
+    private = honed.config.config_dir / "signing_key.pem"
+    assert not private.exists()
+    with caplog.at_level(logging.INFO, logger="honed"):
         honed.save(module, tmp_path / "a.honed")
         honed.save(module, tmp_path / "b.honed")
-    told = [r for r in caplog.records if "honed keygen" in r.getMessage()]
+    told = [r for r in caplog.records if "made your signing key" in r.getMessage()]
     assert len(told) == 1
-    assert _core.read_artifact(str(tmp_path / "a.honed")).signer is None
-
-    _keygen()
-    private = honed.config.config_dir / "signing_key.pem"
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     public = (honed.config.config_dir / "signing_key.pub").read_text()
-    honed.save(module, tmp_path / "c.honed")
-    artifact = _core.read_artifact(str(tmp_path / "c.honed"))
-    assert artifact.signer == _core.key_id(public)
-    assert artifact.trust(honed.trust.trusted_public_keys()) == ("trusted", artifact.signer)
+    for name in ("a.honed", "b.honed"):
+        artifact = _core.read_artifact(str(tmp_path / name))
+        assert artifact.signer == _core.key_id(public)
+        assert artifact.trust(honed.trust.trusted_public_keys()) == ("trusted", artifact.signer)
     assert main(["keygen"]) == 2  # refuses to replace the key without --force
+
+
+def test_save_where_no_key_can_be_made_saves_unsigned_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    locked = tmp_path / "not-a-folder"  # a file where the config folder's parent should be
+    locked.write_text("")
+    module = honed.Module(TinyMLP().eval(), "tiny")
+    honed.artifact.trust._told_unsigned = False
+    with honed.config.patch(config_dir=locked / "honed"), caplog.at_level(logging.WARNING):
+        honed.save(module, tmp_path / "a.honed")
+        honed.save(module, tmp_path / "b.honed")
+    told = [r for r in caplog.records if "saved unsigned" in r.getMessage()]
+    assert len(told) == 1 and "honed keygen" in told[0].getMessage()
+    assert _core.read_artifact(str(tmp_path / "a.honed")).signer is None
 
 
 def test_signing_key_comes_from_honed_signing_key(tmp_path: Path) -> None:

@@ -55,8 +55,8 @@ def save(obj: Any, path: str | os.PathLike[str]) -> Path:
     """Save the tuned modules inside ``obj`` (a honed.Module, a model or a pipeline) to ``path``.
 
     The file is written to a temporary name and renamed (mode 0666 minus the umask, like any file
-    the user creates), so a failure leaves nothing partial. With a signing key (``honed keygen``
-    or HONED_SIGNING_KEY) the manifest is signed.
+    the user creates), so a failure leaves nothing partial. The manifest is signed with the user's
+    key (HONED_SIGNING_KEY, else the config folder's, made by ``honed keygen`` or on first save).
     """
     modules = _modules_of(obj, "save")
     path = Path(path)
@@ -70,14 +70,12 @@ def save(obj: Any, path: str | os.PathLike[str]) -> Path:
     manifest.created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     manifest.environment = _jsonable(fingerprint(_device_of(modules[0])))
     manifest.modules = [_save_module(module, entries) for module in modules]
-    key = trust.signing_key()
+    key = trust.key_for_save()
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         _core.write_artifact(str(path), manifest, entries, key or "")
     except _core.ArtifactError as e:
         raise ArtifactError(f"honed.save: {e}") from None
-    if key is None:
-        trust.tell_unsigned_once()
     return path
 
 

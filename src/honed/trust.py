@@ -131,14 +131,39 @@ def trusted_public_keys() -> list[str]:
     return keys
 
 
-def tell_unsigned_once() -> None:
+def key_for_save() -> str | None:
+    """The key honed.save signs with; made on the first save when the user has none.
+
+    Signing by default keeps save-then-load on one machine working with native code while a
+    tampered or foreign artifact is still refused. When the key cannot be made (a read-only
+    config folder) the artifact is saved unsigned and the user is told once.
+    """
+    key = signing_key()
+    if key is not None:
+        return key
+    try:
+        private, _, key_id = keygen()
+    except (OSError, InputError) as e:
+        _tell_unsigned_once(str(e))
+        return None
+    log.info(
+        "honed.save: made your signing key %s (key %s); artifacts you save load here, and load "
+        "elsewhere once its .pub is trusted there with `honed trust` (docs/trust.md)",
+        private,
+        key_id,
+    )
+    return signing_key()
+
+
+def _tell_unsigned_once(why: str) -> None:
     global _told_unsigned
     if not _told_unsigned:
         _told_unsigned = True
         log.warning(
-            "honed.save: saved unsigned (no signing key). Artifacts with native code (AOTInductor, "
-            "TensorRT) then load only with trust_native_code=True; run `honed keygen` once to sign "
-            "them (docs/trust.md)"
+            "honed.save: saved unsigned (no signing key could be made: %s). Artifacts with native "
+            "code (AOTInductor, TensorRT) then load only with trust_native_code=True; make a key "
+            "with `honed keygen` or set HONED_SIGNING_KEY (docs/trust.md)",
+            why,
         )
 
 
