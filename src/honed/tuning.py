@@ -23,6 +23,7 @@ from honed import _core, buildlog, config, progress
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint
+from honed.calls import call_sample
 from honed.candidate import (
     Outcome,
     build_for_install,
@@ -226,11 +227,7 @@ def _validate_batch_sizes(batch_sizes: list[int] | None) -> list[int]:
 
 
 def _call(func: Callable[..., Any], sample: Any) -> Any:
-    if isinstance(sample, tuple):
-        return func(*sample)
-    if isinstance(sample, dict):
-        return func(**sample)
-    return func(sample)
+    return call_sample(func, sample)  # how a sample is read: honed.calls
 
 
 def _resize_batch(sample: Any, batch: int) -> Any:

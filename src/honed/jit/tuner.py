@@ -142,7 +142,7 @@ def _tune(node: Node) -> None:
     STATE.bypass += 1
     try:
         report = tune(
-            func=lambda a, k: wrapper(*a, **k),
+            func=wrapper,  # each sample is (args, kwargs): honed.calls.split_sample
             dataset=dataset,
             device=config.device,
             cache_dir=config.cache_dir,
