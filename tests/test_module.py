@@ -261,3 +261,29 @@ def test_an_inductor_variant_trains_like_the_module() -> None:
     want.pow(2).mean().backward()
     for got, ref in zip(tuned.parameters(), plain.parameters(), strict=True):
         assert got.grad is not None and torch.allclose(got.grad, ref.grad, atol=1e-5)
+
+
+# -- guidance at tune start -----------------------------------------------------------------------
+def _tune_messages(caplog: pytest.LogCaptureFixture, model: nn.Module, data: Any, **kw: Any) -> str:
+    with caplog.at_level(logging.WARNING, logger="honed"):
+        honed.tune(honed.Module(model, "m"), data, backends=[Counting()], **kw)
+    return "\n".join(r.getMessage() for r in caplog.records)
+
+
+def test_tuning_a_model_in_training_mode_names_eval(caplog: pytest.LogCaptureFixture) -> None:
+    text = _tune_messages(caplog, nn.Linear(8, 2), [torch.randn(b, 8) for b in (2, 4)])
+    assert text.count("is in training mode; call .eval()") == 1
+    caplog.clear()
+    text = _tune_messages(caplog, nn.Linear(8, 2).eval(), [torch.randn(b, 8) for b in (2, 4)])
+    assert "training mode" not in text
+
+
+def test_one_shape_says_the_shapes_are_fixed_and_how_to_widen(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = _tune_messages(caplog, nn.Linear(8, 2).eval(), torch.randn(8, 8))
+    (line,) = [t for t in text.splitlines() if "same shapes" in t]
+    assert "(8, 8)" in line and "batch_sizes=" in line and "BatchDim" in line
+    caplog.clear()
+    text = _tune_messages(caplog, nn.Linear(8, 2).eval(), torch.randn(8, 8), batch_sizes=[1, 4])
+    assert "same shapes" not in text

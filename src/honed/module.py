@@ -94,6 +94,7 @@ class Module(torch.nn.Module):
     """
 
     name: str
+    _inner: torch.nn.Module  # the same object as self.module (see __setattr__)
 
     def __init__(
         self,
@@ -135,7 +136,7 @@ class Module(torch.nn.Module):
                 "plain function's model instead, or pass the function to honed.tune(func=...)"
             )
         super().__init__()
-        self.module = module
+        self.module = module  # also kept as _inner (see __setattr__)
         self.name = name or type(module).__name__
         self.strategy = strategy
         self.strategies = dict(strategies or {})
@@ -160,7 +161,7 @@ class Module(torch.nn.Module):
             else:
                 bargs, bkwargs = args, kwargs
             if not self._keeps_meaning and (
-                self.module.training or (torch.is_grad_enabled() and not self.inference_only)
+                self._inner.training or (torch.is_grad_enabled() and not self.inference_only)
             ):
                 why = self._eager_because(bargs, bkwargs)
                 if why:
@@ -273,6 +274,13 @@ class Module(torch.nn.Module):
                     variant,
                 )
         return self.module(*args, **kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "module":
+            # The per-call check reads the wrapped module's training flag through a plain
+            # attribute: nn.Module's __getattr__ for submodules costs a Python call.
+            self.__dict__["_inner"] = value
 
     def train(self, mode: bool = True) -> Module:
         out = super().train(mode)

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from honed import _core, buildlog, config, progress
+from honed import _core, buildlog, config, guidance, progress
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.torch_eager import TorchEagerBackend
-from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint
+from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint, open_for_tune
 from honed.calls import call_sample
 from honed.candidate import (
     Outcome,
@@ -120,20 +120,23 @@ def tune(
                 "honed.tune: no honed.Module was called while running the dataset; wrap the model "
                 "with honed.Module(model, 'name') and call it inside func"
             )
+        guidance.at_tune_start(modules, sizes, batch_sweep)  # .eval(), fixed shapes
         run_device = _resolve_device(device, modules)
-        cache = TuneCache(Path(cache_dir) if cache_dir is not None else config.cache_dir)
         isolation = isolation or config.isolation
         if isolation not in ("process", "none"):
             raise InputError(
                 f"honed.tune: isolation must be 'process' or 'none', got {isolation!r}"
             )
+        cache, run_dir = open_for_tune(  # a read-only cache folder: one warning, cache off
+            Path(cache_dir) if cache_dir is not None else config.cache_dir, config.cache_enabled
+        )
         ctx = _Context(
             isolation=isolation,
             device=run_device,
             sweep_to=max_batch if batch_sweep else 0,
-            cache=cache if config.cache_enabled else None,
+            cache=cache,
             refresh=clear_cache,
-            run_dir=buildlog.new_run_dir(),
+            run_dir=run_dir,
             target=target,
         )
         graphs: list[GraphReport] = []
