@@ -235,7 +235,7 @@ def _probe_packages(fresh: bool) -> list[tuple[PackageStatus, str]]:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet_imports() -> Iterator[None]:
     """Third-party warnings and log lines (raised while backends import their libraries to say
     whether they are available) are not the doctor's output."""
     previous = logging.root.manager.disable
@@ -340,7 +340,7 @@ def diagnose(device: str = "cpu", fresh: bool = False) -> DoctorReport:
         packages.append(status)
         if how:
             package_warnings.append(_package_warning(status, how, dists[0]))
-    with _quiet():
+    with quiet_imports():
         backends = _backends(packages)
 
     cuda_problems = _cuda_problems(probe, torch_info, diag)

@@ -48,6 +48,13 @@ def _why_not(backend: Backend, device: torch.device) -> str:
 
 def dry_run(model: Any, kwargs: dict[str, Any], device: str | None) -> str:
     """What ``honed.tune(model, ..., **kwargs)`` would try on this machine, as text."""
+    from honed.doctor import quiet_imports
+
+    with quiet_imports():  # availability checks import libraries that warn on import
+        return _dry_run(model, kwargs, device)
+
+
+def _dry_run(model: Any, kwargs: dict[str, Any], device: str | None) -> str:
     from honed.tuning import _for_target
 
     modules = find_modules(model)
