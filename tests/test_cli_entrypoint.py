@@ -243,3 +243,35 @@ def test_export_writes_the_payload_or_names_what_the_artifact_has(tmp_path: Path
         2,
         "never tuned",
     )
+
+
+def _subparsers() -> dict[str, Any]:
+    import argparse
+
+    from honed.cli import _parser
+
+    parser = _parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_every_flag_of_every_command_has_help() -> None:
+    for name, parser in _subparsers().items():
+        for action in parser._actions:
+            assert action.help, f"honed {name} {action.option_strings or action.dest}: no help"
+
+
+def test_subcommand_help_has_its_own_examples_not_the_global_ones() -> None:
+    from honed.cli import EXAMPLES
+
+    global_only = "honed report demo.honed      the tuning report stored in an artifact"
+    assert global_only in EXAMPLES
+    for name, parser in _subparsers().items():
+        text = parser.format_help()
+        assert global_only not in text, name
+        assert "examples:" in text and f"honed {name}" in text, name
+    proc = honed_cli("inspect", "--help")
+    assert proc.returncode == 0
+    words = " ".join(proc.stdout.split())  # help text wraps at the terminal's width
+    assert "--max-depth N" in words and "0: the model only" in words
+    assert global_only not in proc.stdout
