@@ -133,3 +133,11 @@ def test_every_variable_has_a_rule() -> None:
     accepted = honed.config.environment_variables()
     assert accepted["HONED_WINDOW_MS"] == "a finite number of ms, > 0 and <= 600000"
     assert set(accepted) >= {"HONED_LOG_LEVEL", "HONED_JIT", "HONED_JIT_BACKENDS"}
+
+
+def test_docs_list_every_variable_with_what_it_accepts() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text()
+    for variable, accepted in honed.config.environment_variables().items():
+        assert f"| `{variable}` |" in text and f"| {accepted} |" in text, variable
