@@ -275,3 +275,26 @@ def test_subcommand_help_has_its_own_examples_not_the_global_ones() -> None:
     words = " ".join(proc.stdout.split())  # help text wraps at the terminal's width
     assert "--max-depth N" in words and "0: the model only" in words
     assert global_only not in proc.stdout
+
+
+@pytest.mark.slow
+def test_an_exported_onnx_model_runs_in_onnxruntime(tmp_path: Path) -> None:
+    if not honed.backend.ONNXRuntimeBackend.available():
+        pytest.skip("ONNX Runtime is not available here")
+    import onnxruntime
+
+    model = honed.Module(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval(), "m")
+    backend = honed.backend.ONNXRuntimeBackend()
+    with honed.config.patch(isolation="none"):
+        honed.tune(
+            model, [torch.randn(b, 8) for b in (2, 4)], strategy=honed.OneBackendStrategy(backend)
+        )
+    art = honed.save(model, tmp_path / "m.honed")
+    out = tmp_path / "m.onnx"
+    proc = honed_cli("export", str(art), "--format", "onnx", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    session = onnxruntime.InferenceSession(str(out))
+    x = torch.randn(3, 8)
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        assert torch.allclose(torch.from_numpy(got), model.module(x), atol=1e-5)

@@ -287,3 +287,24 @@ def test_one_shape_says_the_shapes_are_fixed_and_how_to_widen(
     caplog.clear()
     text = _tune_messages(caplog, nn.Linear(8, 2).eval(), torch.randn(8, 8), batch_sizes=[1, 4])
     assert "same shapes" not in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_graphs_variant_keeps_train_and_autograd_meaning() -> None:
+    plain = _bn_model().cuda()
+    tuned = honed.Module(copy.deepcopy(plain), "bn-cuda")
+    data = [torch.randn(b, 8, device="cuda") for b in (4, 8)]
+    honed.tune(tuned, data, strategy=honed.OneBackendStrategy(honed.backend.CudaGraphsBackend()))
+    assert tuned.is_tuned and tuned.variants[0].backend.name == "CudaGraphsBackend"
+    x = torch.randn(8, 8, device="cuda")
+    with torch.no_grad():
+        assert torch.allclose(tuned(x), plain(x), atol=1e-5)
+    tuned.train()
+    plain.train()
+    out, want = tuned(x), plain(x)
+    assert torch.allclose(out, want, atol=1e-5) and out.grad_fn is not None
+    before = [p.detach().clone() for p in tuned.parameters()]
+    out.pow(2).mean().backward()
+    torch.optim.SGD(tuned.parameters(), lr=0.1).step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, tuned.parameters(), strict=True))
