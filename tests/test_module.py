@@ -308,3 +308,19 @@ def test_a_cuda_graphs_variant_keeps_train_and_autograd_meaning() -> None:
     out.pow(2).mean().backward()
     torch.optim.SGD(tuned.parameters(), lr=0.1).step()
     assert all(not torch.equal(a, b) for a, b in zip(before, tuned.parameters(), strict=True))
+
+
+def test_graphs_recorded_before_binding_still_serve_their_spelling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An artifact saved by an older honed keyed its graphs by the call as spelled."""
+    tuned = honed.Module(Scaled().eval(), "scaled")
+    with monkeypatch.context() as m:
+        m.setattr(tuned._binder, "bind", lambda args, kwargs: (args, kwargs))
+        data = [dict(x=x, y=y, scale=0.5) for x, y in (_xy(2), _xy(4))]
+        honed.tune(tuned, data, strategy=honed.OneBackendStrategy(Counting()))
+    Counting.calls = 0
+    x, y = _xy(3)
+    with torch.no_grad():
+        assert torch.equal(tuned(x=x, y=y, scale=0.5), (x + y) * 0.5)
+    assert Counting.calls == 1

@@ -215,10 +215,15 @@ class Module(torch.nn.Module):
                 return self._eager(why, args, kwargs)
         try:
             out = self._dispatcher.call(bargs, bkwargs)
-            if out is _MISS and (bargs is not args or bkwargs is not kwargs):
-                out = self._dispatcher.call(args, kwargs)  # an artifact recorded unbound calls
         except Exception as e:
             return self._variant_raised(e, args, kwargs, bargs, bkwargs)
+        if out is _MISS and (bargs is not args or bkwargs is not kwargs):
+            if not self._keeps_meaning and self._eager_because(args, kwargs):
+                return self._eager(self._eager_because(args, kwargs), args, kwargs)
+            try:  # an artifact saved before calls were bound keys its graphs by the call as spelled
+                out = self._dispatcher.call(args, kwargs)
+            except Exception as e:
+                return self._variant_raised(e, args, kwargs, args, kwargs)
         return out
 
     def miss_reason(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -313,6 +318,10 @@ class Module(torch.nn.Module):
     ) -> Any:
         if bargs is not args or bkwargs is not kwargs:
             # An artifact saved before calls were bound keys its graphs by the call as spelled.
+            if not self._keeps_meaning:
+                why = self._eager_because(args, kwargs)
+                if why:
+                    return self._eager(why, args, kwargs)
             try:
                 out = self._dispatcher.call(args, kwargs)
             except Exception as e:
