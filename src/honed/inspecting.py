@@ -161,8 +161,8 @@ def inspect(
     Args:
         obj: a torch.nn.Module, a honed.Module, or an inference function/pipeline whose
             attributes, ``__self__`` or closure hold the modules (see the module docstring).
-        dataset: the samples, as for ``honed.tune``: a tuple is unpacked as positional
-            arguments, a dict as keyword arguments, anything else is the single argument.
+        dataset: the samples, as for ``honed.tune`` (honed.calls): ``(args, kwargs)``, a
+            tuple of positional arguments, a dict of keyword arguments, or the single argument.
         max_depth: list (and time) modules down to this depth only; 0 is the root.
         min_parameters: a module with fewer parameters is "too small" to recommend.
         device: the device the model should be on ("cuda", "cpu"); checked, never changed.

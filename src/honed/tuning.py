@@ -65,8 +65,10 @@ def tune(
     Args:
         func: a honed.Module, or an inference function/pipeline that calls honed.Modules.
         dataset: the samples to run ``func`` on: a list (or any iterable) of samples, where a
-            tuple is unpacked as positional arguments, a dict as keyword arguments, and anything
-            else (e.g. a tensor) is passed as the single argument.
+            ``(tuple, dict)`` pair (or ``honed.backend.Sample``) is ``(args, kwargs)``, any
+            other tuple is unpacked as positional arguments, a dict as keyword arguments, and
+            anything else (e.g. a tensor) is passed as the single argument (honed.calls).
+            Spellings may mix: calls are bound to forward's signature before they are keyed.
         strategy: the strategy for modules that have none (default: MaxThroughputStrategy).
         backends: narrow the candidates to these backends (for modules without a strategy).
         batch_sizes: also run every sample resized along its batch axis to these sizes, so the
