@@ -160,7 +160,7 @@ class TuneCache:
 def unwritable(folder: Path) -> str:
     """Why files cannot be created in ``folder`` (created if missing); "" when they can."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        trust.mkdir_private(folder)  # as the cache's own folders are made
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
@@ -176,9 +176,9 @@ def open_for_tune(root: Path, enabled: bool) -> tuple[TuneCache | None, Path]:
     """
     from honed import buildlog, config
 
-    cache = TuneCache(root) if enabled else None
+    cache_why = unwritable(root) if enabled else ""
+    cache = TuneCache(root) if enabled and not cache_why else None  # it checks its owner too
     run_dir = buildlog.new_run_dir()
-    cache_why = unwritable(root) if cache is not None else ""
     logs_why = unwritable(run_dir.parent)
     if not cache_why and not logs_why:
         return cache, run_dir
@@ -194,4 +194,4 @@ def open_for_tune(root: Path, enabled: bool) -> tuple[TuneCache | None, Path]:
         "HONED_CACHE_DIR to a writable folder.",
         " and ".join(what),
     )
-    return (None if cache_why else cache), run_dir
+    return cache, run_dir
