@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -324,3 +325,33 @@ def test_graphs_recorded_before_binding_still_serve_their_spelling(
     with torch.no_grad():
         assert torch.equal(tuned(x=x, y=y, scale=0.5), (x + y) * 0.5)
     assert Counting.calls == 1
+
+
+def _reads_keywords(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """Like transformers' forward decorators: a (*args, **kwargs) wrapper that adds a keyword
+    when the caller did not pass it by keyword, so a position for it would be passed twice."""
+
+    @functools.wraps(forward)
+    def wrapper(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("scale", 0.5)
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+class Wrapped(nn.Module):
+    @_reads_keywords
+    def forward(self, x: torch.Tensor, y: torch.Tensor, scale: float = 0.5) -> torch.Tensor:
+        return (x + y) * scale
+
+
+def test_a_decorated_forward_keeps_its_spelling() -> None:
+    tuned = honed.Module(Wrapped().eval(), "wrapped")
+    data = [dict(x=x, y=y) for x, y in (_xy(2), _xy(4))]
+    honed.tune(tuned, data, strategy=honed.OneBackendStrategy(Counting()))
+    Counting.calls = 0
+    x, y = _xy(3)
+    with torch.no_grad():
+        assert torch.equal(tuned(y=y, x=x), (x + y) * 0.5)
+    assert Counting.calls == 1
+    assert tuned.bind((x,), {"y": y}) == ((x,), {"y": y})  # not turned into positions

@@ -158,10 +158,15 @@ class TuneCache:
 
 
 def unwritable(folder: Path) -> str:
-    """Why files cannot be created in ``folder`` (created if missing); "" when they can."""
+    """Why files cannot be created in ``folder`` or, while it is missing, in the nearest folder
+    above it that exists; "" when they can. Nothing is left behind (no folder is created)."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a folder"
     try:
-        trust.mkdir_private(folder)  # as the cache's own folders are made
-        with tempfile.TemporaryFile(dir=folder):
+        with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as e:
         return f"{type(e).__name__}: {e.strerror or e}"

@@ -9,6 +9,10 @@ call's signature key is made (when recording and when dispatching), it is bound 
 - ``*args`` follow them; keyword-only parameters are keywords in signature order (defaults
   filled in), then ``**kwargs`` sorted by name.
 
+The signature is that of the callable itself, not of what a decorator wraps: a forward wrapped
+as ``wrapper(*args, **kwargs)`` (transformers' models) keeps each call's spelling, with its
+keywords sorted by name.
+
 A dataset sample is read as follows (``split_sample``):
 
 - a ``honed.backend.Sample(args, kwargs)``, or a tuple of exactly two items whose first is a
@@ -69,7 +73,11 @@ class CallBinder:
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.arity = -1
         try:
-            self._sig: inspect.Signature | None = inspect.signature(fn)
+            # The signature of what is called: a decorated forward (transformers wraps its
+            # models' forward in (*args, **kwargs) wrappers that read keywords) keeps its
+            # spelling, only its keywords sorted; binding to the inner signature would turn
+            # keywords the wrapper looks for into positions it does not.
+            self._sig: inspect.Signature | None = inspect.signature(fn, follow_wrapped=False)
         except (TypeError, ValueError):  # no signature to read (a builtin): calls stay as given
             self._sig = None
             return
