@@ -112,7 +112,7 @@ def test_a_flipped_byte_in_the_manifest_is_refused_everywhere(
     flipped.write_bytes(data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :])
     assert "'manifest.json'" in _load_error(flipped) and "CRC" in _load_error(flipped)
 
-    assert main(["report", str(flipped)]) == 1
+    assert main(["report", str(flipped)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "'manifest.json'" in err
 

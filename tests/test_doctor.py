@@ -290,3 +290,40 @@ def test_broken_torchao_makes_only_the_torchao_backend_unavailable(
     assert rows["TorchAOBackend"]["available"] is False
     assert "register_constant" in rows["TorchAOBackend"]["reason"]
     assert rows["TorchInductorBackend"]["available"] is True
+
+
+def test_good_imports_are_remembered_and_failures_probed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = doctor._probe_package
+    probed: list[str] = []
+
+    def probe(name: str, dists: tuple[str, ...]) -> tuple[doctor.PackageStatus, str]:
+        probed.append(name)
+        if name == "numpy":  # numpy "fails" this time: never remembered
+            return doctor.PackageStatus(name, True, "1.0", False, "ImportError: no"), "fails"
+        return real(name, dists)
+
+    monkeypatch.setattr(doctor, "_probe_package", probe)
+    installed = [n for n, _, _ in doctor.OPTIONAL_PACKAGES if importlib.util.find_spec(n)]
+    first = doctor.diagnose("cpu")
+    assert sorted(probed) == sorted(installed)
+    probed.clear()
+    second = doctor.diagnose("cpu")
+    assert probed == ["numpy"]
+    assert [p.imports for p in first.packages] == [p.imports for p in second.packages]
+    probed.clear()
+    doctor.diagnose("cpu", fresh=True)
+    assert sorted(probed) == sorted(installed)
+
+
+def test_doctor_prints_no_third_party_warnings() -> None:
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "honed"), "doctor", "--fresh"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0
+    assert proc.stderr == ""
+    assert "honed doctor (cpu)" in proc.stdout

@@ -332,7 +332,8 @@ def test_table_shows_tree_params_and_verdicts() -> None:
     assert " (root)" in lines
     assert "✔ worth tuning: 100.0 % of the time, 1 graph" in lines[" (root)"]
     assert "covered by its parent" in lines["     lin"]  # block.lin, indented twice
-    assert "worth wrapping in honed.Module: ''" in text
+    assert "worth wrapping in honed.Module: the whole model (Net)" in text
+    assert "''" not in text
     assert str(report) == text
 
 
@@ -367,9 +368,31 @@ def test_cuda_inputs_synchronize_around_every_call(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch.cuda, "synchronize", counting)
     model = Net().cuda()
     report = inspect(model, [torch.randn(2, 3, device="cuda")] * 2, device="cuda")
-    # 3 runs (a warm-up and 2 samples) x (the sample + 6 module calls) x (before + after)
-    assert len(synced) == 3 * 7 * 2
+    # 4 runs (a warm-up pass and a timed pass of 2 samples) x (the sample + 6 module calls) x
+    # (before + after)
+    assert len(synced) == 4 * 7 * 2
     assert report.device == "cuda:0"
     assert report.row("").share == 1.0
     assert 0.0 < report.row("block").share < 1.0
     assert _hooks(model) == 0
+
+
+class ColdPerShape(nn.Module):
+    """Like a kernel picked on the first call at each shape: 100 ms cold, 1 ms warm (fake time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.seen: set[tuple[int, ...]] = set()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        NOW[0] += (1.0 if tuple(x.shape) in self.seen else 100.0) / 1e3
+        self.seen.add(tuple(x.shape))
+        return self.lin(x)
+
+
+@pytest.mark.usefixtures("fake_clock")
+def test_every_shape_is_warmed_up_before_timing() -> None:
+    report = inspect(ColdPerShape(), [torch.randn(b, 8) for b in (1, 2, 4)])
+    assert report.total_ms == pytest.approx(3.0)
+    assert report.row("").calls == 3

@@ -226,7 +226,7 @@ def test_cli_report_prints_markdown_json_and_writes_html(
 def test_cli_report_explains_a_missing_or_reportless_artifact(
     tuned: tuple[honed.Module, TuneReport], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["report", str(tmp_path / "none.honed")]) == 1
+    assert main(["report", str(tmp_path / "none.honed")]) == 2
     assert "does not exist" in capsys.readouterr().err
     model, _ = tuned
     kept = model.report
@@ -235,7 +235,7 @@ def test_cli_report_explains_a_missing_or_reportless_artifact(
         path = honed.save(model, tmp_path / "bare.honed")
     finally:
         model.report = kept
-    assert main(["report", str(path)]) == 1
+    assert main(["report", str(path)]) == 2
     assert "holds no tuning report" in capsys.readouterr().err
     with pytest.raises(honed.ArtifactError, match=r"tune the model and honed\.save it again"):
         load_report(path)

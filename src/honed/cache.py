@@ -155,3 +155,48 @@ class TuneCache:
 
     def clear(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def unwritable(folder: Path) -> str:
+    """Why files cannot be created in ``folder`` or, while it is missing, in the nearest folder
+    above it that exists; "" when they can. Nothing is left behind (no folder is created)."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return ""
+
+
+def open_for_tune(root: Path, enabled: bool) -> tuple[TuneCache | None, Path]:
+    """The tune's cache (None when off) and the folder for its build logs (buildlog.py).
+
+    A cache folder that cannot be written turns the cache off and sends the build logs to a
+    temporary folder, with one warning: the tune goes on.
+    """
+    from honed import buildlog, config
+
+    cache_why = unwritable(root) if enabled else ""
+    cache = TuneCache(root) if enabled and not cache_why else None  # it checks its owner too
+    run_dir = buildlog.new_run_dir()
+    logs_why = unwritable(run_dir.parent)
+    if not cache_why and not logs_why:
+        return cache, run_dir
+    if logs_why:
+        run_dir = Path(tempfile.mkdtemp(prefix="honed-logs-"))
+    what = []
+    if cache_why:
+        what.append(f"the tuning cache is off for this tune ({root}: {cache_why})")
+    if logs_why:
+        what.append(f"build logs go to {run_dir} ({Path(config.cache_dir)}: {logs_why})")
+    log.warning(
+        "honed: the cache folder cannot be written, so %s; make it writable or set "
+        "HONED_CACHE_DIR to a writable folder.",
+        " and ".join(what),
+    )
+    return cache, run_dir

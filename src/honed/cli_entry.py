@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Any
 
-from honed.errors import ConfigError, EntryPointError, HonedError
+from honed.errors import ConfigError, EntryPointError
 
 ENTRY_HELP = (
     "a function that returns (model, dataset) or (model, dataset, kwargs_for_tune), as "
@@ -20,9 +19,15 @@ TUNE_EXAMPLES = """examples:
   honed tune honed.demo:entry
         tune the model honed.demo.entry() returns on its dataset; saves entry.honed
   honed tune my_models.py:build --out resnet.honed --device cuda
+  honed tune honed.demo:entry --dry-run
+        the candidates this machine would try (and why the others are left out), no tuning
   honed tune honed.demo:entry --backend TorchInductorBackend:mode=max-autotune \
         --strategy min-latency
         only Inductor (with that config) against eager, picked by median latency
+  honed tune honed.demo:entry --batch-sizes 1,8,32
+        also tune for batches of 1, 8 and 32 (each sample resized along axis 0)
+  honed tune my_models.py:build --shapes x:1x3x224x224/8x3x224x224/32x3x224x224
+        min/opt/max shapes of input x, as trtexec's --minShapes/--optShapes/--maxShapes
   honed tune honed.demo:entry --strategy latency-budget=5 --isolation none --no-cache
 
 the entry point, e.g. in my_models.py:
@@ -50,17 +55,56 @@ STRATEGIES = "max-throughput | min-latency | first-wins | latency-budget=MS"
 
 def add_parsers(sub: Any) -> None:
     """Add the tune, inspect and bench subcommands to the `honed` parser."""
-    raw = argparse.RawDescriptionHelpFormatter
-    tune = sub.add_parser(
+    from honed.cli import subcommand
+
+    tune = subcommand(
+        sub,
         "tune",
-        help="tune the model a Python function builds, print the report, save an artifact",
-        epilog=TUNE_EXAMPLES,
-        formatter_class=raw,
+        "tune the model a Python function builds, print the report, save an artifact",
+        TUNE_EXAMPLES,
     )
+    add_tune_arguments(tune)
+    tune.set_defaults(run=run_tune)
+
+    inspect = subcommand(
+        sub,
+        "inspect",
+        "show the module tree, time per module and what is worth tuning",
+        INSPECT_EXAMPLES,
+    )
+    inspect.add_argument("entry", metavar="ENTRY", help=ENTRY_HELP)
+    inspect.add_argument(
+        "--max-depth",
+        type=int,
+        default=None,
+        metavar="N",
+        help="show modules down to this depth below the model (0: the model only; default: all)",
+    )
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    inspect.set_defaults(run=run_inspect)
+
+    bench = subcommand(
+        sub,
+        "bench",
+        "measure a saved artifact against eager (median, p99, throughput)",
+        BENCH_EXAMPLES,
+    )
+    bench.add_argument("artifact", metavar="ARTIFACT", type=Path, help="a .honed file")
+    bench.add_argument("--entry", required=True, help=ENTRY_HELP)
+    bench.add_argument("--sample", type=int, default=-1, help="dataset index (default: last)")
+    bench.set_defaults(run=run_bench)
+
+
+def add_tune_arguments(tune: argparse.ArgumentParser) -> None:
     tune.add_argument("entry", metavar="ENTRY", help=ENTRY_HELP)
-    tune.add_argument("--out", type=Path, default=None, help="artifact path (default NAME.honed)")
+    tune.add_argument(
+        "--out", type=Path, default=None, help="artifact path (default: NAME.honed here)"
+    )
+    tune.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     tune.add_argument("--name", default=None, help="module name (default: the function's name)")
-    tune.add_argument("--device", default=None, help="move the model and data there (cpu, cuda)")
+    tune.add_argument(
+        "--device", default=None, help="move the model and data there first (cpu, cuda, cuda:N)"
+    )
     tune.add_argument(
         "--backend",
         action="append",
@@ -69,41 +113,66 @@ def add_parsers(sub: Any) -> None:
         help="a builtin backend (repeatable), e.g. TorchInductorBackend:mode=max-autotune",
     )
     tune.add_argument("--strategy", default=None, help=f"{STRATEGIES} (default max-throughput)")
-    tune.add_argument("--isolation", choices=["process", "none"], default=None)
+    tune.add_argument(
+        "--batch-sizes",
+        default=None,
+        metavar="B,B,...",
+        help="also tune for these batch sizes (each sample resized along axis 0), e.g. 1,8,32",
+    )
+    tune.add_argument(
+        "--shapes",
+        action="append",
+        default=[],
+        metavar="NAME:MIN/OPT/MAX",
+        help="an input's min/opt/max shapes as in trtexec, e.g. x:1x64/8x64/32x64 (repeatable "
+        "or comma-separated; NAME is a forward() argument or a tensor index)",
+    )
+    tune.add_argument(
+        "--isolation",
+        choices=["process", "none"],
+        default=None,
+        help="process: each candidate in a worker process, so a crash or hang fails only it "
+        "(default, HONED_ISOLATION); none: in this process (faster to start)",
+    )
     tune.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
-    tune.set_defaults(run=run_tune)
-
-    inspect = sub.add_parser(
-        "inspect",
-        help="show the module tree, time per module and what is worth tuning",
-        epilog=INSPECT_EXAMPLES,
-        formatter_class=raw,
+    tune.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the candidates this machine would try and why the others are left out; "
+        "tune nothing, save nothing",
     )
-    inspect.add_argument("entry", metavar="ENTRY", help=ENTRY_HELP)
-    inspect.add_argument("--max-depth", type=int, default=None)
-    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
-    inspect.set_defaults(run=run_inspect)
-
-    bench = sub.add_parser(
-        "bench",
-        help="measure a saved artifact against eager (median, p99, throughput)",
-        epilog=BENCH_EXAMPLES,
-        formatter_class=raw,
-    )
-    bench.add_argument("artifact", metavar="ARTIFACT", type=Path, help="a .honed file")
-    bench.add_argument("--entry", required=True, help=ENTRY_HELP)
-    bench.add_argument("--sample", type=int, default=-1, help="dataset index (default: last)")
-    bench.set_defaults(run=run_bench)
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Run a subcommand; a HonedError is printed as one line with exit status 2."""
+def check_device(device: str | None) -> None:
+    """``--device``: a device torch knows, and one that can run here (one line otherwise)."""
+    if device is None:
+        return
+    import torch
+
     try:
-        result: int = args.run(args)
-        return result
-    except HonedError as e:
-        print(f"honed {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        wanted = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(
+            f"--device {device!r} is not a device; give cpu, cuda or cuda:N"
+        ) from None
+    if wanted.type == "cuda":
+        if not torch.cuda.is_available():
+            from honed.doctor import diagnose
+
+            problems = diagnose("cuda").problems
+            why = (
+                problems[0].split(". Fix:")[0] if problems else "torch.cuda.is_available() is False"
+            )
+            raise ConfigError(
+                f"--device {device}: CUDA cannot run here ({why}); run `honed doctor --device "
+                "cuda` for the fix, or use --device cpu"
+            )
+        if wanted.index is not None and wanted.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif wanted.type != "cpu":
+        raise ConfigError(f"--device {device!r}: honed tunes on cpu or cuda; give one of those")
 
 
 def _console() -> Any:
@@ -196,29 +265,71 @@ def run_tune(args: argparse.Namespace) -> int:
 
     import honed
     from honed import config, entry
+    from honed.exporting import check_output_path
+    from honed.shape_flags import parse_batch_sizes, parse_shapes
+
+    # Every flag is checked before the entry point runs: a typo costs nothing.
+    check_device(args.device)
+    sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else None
+    ranges = parse_shapes(args.shapes)
+    backends = [parse_backend(b) for b in args.backend] or None
+    strategy = None
+    if args.strategy or backends:
+        strategy = parse_strategy(args.strategy or "max-throughput", backends)
+    name = args.name or args.entry.rpartition(":")[2]
+    out = args.out or Path(f"{name}.honed")
+    if not args.dry_run:
+        check_output_path(out, args.force, "--out")
 
     found = entry.load(args.entry)
-    name = args.name or found.name
     model, dataset = _to_device(found.model, found.dataset, args.device)
     if isinstance(model, torch.nn.Module) and not isinstance(model, honed.Module):
         model = honed.Module(model, name)
     kwargs = dict(found.tune_kwargs)
-    backends = [parse_backend(b) for b in args.backend] or None
-    if args.strategy or backends:
+    if strategy is not None:
         kwargs.pop("backends", None)
-        kwargs["strategy"] = parse_strategy(args.strategy or "max-throughput", backends)
+        kwargs["strategy"] = strategy
     if args.device:
         kwargs["device"] = args.device
     if args.isolation:
         kwargs["isolation"] = args.isolation
+    if sizes:
+        kwargs["batch_sizes"] = sizes
+    if ranges:
+        _apply_shapes(model, ranges, kwargs)
+    if args.dry_run:
+        from honed.dryrun import dry_run
+
+        print(dry_run(model, kwargs, args.device))
+        return 0
     console = _console()
     with config.patch(cache_enabled=config.cache_enabled and not args.no_cache):
         report = honed.tune(model, dataset, **kwargs)
     console.print(report.table())
-    out = args.out or Path(f"{name}.honed")
     honed.save(model, out)
+    args.saved = out  # a Ctrl-C from here on says so (cli.main)
     console.print(f"saved {out} ({out.stat().st_size / 1e6:.2f} MB)")
     return 0
+
+
+def _apply_shapes(model: Any, ranges: list[Any], kwargs: dict[str, Any]) -> None:
+    """--shapes onto the module's dynamic_shapes, and its batch sizes onto the tune's."""
+    import honed
+    from honed.shape_flags import to_dynamic_shapes
+
+    if not isinstance(model, honed.Module):
+        raise ConfigError(
+            "--shapes needs the entry point to return one model (a torch.nn.Module or "
+            "honed.Module); for a pipeline, set dynamic_shapes= on each honed.Module"
+        )
+    if model.dynamic_shapes is not None:
+        raise ConfigError(
+            f"--shapes: module {model.name!r} already has dynamic_shapes from the entry point; "
+            "give one or the other"
+        )
+    model.dynamic_shapes, batch = to_dynamic_shapes(ranges)
+    if batch:
+        kwargs["batch_sizes"] = sorted(set(kwargs.get("batch_sizes") or []) | set(batch))
 
 
 def run_inspect(args: argparse.Namespace) -> int:

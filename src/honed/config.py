@@ -1,46 +1,228 @@
 """src/honed/config.py: the one config module; every HONED_* environment variable is read here.
 
 Each flag is a typed attribute with a comment. Tests and callers change flags for a block with
-``honed.config.patch(name=value, ...)`` rather than touching os.environ.
+``honed.config.patch(name=value, ...)`` rather than touching os.environ. Every value, from the
+environment or from ``patch``, is checked against its flag's rule (finite, in range, a known
+word); a bad one is a one-line ``ConfigError`` naming the variable and what it accepts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
+import math
 import os
+import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-
-def _env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+from honed.errors import ConfigError
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
+class _Bad(Exception):
+    """A value that breaks a rule; its message says how (e.g. "is not a number")."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Number:
+    lo: float
+    hi: float
+    integer: bool = False
+    lo_open: bool = False  # lo itself is not allowed
+    unit: str = ""
+
+    def parse(self, raw: str) -> Any:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise _Bad("is not a number") from None
+        if self.integer and math.isfinite(value) and value.is_integer():
+            return int(value)
+        return value
+
+    def check(self, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _Bad("is not a number")
+        if self.integer and not (isinstance(value, int) or float(value).is_integer()):
+            raise _Bad("is not a whole number")
+        if not math.isfinite(value):
+            raise _Bad("is not finite")
+        low_ok = value > self.lo if self.lo_open else value >= self.lo
+        if not (low_ok and value <= self.hi):
+            raise _Bad("is out of range")
+        return int(value) if self.integer else float(value)
+
+    def accepted(self) -> str:
+        kind = "a whole number" if self.integer else "a finite number"
+        unit = f" of {self.unit}" if self.unit else ""
+        low = f"> {_shown(self.lo)}" if self.lo_open else f">= {_shown(self.lo)}"
+        return f"{kind}{unit}, {low} and <= {_shown(self.hi)}"
+
+
+def _shown(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    choices: tuple[str, ...]
+    upper: bool = False  # stored upper-case (log levels); otherwise lower-case
+
+    def parse(self, raw: str) -> Any:
+        return raw
+
+    def check(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise _Bad("is not a word")
+        word = value.strip().upper() if self.upper else value.strip().lower()
+        if word not in self.choices:
+            raise _Bad("is not a known value")
+        return word
+
+    def accepted(self) -> str:
+        return "one of " + ", ".join(self.choices)
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bool:
+    def parse(self, raw: str) -> Any:
+        word = raw.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+        raise _Bad("is not a yes/no value")
+
+    def check(self, value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise _Bad("is not True or False")
+        return value
+
+    def accepted(self) -> str:
+        return "one of " + ", ".join(_TRUE + _FALSE)
+
+
+_DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Device:
+    extra: tuple[str, ...]  # words accepted besides a device, e.g. "auto"
+
+    def parse(self, raw: str) -> Any:
+        return raw
+
+    def check(self, value: Any) -> Any:
+        word = str(value).strip().lower()
+        if word not in self.extra and not _DEVICE.fullmatch(word):
+            raise _Bad("is not a device")
+        return word
+
+    def accepted(self) -> str:
+        words = ", ".join(repr(w) for w in self.extra)
+        return f"{words} or a device: cpu, cuda, cuda:N, mps, xpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Text:
+    path: bool = False  # stored as a Path
+    listed: bool = False  # comma-separated in the environment, a list of words in Python
+
+    def parse(self, raw: str) -> Any:
+        if self.listed:
+            return [part.strip() for part in raw.split(",") if part.strip()]
+        return raw
+
+    def check(self, value: Any) -> Any:
+        if self.listed:
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise _Bad("is not a list of names")
+            return list(value)
+        if self.path:
+            if not isinstance(value, str | os.PathLike) or not str(value):
+                raise _Bad("is not a path")
+            return Path(value)
+        if not isinstance(value, str):
+            raise _Bad("is not text")
+        return value
+
+    def accepted(self) -> str:
+        if self.listed:
+            return "comma-separated names"
+        return "a folder path" if self.path else "text"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Latencies:
+    """The test hook's {name: [ms, ...]} (set through patch only)."""
+
+    def parse(self, raw: str) -> Any:
+        raise _Bad("cannot be set from the environment")
+
+    def check(self, value: Any) -> Any:
+        if value is None:
+            return None
+        ok = isinstance(value, dict) and all(
+            isinstance(k, str)
+            and isinstance(v, list | tuple)
+            and v
+            and all(isinstance(x, int | float) and math.isfinite(x) and x > 0 for x in v)
+            for k, v in value.items()
+        )
+        if not ok:
+            raise _Bad("is not a dict of names to lists of positive milliseconds")
+        return value
+
+    def accepted(self) -> str:
+        return "None or {name: [milliseconds > 0, ...]}"
+
+
+_Rule = _Number | _Choice | _Bool | _Device | _Text | _Latencies
+_RULES: dict[str, tuple[str, _Rule]] = {}  # flag name -> (its environment variable, its rule)
+
+
+def _started_as_cli() -> bool:
+    """Whether this process is the `honed` command (so an import-time error is one line)."""
+    if Path(sys.argv[0]).name == "honed":
+        return True
+    argv = list(getattr(sys, "orig_argv", []))
+    return any(a == "-m" and b in ("honed", "honed.cli") for a, b in itertools.pairwise(argv))
+
+
+def _error(name: str, value: Any, why: str, from_env: bool) -> ConfigError:
+    env, rule = _RULES[name]
+    where = f"{env}={value!r}" if from_env else f"honed.config.{name}={value!r} ({env})"
+    return ConfigError(f"{where} {why}: give {rule.accepted()}")
+
+
+def _checked(name: str, value: Any, from_env: bool) -> Any:
+    rule = _RULES[name][1]
+    try:
+        return rule.check(rule.parse(value) if from_env else value)
+    except _Bad as bad:
+        raise _error(name, value, str(bad), from_env) from None
+
+
+def _flag(name: str, env: str, default: Any, rule: _Rule) -> Any:
+    """The flag's value: from ``env`` when it is set (checked by ``rule``), else ``default``."""
+    _RULES[name] = (env, rule)
+    raw = os.environ.get(env)
+    if raw is None or raw.strip() == "":
         return default
     try:
-        return float(raw)
-    except ValueError as e:
-        raise ValueError(f"{name}={raw!r} is not a number; unset it or give e.g. {default}") from e
-
-
-def _env_int(name: str, default: int) -> int:
-    return int(_env_float(name, default))
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    return raw.strip().lower() not in ("0", "false", "no", "off")
-
-
-def _env_list(name: str) -> list[str]:
-    raw = os.environ.get(name, "")
-    return [part.strip() for part in raw.split(",") if part.strip()]
+        return _checked(name, raw, from_env=True)
+    except ConfigError as e:
+        if _started_as_cli():  # `honed ...`: one line and exit 2, not an import traceback
+            print(f"honed: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
 
 
 def _default_cache_dir() -> Path:
@@ -53,115 +235,164 @@ def _default_config_dir() -> Path:
     return Path(xdg) / "honed" if xdg and os.path.isabs(xdg) else Path.home() / ".config" / "honed"
 
 
+_MS = 600_000.0  # ten minutes: longer warm-ups or windows would look like a hang
+_CALLS = 10_000_000
+_DAY_S = 86_400.0
+
 # Logging: DEBUG, INFO, WARNING, ERROR. WARNING keeps tunes quiet but for fallbacks and failures.
-log_level: str = _env_str("HONED_LOG_LEVEL", "WARNING").upper()
+log_level: str = _flag(
+    "log_level",
+    "HONED_LOG_LEVEL",
+    "WARNING",
+    _Choice(("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True),
+)
 
 # The live progress display of tune(): "auto" (on a terminal, unless log_level is ERROR or higher),
 # "on" (always, e.g. in a CI log) or "off".
-progress: str = _env_str("HONED_PROGRESS", "auto")
+progress: str = _flag("progress", "HONED_PROGRESS", "auto", _Choice(("auto", "on", "off")))
 
 # Where tuning caches and compiler caches live.
-cache_dir: Path = Path(_env_str("HONED_CACHE_DIR", str(_default_cache_dir())))
+cache_dir: Path = _flag("cache_dir", "HONED_CACHE_DIR", _default_cache_dir(), _Text(path=True))
 
 # Where honed's keys live (`honed keygen`, `honed trust`): $XDG_CONFIG_HOME/honed or
 # ~/.config/honed; the C++ runtime (honed-run) looks in the same place (docs/trust.md).
 config_dir: Path = _default_config_dir()
+_RULES["config_dir"] = ("XDG_CONFIG_HOME", _Text(path=True))
 
 # The Ed25519 private key honed.save signs artifacts with ("" = <config_dir>/signing_key.pem when
 # `honed keygen` made one; without a key, artifacts are saved unsigned).
-signing_key: str = _env_str("HONED_SIGNING_KEY", "")
+signing_key: str = _flag("signing_key", "HONED_SIGNING_KEY", "", _Text())
 
 # Whether tune() reuses earlier candidate outcomes from the cache (HONED_CACHE=0 turns it off).
-cache_enabled: bool = _env_str("HONED_CACHE", "1").lower() not in ("0", "false", "no", "off")
+cache_enabled: bool = _flag("cache_enabled", "HONED_CACHE", True, _Bool())
 
 # Device used by tune() when none is given: "auto" = cuda when torch can use it, else cpu.
-device: str = _env_str("HONED_DEVICE", "auto")
+device: str = _flag("device", "HONED_DEVICE", "auto", _Device(("auto",)))
 
-# Measurement protocol (DESIGN.md): warm-up by count and time, windows, stability rule.
-warmup_calls: int = _env_int("HONED_WARMUP_CALLS", 10)
-warmup_ms: float = _env_float("HONED_WARMUP_MS", 200.0)
-window_calls: int = _env_int("HONED_WINDOW_CALLS", 10)
-window_ms: float = _env_float("HONED_WINDOW_MS", 100.0)
-stable_windows: int = _env_int("HONED_STABLE_WINDOWS", 3)
-stability_tolerance: float = _env_float("HONED_STABILITY_TOLERANCE", 0.05)
-max_windows: int = _env_int("HONED_MAX_WINDOWS", 10)
+# Measurement protocol (DESIGN.md): warm-up by count and time, windows, stability rule. Upper
+# bounds keep a typo from turning a tune into a hang.
+warmup_calls: int = _flag("warmup_calls", "HONED_WARMUP_CALLS", 10, _Number(0, _CALLS, True))
+warmup_ms: float = _flag("warmup_ms", "HONED_WARMUP_MS", 200.0, _Number(0, _MS, unit="ms"))
+window_calls: int = _flag("window_calls", "HONED_WINDOW_CALLS", 10, _Number(1, _CALLS, True))
+window_ms: float = _flag(
+    "window_ms", "HONED_WINDOW_MS", 100.0, _Number(0, _MS, lo_open=True, unit="ms")
+)
+stable_windows: int = _flag("stable_windows", "HONED_STABLE_WINDOWS", 3, _Number(1, 1000, True))
+stability_tolerance: float = _flag(
+    "stability_tolerance", "HONED_STABILITY_TOLERANCE", 0.05, _Number(0, 1, lo_open=True)
+)
+max_windows: int = _flag("max_windows", "HONED_MAX_WINDOWS", 10, _Number(1, 10_000, True))
 
 # Where candidates are built, checked and measured: "process" (a worker process per candidate,
 # so a crash, hang or runaway allocation fails only that candidate) or "none" (in this process).
-isolation: str = _env_str("HONED_ISOLATION", "process")
+isolation: str = _flag("isolation", "HONED_ISOLATION", "process", _Choice(("process", "none")))
 
 # Worker limits: seconds for the build (+ check) phase and for the measure phase, and the
 # resident-memory ceiling in GiB (0: a default of 80 % of this machine's memory).
-build_timeout_s: float = _env_float("HONED_BUILD_TIMEOUT_S", 1800.0)
-measure_timeout_s: float = _env_float("HONED_MEASURE_TIMEOUT_S", 600.0)
-worker_memory_gb: float = _env_float("HONED_WORKER_MEMORY_GB", 0.0)
+build_timeout_s: float = _flag(
+    "build_timeout_s", "HONED_BUILD_TIMEOUT_S", 1800.0, _Number(0, _DAY_S, lo_open=True, unit="s")
+)
+measure_timeout_s: float = _flag(
+    "measure_timeout_s",
+    "HONED_MEASURE_TIMEOUT_S",
+    600.0,
+    _Number(0, _DAY_S, lo_open=True, unit="s"),
+)
+worker_memory_gb: float = _flag(
+    "worker_memory_gb", "HONED_WORKER_MEMORY_GB", 0.0, _Number(0, 1 << 20, unit="GiB")
+)
 
 # Samples kept per graph while recording (bounded so long datasets do not hold everything).
-max_samples_per_graph: int = _env_int("HONED_MAX_SAMPLES_PER_GRAPH", 32)
+max_samples_per_graph: int = _flag(
+    "max_samples_per_graph", "HONED_MAX_SAMPLES_PER_GRAPH", 32, _Number(1, 100_000, True)
+)
 
 # FirstWinsStrategy: a candidate must beat eager by at least this factor (beyond the noise).
-first_wins_min_speedup: float = _env_float("HONED_FIRST_WINS_MIN_SPEEDUP", 1.0)
+first_wins_min_speedup: float = _flag(
+    "first_wins_min_speedup", "HONED_FIRST_WINS_MIN_SPEEDUP", 1.0, _Number(0, 1000, lo_open=True)
+)
 
 # honed doctor: how long importing one optional package (probed in a subprocess) may take before
 # it is reported as hanging. Packages that import torch need a few seconds.
-doctor_import_timeout_s: float = _env_float("HONED_DOCTOR_IMPORT_TIMEOUT_S", 60.0)
+doctor_import_timeout_s: float = _flag(
+    "doctor_import_timeout_s",
+    "HONED_DOCTOR_IMPORT_TIMEOUT_S",
+    60.0,
+    _Number(0, 3600, lo_open=True, unit="s"),
+)
 
 # -- JIT mode (honed.jit; its config object honed.jit.config takes its defaults from these) ----
 # HONED_JIT=1 starts JIT tuning at interpreter start-up (through the .pth hook installed with the
 # package). The hook itself tests the variable with os.environ before importing anything: the one
 # read outside this module, so that an unset variable costs nothing.
-jit: bool = _env_bool("HONED_JIT", False)
+jit: bool = _flag("jit", "HONED_JIT", False, _Bool())
 
 # Calls of a module recorded before it is tried (at least 1; 2+ lets dynamic axes show).
-jit_min_samples: int = _env_int("HONED_JIT_MIN_SAMPLES", 2)
+jit_min_samples: int = _flag(
+    "jit_min_samples", "HONED_JIT_MIN_SAMPLES", 2, _Number(1, 10_000, True)
+)
 
 # Try a module only once its samples show a batch axis (two batch sizes seen).
-jit_batch_axis_required: bool = _env_bool("HONED_JIT_BATCH_AXIS_REQUIRED", False)
+jit_batch_axis_required: bool = _flag(
+    "jit_batch_axis_required", "HONED_JIT_BATCH_AXIS_REQUIRED", False, _Bool()
+)
 
 # Deepest module level tried (0: the top modules only, 1: also their children, ...).
-jit_max_depth_level: int = _env_int("HONED_JIT_MAX_DEPTH_LEVEL", 3)
+jit_max_depth_level: int = _flag(
+    "jit_max_depth_level", "HONED_JIT_MAX_DEPTH_LEVEL", 3, _Number(0, 1000, True)
+)
 
 # Modules with fewer parameters than this are SKIPPED (their children are smaller still).
-jit_min_parameters: int = _env_int("HONED_JIT_MIN_PARAMETERS", 1000)
+jit_min_parameters: int = _flag(
+    "jit_min_parameters", "HONED_JIT_MIN_PARAMETERS", 1000, _Number(0, 1e15, True)
+)
 
 # Check a module with torch._dynamo.explain before tuning; a graph break sends JIT to its children.
-jit_detect_graph_breaks: bool = _env_bool("HONED_JIT_DETECT_GRAPH_BREAKS", True)
+jit_detect_graph_breaks: bool = _flag(
+    "jit_detect_graph_breaks", "HONED_JIT_DETECT_GRAPH_BREAKS", True, _Bool()
+)
 
 # Module class names never tuned (comma-separated), e.g. "BatchNorm2d,LayerNorm".
-jit_skip_modules: list[str] = _env_list("HONED_JIT_SKIP_MODULES")
+jit_skip_modules: list[str] = _flag(
+    "jit_skip_modules", "HONED_JIT_SKIP_MODULES", [], _Text(listed=True)
+)
 
 # Device JIT tunes for ("" = the device the module's parameters are on).
-jit_device: str = _env_str("HONED_JIT_DEVICE", "")
+jit_device: str = _flag("jit_device", "HONED_JIT_DEVICE", "", _Device(("",)))
 
 # Log and record what would be tuned, without tuning anything.
-jit_dry_run: bool = _env_bool("HONED_JIT_DRY_RUN", False)
+jit_dry_run: bool = _flag("jit_dry_run", "HONED_JIT_DRY_RUN", False, _Bool())
 
 # Backend class names JIT tries (comma-separated, e.g. "TorchInductorBackend"); empty = the
 # default candidates of MaxThroughputStrategy.
-jit_backends: list[str] = _env_list("HONED_JIT_BACKENDS")
+jit_backends: list[str] = _flag("jit_backends", "HONED_JIT_BACKENDS", [], _Text(listed=True))
 
 # Where JIT's tuning cache lives ("" = cache_dir above).
-jit_cache_dir: str = _env_str("HONED_JIT_CACHE_DIR", "")
+jit_cache_dir: str = _flag("jit_cache_dir", "HONED_JIT_CACHE_DIR", "", _Text())
 
 # At exit, print JIT's hierarchy and history to stderr (for scripts run with no code change).
-jit_report: bool = _env_bool("HONED_JIT_REPORT", False)
+jit_report: bool = _flag("jit_report", "HONED_JIT_REPORT", False, _Bool())
 
 # Samples kept per module while recording (the first ones, and new shapes up to twice this).
-jit_max_samples: int = _env_int("HONED_JIT_MAX_SAMPLES", 8)
+jit_max_samples: int = _flag(
+    "jit_max_samples", "HONED_JIT_MAX_SAMPLES", 8, _Number(1, 10_000, True)
+)
 
 # A tuned module that receives shapes outside its tuned profile runs them eager; with this flag,
 # min_samples such calls trigger a re-tune over the old and the new shapes (at most 3 per module).
-jit_retune_on_new_shapes: bool = _env_bool("HONED_JIT_RETUNE_ON_NEW_SHAPES", False)
+jit_retune_on_new_shapes: bool = _flag(
+    "jit_retune_on_new_shapes", "HONED_JIT_RETUNE_ON_NEW_SHAPES", False, _Bool()
+)
 
 # Test hook (STYLE.md rule 6): candidate name or backend class name -> latencies in ms that the
 # engine's InjectedTimer returns instead of real time, so the picker can be tested
-# deterministically. Never set outside tests and benchmarks that distort on purpose.
+# deterministically. Never set outside tests and benchmarks that distort on purpose; set it
+# through patch(), never from the environment.
 injected_latencies: dict[str, list[float]] | None = None
+_RULES["injected_latencies"] = ("patch only", _Latencies())
 
 
-_NAMES = frozenset(
-    name for name, value in dict(globals()).items() if not name.startswith("_") and name.islower()
-) - {"annotations", "contextlib", "os", "patch", "snapshot"}
+_NAMES = frozenset(_RULES)
 
 
 def snapshot() -> dict[str, Any]:
@@ -170,17 +401,27 @@ def snapshot() -> dict[str, Any]:
     return {name: g[name] for name in sorted(_NAMES)}
 
 
+def environment_variables() -> dict[str, str]:
+    """Every flag's environment variable and what it accepts (for docs and `honed doctor`)."""
+    return {env: rule.accepted() for env, rule in _RULES.values() if env.startswith("HONED_")}
+
+
 @contextlib.contextmanager
 def patch(**changes: Any) -> Iterator[None]:
-    """Set flags for the duration of a ``with`` block; unknown names are an error."""
+    """Set flags for the duration of a ``with`` block.
+
+    Unknown names are an AttributeError; a value its flag does not accept is a ConfigError
+    (checked as the environment variable would be), raised before anything changes.
+    """
     unknown = set(changes) - _NAMES
     if unknown:
         raise AttributeError(
             f"honed.config has no flag(s) {sorted(unknown)}; known flags: {sorted(_NAMES)}"
         )
+    checked = {name: _checked(name, value, from_env=False) for name, value in changes.items()}
     g = globals()
-    saved = {name: g[name] for name in changes}
-    g.update(changes)
+    saved = {name: g[name] for name in checked}
+    g.update(checked)
     try:
         yield
     finally:

@@ -35,13 +35,20 @@ Exit status of ``honed doctor``: 0 when ``ok``, 1 otherwise.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
+import os
 import platform
 import sys
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -158,9 +165,10 @@ def _probe_package(name: str, dists: tuple[str, ...]) -> tuple[PackageStatus, st
     if importlib.util.find_spec(name) is None:
         return PackageStatus(name, installed=False, version=version), ""
     options = _core.IsolateOptions(
-        [sys.executable, "-c", _IMPORT_PROBE, name], timeout_s=config.doctor_import_timeout_s
+        [sys.executable, "-W", "ignore", "-c", _IMPORT_PROBE, name],
+        timeout_s=config.doctor_import_timeout_s,
     )
-    result = _core.run_isolated(options)
+    result = _core.run_isolated(options, check_signals=False)  # from a thread: no signals here
     if result.ok:
         return PackageStatus(name, True, version or result.stdout_tail.strip() or None, True), ""
     last = _last_line(result.stderr_tail)
@@ -173,6 +181,71 @@ def _probe_package(name: str, dists: tuple[str, ...]) -> tuple[PackageStatus, st
     else:
         how, error = "fails to import", last or result.summary()
     return PackageStatus(name, True, version, False, error), how
+
+
+def _import_key(name: str, dists: tuple[str, ...]) -> str | None:
+    """What decides whether ``import name`` works here: the package's version and files, torch,
+    python and honed (None when the package is not installed)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return None
+    origin = spec.origin or next(iter(spec.submodule_search_locations or []), "")
+    try:
+        stamp = os.stat(origin).st_mtime_ns if origin else 0
+    except OSError:
+        stamp = 0
+    parts = [name, _metadata_version(dists), origin, stamp, torch.__version__, sys.executable]
+    return hashlib.sha256(json.dumps([__version__, *parts]).encode()).hexdigest()[:24]
+
+
+def _remembered() -> Path:
+    return Path(config.cache_dir) / "doctor" / "imports-ok"
+
+
+def _probe_packages(fresh: bool) -> list[tuple[PackageStatus, str]]:
+    """Every optional package's import probe, in parallel subprocesses.
+
+    An import that worked before with the same package files, torch and python is remembered
+    (in the cache folder) and not probed again unless ``fresh``; a failure is never remembered.
+    """
+    keys = {name: _import_key(name, dists) for name, dists, _ in OPTIONAL_PACKAGES}
+    known = _remembered()
+    results: dict[str, tuple[PackageStatus, str]] = {}
+    todo = []
+    for name, dists, _ in OPTIONAL_PACKAGES:
+        key = keys[name]
+        if key is None:
+            results[name] = (PackageStatus(name, False, _metadata_version(dists)), "")
+        elif not fresh and (known / key).exists():
+            results[name] = (PackageStatus(name, True, _metadata_version(dists), True), "")
+        else:
+            todo.append((name, dists))
+    if todo:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(todo)) as pool:
+            for (name, _dists), probed in zip(
+                todo, pool.map(lambda nd: _probe_package(*nd), todo), strict=True
+            ):
+                results[name] = probed
+                key = keys[name]
+                if probed[0].imports and key is not None:
+                    with contextlib.suppress(OSError):  # a read-only cache only costs time
+                        known.mkdir(parents=True, exist_ok=True)
+                        (known / key).write_text(f"{name} {probed[0].version or ''}\n")
+    return [results[name] for name, _, _ in OPTIONAL_PACKAGES]
+
+
+@contextlib.contextmanager
+def quiet_imports() -> Iterator[None]:
+    """Third-party warnings and log lines (raised while backends import their libraries to say
+    whether they are available) are not the doctor's output."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
 
 
 def _package_warning(p: PackageStatus, how: str, dist: str) -> str:
@@ -236,8 +309,11 @@ def _cuda_problems(probe: Any, torch_info: dict[str, Any], diag: Any) -> list[st
     return problems
 
 
-def diagnose(device: str = "cpu") -> DoctorReport:
-    """What this machine can run; ``.ok`` when ``device`` ("cpu" or "cuda") can run here."""
+def diagnose(device: str = "cpu", fresh: bool = False) -> DoctorReport:
+    """What this machine can run; ``.ok`` when ``device`` ("cpu" or "cuda") can run here.
+
+    ``fresh``: probe every optional package's import again (see ``_probe_packages``).
+    """
     device = device.split(":")[0]
     if device not in ("cpu", "cuda"):
         raise ValueError(f"honed doctor checks device 'cpu' or 'cuda', not {device!r}")
@@ -248,12 +324,14 @@ def diagnose(device: str = "cpu") -> DoctorReport:
     )
     packages: list[PackageStatus] = []
     package_warnings: list[str] = []
-    for name, dists, _use in OPTIONAL_PACKAGES:
-        status, how = _probe_package(name, dists)
+    for (status, how), (_name, dists, _use) in zip(
+        _probe_packages(fresh), OPTIONAL_PACKAGES, strict=True
+    ):
         packages.append(status)
         if how:
             package_warnings.append(_package_warning(status, how, dists[0]))
-    backends = _backends(packages)
+    with quiet_imports():
+        backends = _backends(packages)
 
     cuda_problems = _cuda_problems(probe, torch_info, diag)
     problems: list[str] = []
@@ -369,9 +447,9 @@ def render(report: DoctorReport) -> list[Any]:
     return lines
 
 
-def run(device: str = "cpu", as_json: bool = False) -> int:
+def run(device: str = "cpu", as_json: bool = False, fresh: bool = False) -> int:
     """`honed doctor`: print the report (or its JSON); 0 when ``device`` can run, else 1."""
-    report = diagnose(device)
+    report = diagnose(device, fresh)
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -33,22 +33,69 @@ class Entry:
 
 def _import(target: str) -> ModuleType:
     if target.endswith(".py") or "/" in target or "\\" in target:
-        path = Path(target)
-        if not path.is_file():
-            raise EntryPointError(f"entry point file {target} does not exist")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None:
-            raise EntryPointError(f"cannot load {target} as a Python file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules.setdefault(path.stem, module)  # so classes defined there pickle by name
-        spec.loader.exec_module(module)
-        return module
+        return _import_file(Path(target))
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as e:
-        raise EntryPointError(
-            f"cannot import module {target} ({e}); give {FORMS}, with the module on PYTHONPATH"
-        ) from e
+        if e.name and target.split(".")[0] == e.name.split(".")[0]:
+            raise EntryPointError(
+                f"cannot import module {target} ({e}); give {FORMS}, with the module on PYTHONPATH"
+            ) from e
+        raise _import_failed(target, e) from e
+    except Exception as e:
+        raise _import_failed(target, e) from e
+
+
+def _import_file(path: Path) -> ModuleType:
+    """Import ``path`` as ``python path`` runs it: its folder first on sys.path, so the modules
+    beside it import (and worker processes, which get this sys.path, find them too)."""
+    if not path.is_file():
+        raise EntryPointError(f"entry point file {path} does not exist")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise EntryPointError(f"cannot load {path} as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(path.stem, module)  # so classes defined there pickle by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        if sys.modules.get(path.stem) is module:
+            del sys.modules[path.stem]
+        raise _import_failed(str(path), e) from e
+    return module
+
+
+def _import_failed(target: str, error: BaseException) -> EntryPointError:
+    """One line for an entry point whose import raised (a syntax error, a missing package...)."""
+    if isinstance(error, SyntaxError):
+        where = f"{error.filename or target}, line {error.lineno}"
+        return EntryPointError(
+            f"{target} has a syntax error ({where}: {error.msg}); fix it and run again"
+        )
+    return EntryPointError(
+        f"importing {target} raised {_one_line(error)}{_where(error)}; fix it, or run with "
+        "--traceback for the full stack"
+    )
+
+
+def _one_line(error: BaseException) -> str:
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _where(error: BaseException) -> str:
+    """`` at FILE:LINE`` of the innermost frame outside honed (the user's code), if any."""
+    tb = error.__traceback__
+    where = ""
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if "importlib" not in filename and f"{Path('honed') / 'entry.py'}" not in filename:
+            where = f" at {filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
 
 
 def find(entry: str) -> Callable[..., Any]:
@@ -75,7 +122,13 @@ def load(entry: str) -> Entry:
         raise EntryPointError(f"{func} must be callable with no arguments ({e})") from e
     except ValueError:
         pass  # no signature to read (a builtin): just call it
-    result = fn()
+    try:
+        result = fn()
+    except Exception as e:
+        raise EntryPointError(
+            f"{entry} raised {_one_line(e)}{_where(e)}; fix it, or run with --traceback for the "
+            "full stack"
+        ) from e
     usage = f"{func} must return (model, dataset) or (model, dataset, kwargs_for_tune)"
     if not isinstance(result, tuple | list) or len(result) not in (2, 3):
         raise EntryPointError(f"{usage}, got {_describe(result)}")

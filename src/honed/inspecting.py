@@ -1,7 +1,7 @@
 """src/honed/inspecting.py: honed.inspect(): the module tree, time per module, tuning candidates.
 
 ``honed.inspect(model, dataset)`` runs the dataset once, eager and under ``torch.no_grad``, with
-forward hooks on every submodule (after one untimed warm-up call of the first sample), and
+forward hooks on every submodule (after an untimed warm-up pass over every sample), and
 returns an InspectReport: for each module its parameter count, calls, inclusive wall time and
 share of the whole, the distinct graphs (input signatures, as ``honed.tune`` keys them) it
 received, and whether it is worth wrapping in ``honed.Module``.
@@ -126,7 +126,7 @@ class InspectReport:
                 str(len(m.graphs)),
                 ("✔ " if m.recommended else "") + m.reason,
             )
-        names = ", ".join(repr(n) for n in self.recommended()) or "none"
+        names = ", ".join(_label(m) for m in self.modules if m.recommended) or "none"
         table.caption = f"worth wrapping in honed.Module: {names}"
         table.caption_justify = "left"
         return table
@@ -161,8 +161,8 @@ def inspect(
     Args:
         obj: a torch.nn.Module, a honed.Module, or an inference function/pipeline whose
             attributes, ``__self__`` or closure hold the modules (see the module docstring).
-        dataset: the samples, as for ``honed.tune``: a tuple is unpacked as positional
-            arguments, a dict as keyword arguments, anything else is the single argument.
+        dataset: the samples, as for ``honed.tune`` (honed.calls): ``(args, kwargs)``, a
+            tuple of positional arguments, a dict of keyword arguments, or the single argument.
         max_depth: list (and time) modules down to this depth only; 0 is the root.
         min_parameters: a module with fewer parameters is "too small" to recommend.
         device: the device the model should be on ("cuda", "cpu"); checked, never changed.
@@ -379,7 +379,8 @@ def _run(
             handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
             handles.append(module.register_forward_hook(after))
         with torch.no_grad():
-            run(0, samples[0])  # warm-up: a first call pays for lazy initialization
+            for i, sample in enumerate(samples):  # warm-up: first calls at each shape pay
+                run(i, sample)  # for lazy initialization and kernel selection, untimed
             for s in stats.values():
                 s.reset()
             first_calls.clear()
@@ -445,6 +446,11 @@ def _recommend(rows: list[ModuleRow], min_parameters: int) -> None:
                 f"worth tuning: {100 * row.share:.1f} % of the time, "
                 f"{len(row.graphs)} graph{'s' if len(row.graphs) > 1 else ''}"
             )
+
+
+def _label(row: ModuleRow) -> str:
+    """A module as the caption names it: its qualified name and class, the root by its class."""
+    return f"{row.name!r} ({row.cls})" if row.name else f"the whole model ({row.cls})"
 
 
 def human_count(n: int) -> str:

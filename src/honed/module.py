@@ -16,6 +16,7 @@ import torch
 from honed import _core, config
 from honed.backend._calling import dispatch_target
 from honed.backend.base import Backend, Sample
+from honed.calls import CallBinder
 from honed.errors import InputError
 
 if TYPE_CHECKING:
@@ -80,20 +81,21 @@ def _detach(value: Any) -> Any:
 class Module(torch.nn.Module):
     """Wraps a torch.nn.Module so honed can tune it; behaves like the module it wraps.
 
-    Args:
-        module: the model (or part of a pipeline) to tune.
-        name: a name unique within the artifact; defaults to the module's class name.
-        strategy: how to pick among backends (default: MaxThroughputStrategy over the
-            available backends).
-        dynamic_shapes: axes to treat as dynamic, overriding inference: a list aligned with
-            the tensor inputs (in flatten order) of dicts ``{axis: int | DynamicDim |
-            BatchDim}``, or a dict keyed by ``(tensor_index, axis)`` (see honed.shapes).
-        strategies: per-graph strategies, keyed by the graph's index (0, 1, ... in the order
-            the graphs were first seen) or by its graph key (``report.graphs[i].graph``); a
-            graph not named here uses ``strategy``.
+    After a tune, a call runs the tuned variant for its input signature and shape profile, and
+    eager otherwise (with a one-time warning naming why). A call is bound to the module's
+    ``forward`` signature first, so positional, keyword and mixed spellings of one call run the
+    same variant (see ``honed.calls``).
+
+    Tuned variants are for inference. The module runs eager, with one warning naming why and
+    the fix, when it is in training mode, or when autograd is on (not under ``torch.no_grad()``
+    or ``torch.inference_mode()``) while its parameters or inputs require grad, unless the
+    variant keeps eager's meaning there (its backend's ``keeps_autograd``: eager and
+    ``torch.compile``/Inductor variants do; AOTInductor, ONNX Runtime, CUDA graphs, TensorRT and
+    TorchAO do not). ``inference_only=True`` keeps the tuned variant when autograd is on.
     """
 
     name: str
+    _inner: torch.nn.Module  # the same object as self.module (see __setattr__)
 
     def __init__(
         self,
@@ -102,7 +104,29 @@ class Module(torch.nn.Module):
         strategy: TuneStrategy | None = None,
         dynamic_shapes: Any = None,
         strategies: dict[int | str, TuneStrategy] | None = None,
+        inference_only: bool = False,
     ) -> None:
+        """Wrap ``module`` for tuning with honed.tune; until then it runs eager.
+
+        Args:
+            module: the model (or part of a pipeline) to tune.
+            name: a name unique within the artifact; defaults to the module's class name.
+            strategy: how to pick among backends (default: MaxThroughputStrategy over the
+                available backends).
+            dynamic_shapes: axes to treat as dynamic, overriding inference: a list aligned with
+                the tensor inputs (in flatten order of the call bound to ``forward``'s
+                signature: positional parameters in signature order, then keyword-only ones)
+                of dicts ``{axis: int | DynamicDim | BatchDim}``, or a dict keyed by
+                ``(tensor_index, axis)`` (see honed.shapes).
+            strategies: per-graph strategies, keyed by the graph's index (0, 1, ... in the
+                order the graphs were first seen) or by its graph key
+                (``report.graphs[i].graph``); a graph not named here uses ``strategy``.
+            inference_only: for serving code that never trains: keep running the tuned variant
+                when autograd is on. Its outputs then carry no autograd history (no
+                ``grad_fn``; ``backward()`` through them does not reach the parameters). By
+                default such calls run eager (with one warning) so that training through the
+                module stays correct. Training mode runs eager either way.
+        """
         if isinstance(module, Module):
             raise InputError(
                 f"honed.Module({module.name!r}) is already wrapped; wrap the inner model once"
@@ -113,28 +137,43 @@ class Module(torch.nn.Module):
                 "plain function's model instead, or pass the function to honed.tune(func=...)"
             )
         super().__init__()
-        self.module = module
+        self.module = module  # also kept as _inner (see __setattr__)
         self.name = name or type(module).__name__
         self.strategy = strategy
         self.strategies = dict(strategies or {})
         self.dynamic_shapes = dynamic_shapes
+        self.inference_only = bool(inference_only)
         self.graphs: dict[str, GraphRecording] = {}
         self.variants: list[Variant] = []
         self.report: Any = None
         self._dispatcher: Any = None
         self._warned: set[str] = set()
+        self._binder = CallBinder(module.forward)
+        self._arity = self._binder.arity
+        self._keeps_meaning = True  # every installed variant keeps autograd and training mode
+        self._params: tuple[torch.nn.Parameter, ...] = ()
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         dispatcher = self._dispatcher
         if dispatcher is not None:
+            if kwargs or len(args) != self._arity:
+                bargs, bkwargs = self._binder.bind(args, kwargs)
+            else:
+                bargs, bkwargs = args, kwargs
+            if not self._keeps_meaning and (
+                self._inner.training or (torch.is_grad_enabled() and not self.inference_only)
+            ):
+                why = self._eager_because(bargs, bkwargs)
+                if why:
+                    return self._eager(why, args, kwargs)
             try:
-                out = dispatcher.call(args, kwargs)  # lookup + the variant's call, in C++
+                out = dispatcher.call(bargs, bkwargs)  # lookup + the variant's call, in C++
             except Exception as e:  # a backend failing at serving time: eager answers instead
-                return self._variant_raised(e, args, kwargs)
+                return self._variant_raised(e, args, kwargs, bargs, bkwargs)
             if out is not _MISS:
                 return out
-            return self._fallback(args, kwargs)
+            return self._miss(args, kwargs, bargs, bkwargs)
         if RECORDING.active:
             return self._record(args, kwargs)
         return self.module(*args, **kwargs)
@@ -142,39 +181,165 @@ class Module(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self(*args, **kwargs)
 
+    def bind(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The canonical spelling of a call (bound to ``forward``'s signature; honed.calls)."""
+        return self._binder.bind(args, kwargs)
+
     def _record(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        sig = _core.signature(args, kwargs)
+        bargs, bkwargs = self._binder.bind(args, kwargs)
+        sig = _core.signature(bargs, bkwargs)
         key = sig.graph_key
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = GraphRecording(key)
             if self not in RECORDING.modules:
                 RECORDING.modules.append(self)
-        graph.add(sig, Sample(_detach(args), _detach(kwargs)))
+        graph.add(sig, Sample(_detach(bargs), _detach(bkwargs)))
         return self.module(*args, **kwargs)
 
     def dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The tuned variant's output for these inputs, or ``MISS`` when none covers them.
 
         No eager fallback and no warning for a miss: for callers (JIT) that handle misses
-        themselves; ``miss_reason`` says why the inputs were not covered. A variant that raises
-        is answered by eager, with a warning, as in ``__call__``.
+        themselves; ``miss_reason`` says why the inputs were not covered. A variant that raises,
+        or one that would change the meaning of the call (training mode, autograd), is answered
+        by eager, with a warning, as in ``__call__``.
         """
         if self._dispatcher is None:
             return _MISS
+        bargs, bkwargs = self._binder.bind(args, kwargs)
+        if not self._keeps_meaning:
+            why = self._eager_because(bargs, bkwargs)
+            if why:
+                return self._eager(why, args, kwargs)
         try:
-            return self._dispatcher.call(args, kwargs)
+            out = self._dispatcher.call(bargs, bkwargs)
         except Exception as e:
-            return self._variant_raised(e, args, kwargs)
+            return self._variant_raised(e, args, kwargs, bargs, bkwargs)
+        if out is _MISS and (bargs is not args or bkwargs is not kwargs):
+            if not self._keeps_meaning and self._eager_because(args, kwargs):
+                return self._eager(self._eager_because(args, kwargs), args, kwargs)
+            try:  # an artifact saved before calls were bound keys its graphs by the call as spelled
+                out = self._dispatcher.call(args, kwargs)
+            except Exception as e:
+                return self._variant_raised(e, args, kwargs, args, kwargs)
+        return out
 
     def miss_reason(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         if self._dispatcher is None:
             return "not tuned"
-        return str(self._dispatcher.explain(args, kwargs))
+        return str(self._dispatcher.explain(*self._binder.bind(args, kwargs)))
 
-    def _fallback(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        index = self._dispatcher.lookup(args, kwargs)
-        why = self._dispatcher.explain(args, kwargs)
+    # -- eager semantics -----------------------------------------------------------------------
+    def _eager_because(self, bargs: tuple[Any, ...], bkwargs: dict[str, Any]) -> str:
+        """Why the variant for this call would change its meaning ("" when it would not)."""
+        training = self.module.training
+        if training:
+            why = "training"
+        elif not torch.is_grad_enabled() or self.inference_only:
+            return ""
+        elif any(p.requires_grad for p in self._params):
+            why = "grad-params"
+        elif _inputs_require_grad(bargs, bkwargs):
+            why = "grad-inputs"
+        else:
+            return ""
+        index = self._dispatcher.lookup(bargs, bkwargs)
+        if 0 <= index < len(self.variants) and self.variants[index].backend.keeps_autograd:
+            return ""
+        return why if index >= 0 else ""  # a miss runs eager anyway, with its own warning
+
+    def _eager(self, why: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if why not in self._warned:
+            self._warned.add(why)
+            backends = sorted(
+                {v.backend.name for v in self.variants if not v.backend.keeps_autograd}
+            )
+            variant = f"its tuned variant ({', '.join(backends)})"
+            if why == "training":
+                log.warning(
+                    "honed: module %r is in training mode and %s runs in inference mode only; "
+                    "running eager so that dropout, batch-norm statistics and autograd behave as "
+                    "in training. Call .eval() on it (and run under torch.no_grad() or "
+                    "torch.inference_mode()) to use the tuned variant.",
+                    self.name,
+                    variant,
+                )
+            else:
+                what = "its parameters" if why == "grad-params" else "its inputs"
+                log.warning(
+                    "honed: module %r is called with autograd on while %s require grad, and %s "
+                    "returns outputs without autograd history; running eager so that gradients "
+                    "stay correct. Call it under torch.no_grad() or torch.inference_mode() to "
+                    "use the tuned variant (or wrap it with honed.Module(..., "
+                    "inference_only=True) if it never trains).",
+                    self.name,
+                    what,
+                    variant,
+                )
+        return self.module(*args, **kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "module":
+            # The per-call check reads the wrapped module's training flag through a plain
+            # attribute: nn.Module's __getattr__ for submodules costs a Python call.
+            self.__dict__["_inner"] = value
+
+    def train(self, mode: bool = True) -> Module:
+        out = super().train(mode)
+        self._refresh_params()
+        return out
+
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
+        out = super().requires_grad_(requires_grad)
+        self._refresh_params()
+        return out
+
+    def _apply(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._apply(*args, **kwargs)
+        self._refresh_params()
+        return out
+
+    def _refresh_params(self) -> None:
+        """The parameters whose ``requires_grad`` a call with autograd on reads (the set of
+        parameters is kept; their flags are read live, so freezing after install is seen)."""
+        if "module" in self._modules:
+            self._params = tuple(self.module.parameters())
+
+    # -- misses and failures -------------------------------------------------------------------
+    def _miss(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        bargs: tuple[Any, ...],
+        bkwargs: dict[str, Any],
+    ) -> Any:
+        if bargs is not args or bkwargs is not kwargs:
+            # An artifact saved before calls were bound keys its graphs by the call as spelled.
+            if not self._keeps_meaning:
+                why = self._eager_because(args, kwargs)
+                if why:
+                    return self._eager(why, args, kwargs)
+            try:
+                out = self._dispatcher.call(args, kwargs)
+            except Exception as e:
+                return self._variant_raised(e, args, kwargs, args, kwargs)
+            if out is not _MISS:
+                return out
+        return self._fallback(args, kwargs, bargs, bkwargs)
+
+    def _fallback(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        bargs: tuple[Any, ...],
+        bkwargs: dict[str, Any],
+    ) -> Any:
+        index = self._dispatcher.lookup(bargs, bkwargs)
+        why = self._dispatcher.explain(bargs, bkwargs)
         if why not in self._warned:
             self._warned.add(why)
             what = "a signature it was not tuned for" if index == -1 else "a shape outside"
@@ -188,7 +353,12 @@ class Module(torch.nn.Module):
         return self.module(*args, **kwargs)
 
     def _variant_raised(
-        self, error: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        error: Exception,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        bargs: tuple[Any, ...],
+        bkwargs: dict[str, Any],
     ) -> Any:
         """A tuned variant raised: warn once per variant and error, and answer with eager.
 
@@ -196,7 +366,7 @@ class Module(torch.nn.Module):
         (another batch size inside the profile); eager's answer is always correct. If eager
         raises too, the input itself is at fault and that error reaches the caller.
         """
-        index = self._dispatcher.lookup(args, kwargs)
+        index = self._dispatcher.lookup(bargs, bkwargs)
         backend = self.variants[index].backend.name if 0 <= index < len(self.variants) else "?"
         first = (str(error).strip().splitlines() or [""])[0]
         why = f"{type(error).__name__}: {first}" if first else type(error).__name__
@@ -230,6 +400,8 @@ class Module(torch.nn.Module):
         dispatcher.set_targets([dispatch_target(v.fn, v.profile) for v in variants])
         self.variants = list(variants)
         self._warned = set()
+        self._keeps_meaning = all(v.backend.keeps_autograd for v in variants)
+        self._refresh_params()
         self._dispatcher = dispatcher if variants else None
 
     def reset(self) -> None:
@@ -241,6 +413,19 @@ class Module(torch.nn.Module):
     def extra_repr(self) -> str:
         state = f"tuned, {len(self.variants)} variant(s)" if self.is_tuned else "eager"
         return f"name={self.name!r}, {state}"
+
+
+def _inputs_require_grad(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            if value.requires_grad:
+                return True
+        elif isinstance(value, list | tuple | dict) and any(
+            isinstance(t, torch.Tensor) and t.requires_grad
+            for t in torch.utils._pytree.tree_leaves(value)
+        ):
+            return True
+    return False
 
 
 def find_modules(obj: Any) -> list[Module]:

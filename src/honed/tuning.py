@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
-from honed import _core, buildlog, config, progress
+from honed import _core, buildlog, config, guidance, progress
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.torch_eager import TorchEagerBackend
-from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint
+from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint, open_for_tune
+from honed.calls import call_sample
 from honed.candidate import (
     Outcome,
     build_for_install,
@@ -64,8 +65,10 @@ def tune(
     Args:
         func: a honed.Module, or an inference function/pipeline that calls honed.Modules.
         dataset: the samples to run ``func`` on: a list (or any iterable) of samples, where a
-            tuple is unpacked as positional arguments, a dict as keyword arguments, and anything
-            else (e.g. a tensor) is passed as the single argument.
+            ``(tuple, dict)`` pair (or ``honed.backend.Sample``) is ``(args, kwargs)``, any
+            other tuple is unpacked as positional arguments, a dict as keyword arguments, and
+            anything else (e.g. a tensor) is passed as the single argument (honed.calls).
+            Spellings may mix: calls are bound to forward's signature before they are keyed.
         strategy: the strategy for modules that have none (default: MaxThroughputStrategy).
         backends: narrow the candidates to these backends (for modules without a strategy).
         batch_sizes: also run every sample resized along its batch axis to these sizes, so the
@@ -119,20 +122,23 @@ def tune(
                 "honed.tune: no honed.Module was called while running the dataset; wrap the model "
                 "with honed.Module(model, 'name') and call it inside func"
             )
+        guidance.at_tune_start(modules, sizes, batch_sweep)  # .eval(), fixed shapes
         run_device = _resolve_device(device, modules)
-        cache = TuneCache(Path(cache_dir) if cache_dir is not None else config.cache_dir)
         isolation = isolation or config.isolation
         if isolation not in ("process", "none"):
             raise InputError(
                 f"honed.tune: isolation must be 'process' or 'none', got {isolation!r}"
             )
+        cache, run_dir = open_for_tune(  # a read-only cache folder: one warning, cache off
+            Path(cache_dir) if cache_dir is not None else config.cache_dir, config.cache_enabled
+        )
         ctx = _Context(
             isolation=isolation,
             device=run_device,
             sweep_to=max_batch if batch_sweep else 0,
-            cache=cache if config.cache_enabled else None,
+            cache=cache,
             refresh=clear_cache,
-            run_dir=buildlog.new_run_dir(),
+            run_dir=run_dir,
             target=target,
         )
         graphs: list[GraphReport] = []
@@ -226,11 +232,7 @@ def _validate_batch_sizes(batch_sizes: list[int] | None) -> list[int]:
 
 
 def _call(func: Callable[..., Any], sample: Any) -> Any:
-    if isinstance(sample, tuple):
-        return func(*sample)
-    if isinstance(sample, dict):
-        return func(**sample)
-    return func(sample)
+    return call_sample(func, sample)  # how a sample is read: honed.calls
 
 
 def _resize_batch(sample: Any, batch: int) -> Any:

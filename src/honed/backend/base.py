@@ -142,6 +142,11 @@ class Backend:
     # True when the C++ runtime (libhoned_runtime, honed-run) can run the saved payload;
     # honed.tune(target="cpp") keeps only such backends.
     cpp_runnable: ClassVar[bool] = False
+    # True when the built callable keeps eager's meaning beyond inference: it reads the module's
+    # own parameters and its training flag at each call and records autograd history (eager,
+    # torch.compile). False (the safe default) makes honed.Module run eager in training mode or
+    # when autograd is on with parameters or inputs that require grad.
+    keeps_autograd: ClassVar[bool] = False
     # Import names of the optional libraries available() imports (the doctor probes those in a
     # subprocess first, so a library that crashes on import cannot take it down).
     requires: ClassVar[tuple[str, ...]] = ()

@@ -48,6 +48,7 @@ class TorchEagerBackend(Backend):
 
     config_class = TorchEagerBackendConfig
     portability = 0
+    keeps_autograd = True  # the module itself: autograd and .train() work as they do
     config: TorchEagerBackendConfig
 
     @property

@@ -100,6 +100,7 @@ class TorchInductorBackend(Backend):
 
     config_class = TorchInductorBackendConfig
     portability = 1
+    keeps_autograd = True  # torch.compile of the module itself: autograd and .train() work
     jit = True
     config: TorchInductorBackendConfig
 

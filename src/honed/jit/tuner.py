@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from honed import _core
+from honed import _core, guidance
 from honed.jit.config import MAX_RETUNES, config
 from honed.jit.decisions import cached_graph_breaks, graph_break_key, store_graph_breaks
 from honed.jit.hierarchy import Node, State
@@ -141,12 +141,13 @@ def _tune(node: Node) -> None:
     import_s = time.perf_counter() - started
     STATE.bypass += 1
     try:
-        report = tune(
-            func=lambda a, k: wrapper(*a, **k),
-            dataset=dataset,
-            device=config.device,
-            cache_dir=config.cache_dir,
-        )
+        with guidance.quiet():  # JIT tunes the program's own calls; its steps say the rest
+            report = tune(
+                func=wrapper,  # each sample is (args, kwargs): honed.calls.split_sample
+                dataset=dataset,
+                device=config.device,
+                cache_dir=config.cache_dir,
+            )
     except Exception as e:  # the tune failing is JIT's cue to try the children
         took = time.perf_counter() - started
         add_step(
