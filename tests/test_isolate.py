@@ -131,22 +131,25 @@ def test_empty_argv_is_a_value_error() -> None:
         _core.run_isolated(_core.IsolateOptions([]))
 
 
-def test_gil_is_released_while_waiting() -> None:
-    ticks = 0
-    stop = threading.Event()
+def test_gil_is_released_while_waiting(tmp_path: Path) -> None:
+    # The child waits for a file that only a Python thread of this process writes, after the
+    # child has started: with the GIL held by run_isolated the file never comes and it times out.
+    ready, go = tmp_path / "ready", tmp_path / "go"
 
-    def count() -> None:
-        nonlocal ticks
-        while not stop.is_set():
-            ticks += 1
+    def answer() -> None:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
+        go.touch()
 
-    t = threading.Thread(target=count)
+    t = threading.Thread(target=answer)
     t.start()
-    _core.run_isolated(sh("sleep 0.5"))
-    stop.set()
+    r = _core.run_isolated(
+        sh(f"touch {ready}; while [ ! -e {go} ]; do sleep 0.01; done; echo answered", timeout_s=30)
+    )
     t.join()
-    assert ticks >= 20
+    assert r.ok, r.summary()
+    assert r.stdout_tail == "answered\n"
 
 
 def test_keyboard_interrupt_from_a_signal_kills_the_group(

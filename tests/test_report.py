@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -297,7 +296,6 @@ def test_html_renders_in_headless_chromium(
 ) -> None:
     _, report = tuned
     page = report.save_html(tmp_path / "report.html")
-    started = time.perf_counter()
     dom = _chromium(["--dump-dom", page.as_uri()], tmp_path)
     assert dom.returncode == 0, dom.stderr
     assert not CONSOLE_ERROR.search(dom.stderr), dom.stderr
@@ -316,7 +314,6 @@ def test_html_renders_in_headless_chromium(
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1400, 1000)
-    print(f"chromium: dump-dom + screenshot in {time.perf_counter() - started:.1f} s")
 
 
 def test_chromium_reports_a_broken_script(tmp_path: Path) -> None:
