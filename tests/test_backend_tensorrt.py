@@ -333,6 +333,7 @@ print("INDUCTOR", bool(TorchInductorBackend.available()))
 """
 
 
+@pytest.mark.integration
 def test_a_tensorrt_that_raises_on_import_is_a_reason(tmp_path: Path) -> None:
     (tmp_path / "tensorrt").mkdir()
     (tmp_path / "tensorrt" / "__init__.py").write_text(

@@ -27,6 +27,9 @@ BLOCK = re.compile(
     r"```(python|bash)\n(.*?)```",
     re.S,
 )
+
+pytestmark = pytest.mark.integration  # every block runs in a new interpreter; most tune
+
 HONED = Path(sys.executable).with_name("honed")
 
 

@@ -23,6 +23,8 @@ from honed.backend import Backend, Sample
 
 from conftest import TinyMLP, batches
 
+pytestmark = pytest.mark.integration  # candidates run in worker processes
+
 
 def _segfault() -> None:
     ctypes.string_at(0)

@@ -22,6 +22,8 @@ from honed.jit.patcher import _ORIGINAL_CALL
 
 from conftest import TinyMLP, batches
 
+pytestmark = pytest.mark.integration  # real Inductor compiles and scripts in new interpreters
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

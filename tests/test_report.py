@@ -87,6 +87,7 @@ def _rows(report: TuneReport) -> dict[str, CandidateReport]:
     return {c.name: c for g in report.graphs for c in g.candidates}
 
 
+@pytest.mark.integration
 def test_the_tune_fills_every_column(tuned: tuple[honed.Module, TuneReport]) -> None:
     _, report = tuned
     rows = _rows(report)
@@ -256,6 +257,7 @@ def test_load_report_merges_every_module(tmp_path: Path) -> None:
     assert back.selected() == ["FastBackend", "FastBackend"]
 
 
+@pytest.mark.integration
 def test_help_shows_the_report_example() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "honed.cli", "report", "--help"],
@@ -291,6 +293,7 @@ def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.integration
 def test_html_renders_in_headless_chromium(
     tuned: tuple[honed.Module, TuneReport], tmp_path: Path
 ) -> None:
@@ -316,6 +319,7 @@ def test_html_renders_in_headless_chromium(
     assert (width, height) == (1400, 1000)
 
 
+@pytest.mark.integration
 def test_chromium_reports_a_broken_script(tmp_path: Path) -> None:
     """The console check itself works: a page that throws is caught."""
     page = tmp_path / "broken.html"
