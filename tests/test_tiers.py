@@ -10,7 +10,7 @@ import torch
 
 pytest_plugins = ["pytester"]
 
-FAST = "not integration and not slow and not gpu"
+FAST = "not integration and not gpu"  # make test-fast
 
 SAMPLE = """
 import pytest
