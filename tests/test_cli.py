@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import honed
+import honed.demo
 from honed.cli import main
 from honed.cli_entry import parse_backend, parse_strategy
 from honed.errors import ConfigError
@@ -27,12 +29,11 @@ def test_help_shows_examples() -> None:
 def test_demo_prints_the_table_and_round_trips(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The demo's own flow with one compiled candidate: the whole default set is tuned by the
-    # README's quick start (tests/test_docs.py) and by `make demo`.
-    static = honed.backend.TorchInductorBackend(
-        honed.backend.TorchInductorBackendConfig(dynamic=False)
-    )
-    monkeypatch.setattr(honed.tune_strategy, "default_backends", lambda device: [static])
+    # The demo's own flow on a smaller DemoNet with one compiled candidate: the whole default
+    # set is tuned by the README's quick start (tests/test_docs.py) and by `make demo`.
+    inductor = honed.backend.TorchInductorBackend()
+    monkeypatch.setattr(honed.tune_strategy, "default_backends", lambda device: [inductor])
+    monkeypatch.setattr(honed.demo, "DemoNet", functools.partial(honed.demo.DemoNet, depth=2))
     assert main(["demo", "--out", str(tmp_path / "demo.honed")]) == 0
     out = capsys.readouterr().out
     assert "TorchEagerBackend (baseline)" in out
