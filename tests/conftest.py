@@ -1,4 +1,11 @@
-"""tests/conftest.py: shared fixtures: tiny models, fast measurement, one shared Inductor tune."""
+"""tests/conftest.py: shared fixtures (tiny models, fast measurement, one shared Inductor tune) and
+the test tiers.
+
+Tiers: a test is a fast unit test unless it says otherwise. ``@pytest.mark.integration`` (or a
+module's ``pytestmark``) puts it in the CPU integration tier: real compiles, worker processes,
+subprocess builds; a test using one of the shared compiled fixtures lands there on its own.
+``@pytest.mark.gpu`` tests skip without CUDA. `make test-fast` runs the unit tier, `make test` all.
+"""
 
 from __future__ import annotations
 
@@ -92,6 +99,22 @@ def load_in_new_process(
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
     return Loaded(lines["BACKEND"], lines["NAME"], torch.load(tmp_path / "y.pt"))
+
+
+# Using one of these fixtures makes a test an integration test (they compile on first use).
+COMPILED_FIXTURES = {"inductor_tuned"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the markers added here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    no_cuda = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("slow") or COMPILED_FIXTURES & set(
+            getattr(item, "fixturenames", ())
+        ):
+            item.add_marker(pytest.mark.integration)
+        if no_cuda is not None and item.get_closest_marker("gpu"):
+            item.add_marker(no_cuda)
 
 
 @pytest.fixture(autouse=True)

@@ -213,6 +213,7 @@ def _run_fake(root: Path) -> str:
     return proc.stdout
 
 
+@pytest.mark.integration
 def test_a_torchao_that_raises_on_import_makes_only_this_backend_unavailable(
     tmp_path: Path,
 ) -> None:
@@ -234,6 +235,7 @@ def test_a_torchao_that_raises_on_import_makes_only_this_backend_unavailable(
     assert row.startswith("ROW failed | unavailable: torchao 0.18.0 fails to import")
 
 
+@pytest.mark.integration
 def test_a_torchao_older_than_supported_is_not_imported(tmp_path: Path) -> None:
     _fake_torchao(tmp_path, "0.10.0", "raise SystemExit('imported a torchao known not to fit')\n")
     out = _run_fake(tmp_path)

@@ -139,6 +139,7 @@ def test_cuda_expert_hand_and_round_robin() -> None:
 COMMON = ["--device", "cpu", "--tiny", "--compile-backend", "eager"]
 
 
+@pytest.mark.integration  # starts interpreters
 def test_cold_jobs_run_in_parallel_and_report_failures(tmp_path: Path) -> None:
     good = cold.Job("oneliner", "mlp", 2, tmp_path / "a", [], timeout_s=300)
     bad = cold.Job("oneliner", "nope", 2, tmp_path / "b", [], timeout_s=300)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -10,11 +11,13 @@ import pytest
 import torch
 
 import honed
+import honed.demo
 from honed.cli import main
 from honed.cli_entry import parse_backend, parse_strategy
 from honed.errors import ConfigError
 
 
+@pytest.mark.integration
 def test_help_shows_examples() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "honed.cli", "--help"], capture_output=True, text=True, check=True
@@ -22,9 +25,15 @@ def test_help_shows_examples() -> None:
     assert "honed demo --device cuda" in out
 
 
+@pytest.mark.integration
 def test_demo_prints_the_table_and_round_trips(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The demo's own flow on a smaller DemoNet with one compiled candidate: the whole default
+    # set is tuned by the README's quick start (tests/test_docs.py) and by `make demo`.
+    inductor = honed.backend.TorchInductorBackend()
+    monkeypatch.setattr(honed.tune_strategy, "default_backends", lambda device: [inductor])
+    monkeypatch.setattr(honed.demo, "DemoNet", functools.partial(honed.demo.DemoNet, depth=2))
     assert main(["demo", "--out", str(tmp_path / "demo.honed")]) == 0
     out = capsys.readouterr().out
     assert "TorchEagerBackend (baseline)" in out
@@ -66,6 +75,7 @@ def models(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.integration
 def test_every_subcommand_help_shows_examples() -> None:
     for command, example in [
         ("tune", "honed tune honed.demo:entry --backend TorchInductorBackend:mode=max-autotune"),
@@ -107,6 +117,7 @@ def test_tune_from_a_file_entry_saves_an_artifact_that_loads(
         assert torch.allclose(fresh(data[1]), trained(data[1]))
 
 
+@pytest.mark.integration
 def test_tune_the_demo_entry_with_inductor(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

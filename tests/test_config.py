@@ -25,6 +25,7 @@ def test_patch_rejects_unknown_flags() -> None:
             pass
 
 
+@pytest.mark.integration
 def test_environment_variables_are_read_at_import() -> None:
     env = dict(os.environ, HONED_WARMUP_MS="42", HONED_LOG_LEVEL="debug")
     out = subprocess.run(
@@ -41,6 +42,7 @@ def test_environment_variables_are_read_at_import() -> None:
     assert out == ["42.0", "DEBUG"]
 
 
+@pytest.mark.integration
 def test_bad_environment_value_names_the_variable() -> None:
     env = dict(os.environ, HONED_WARMUP_MS="soon")
     proc = subprocess.run(

@@ -1,7 +1,6 @@
 """tests/test_core_shapes.py: the shapes and dispatch bindings of honed._core, on torch tensors."""
 
 import collections
-import timeit
 
 import pytest
 import torch
@@ -186,14 +185,3 @@ def test_dispatcher_constant_flag_selects_graph():
     d.add(_core.infer_profile([sig(torch.zeros(2, 3), flag=False)]), 4)
     assert d.lookup((torch.zeros(2, 3),), {"flag": True}) == 3
     assert d.lookup((torch.zeros(2, 3),), {"flag": False}) == 4
-
-
-def test_lookup_cost_per_call(capsys):
-    d = _core.Dispatcher()
-    d.add(_core.infer_profile([sig(torch.zeros(b, 3)) for b in (1, 64)]), 0)
-    args, kwargs = (torch.zeros(8, 3),), {}
-    assert d.lookup(args, kwargs) == 0
-    n = 200_000
-    best = min(timeit.repeat(lambda: d.lookup(args, kwargs), number=n, repeat=3))
-    with capsys.disabled():
-        print(f"\n[dispatch] Dispatcher.lookup: {best / n * 1e9:.0f} ns per call (one tensor arg)")

@@ -20,6 +20,8 @@ from honed.cli import main
 
 from conftest import TinyMLP, batches
 
+pytestmark = pytest.mark.integration  # most run `honed doctor` or import probes in new processes
+
 REGISTER_CONSTANT_ERROR = (
     "AttributeError: module 'torch.utils._pytree' has no attribute 'register_constant'"
 )

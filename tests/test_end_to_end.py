@@ -24,6 +24,8 @@ from honed.backend import (
 
 from conftest import TinyMLP, batches, load_in_new_process
 
+pytestmark = pytest.mark.integration  # real compiles, then a new process loads the artifact
+
 CASES: dict[str, Backend] = {
     "eager": TorchEagerBackend(),
     "eager-bf16": TorchEagerBackend(

@@ -23,6 +23,8 @@ from honed.backend import Backend, Sample
 
 from conftest import TinyMLP, batches
 
+pytestmark = pytest.mark.integration  # candidates run in worker processes
+
 
 def _segfault() -> None:
     ctypes.string_at(0)
@@ -178,8 +180,11 @@ import sys, torch, honed
 from honed.backend import Backend
 
 class Hang(Backend):
+    building = sys.argv[2]  # a class attribute travels to the worker with the class
+
     def build(self, module, example_inputs):
-        import time
+        import pathlib, time
+        pathlib.Path(self.building).touch()  # the test waits for this: the build has begun
         time.sleep(3600)
 
 model = honed.Module(torch.nn.Linear(4, 4).eval(), "m")
@@ -217,20 +222,28 @@ def test_ctrl_c_stops_the_tune_leaving_no_worker_and_no_artifact(tmp_path: Path)
     artifact = tmp_path / "never.honed"
     script = tmp_path / "hang.py"
     script.write_text(HANGING_SCRIPT)
+    building = tmp_path / "building"
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(artifact)], stderr=subprocess.PIPE, text=True
+        [sys.executable, str(script), str(artifact), str(building)],
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    deadline = time.time() + 120
-    workers: set[int] = set()
-    while time.time() < deadline and not workers:
-        workers = _workers(proc.pid)
-        time.sleep(0.2)
+    workers = _poll(lambda: _workers(proc.pid), within_s=120)
     assert workers, "no worker started"
-    time.sleep(1.0)  # let the worker reach its hanging build
+    assert _poll(building.exists, within_s=120), "the worker never reached its hanging build"
     os.kill(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert "KeyboardInterrupt" in stderr
-    time.sleep(0.5)
-    assert not [pid for pid in workers if _alive(pid)], "a worker outlived the tune"
-    assert list(tmp_path.iterdir()) == [script]
+    assert _poll(lambda: not [pid for pid in workers if _alive(pid)], within_s=10), (
+        "a worker outlived the tune"
+    )
+    assert sorted(tmp_path.iterdir()) == sorted([script, building])
+
+
+def _poll(check: Callable[[], Any], within_s: float) -> Any:
+    """``check()``'s first truthy value, polled until the deadline; its last value after it."""
+    deadline = time.monotonic() + within_s
+    while not (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value

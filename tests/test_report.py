@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +87,7 @@ def _rows(report: TuneReport) -> dict[str, CandidateReport]:
     return {c.name: c for g in report.graphs for c in g.candidates}
 
 
+@pytest.mark.integration
 def test_the_tune_fills_every_column(tuned: tuple[honed.Module, TuneReport]) -> None:
     _, report = tuned
     rows = _rows(report)
@@ -257,6 +257,7 @@ def test_load_report_merges_every_module(tmp_path: Path) -> None:
     assert back.selected() == ["FastBackend", "FastBackend"]
 
 
+@pytest.mark.integration
 def test_help_shows_the_report_example() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "honed.cli", "report", "--help"],
@@ -292,12 +293,12 @@ def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.integration
 def test_html_renders_in_headless_chromium(
     tuned: tuple[honed.Module, TuneReport], tmp_path: Path
 ) -> None:
     _, report = tuned
     page = report.save_html(tmp_path / "report.html")
-    started = time.perf_counter()
     dom = _chromium(["--dump-dom", page.as_uri()], tmp_path)
     assert dom.returncode == 0, dom.stderr
     assert not CONSOLE_ERROR.search(dom.stderr), dom.stderr
@@ -316,9 +317,9 @@ def test_html_renders_in_headless_chromium(
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1400, 1000)
-    print(f"chromium: dump-dom + screenshot in {time.perf_counter() - started:.1f} s")
 
 
+@pytest.mark.integration
 def test_chromium_reports_a_broken_script(tmp_path: Path) -> None:
     """The console check itself works: a page that throws is caught."""
     page = tmp_path / "broken.html"

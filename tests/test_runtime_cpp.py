@@ -32,6 +32,7 @@ HONED_RUN = RUNTIME / "honed-run"
 DEVICE = os.environ.get("HONED_TEST_DEVICE", "cpu")
 
 pytestmark = [
+    pytest.mark.integration,  # builds and runs the C++ runtime on tuned artifacts
     pytest.mark.skipif(
         not HONED_RUN.exists(),
         reason=f"the C++ runtime is not built in {BUILD}: run `make test-cpp` first",
