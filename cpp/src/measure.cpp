@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 
 namespace honed {
@@ -118,8 +119,11 @@ Measurement assemble(const Block& measured, int windows, bool stable, int64_t ba
   m.windows = windows;
   m.stable = stable;
   m.batch_size = batch_size;
-  m.throughput =
-      m.wall_ms > 0 ? static_cast<double>(batch_size * m.calls) / (m.wall_ms / 1000.0) : 0;
+  // Samples per second of the measured calls themselves, so throughput and the latency figures
+  // describe the same calls: throughput = batch_size * 1000 / mean latency. The wall time also
+  // holds the harness's own work between calls, which is not the model's.
+  const double busy_ms = std::accumulate(m.samples_ms.begin(), m.samples_ms.end(), 0.0);
+  m.throughput = busy_ms > 0 ? static_cast<double>(batch_size * m.calls) / (busy_ms / 1000.0) : 0;
   if (!measured.host.empty() && measured.host.size() == measured.samples.size()) {
     m.has_host = true;
     m.host_stats = compute_stats(measured.host);
@@ -136,8 +140,15 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
   Block measured;
   std::vector<double> medians;
   bool stable = false;
+  int64_t window_calls = cfg.window_calls;
+  double window_ms = cfg.window_ms;
   while (!stable && static_cast<int>(medians.size()) < cfg.max_windows) {
-    const Block window = run_block(fn, timer, cfg.window_calls, cfg.window_ms);
+    const int done = static_cast<int>(medians.size());
+    if (done > 0 && done % cfg.stable_windows == 0) {  // no agreement yet: longer windows
+      window_calls *= 2;
+      window_ms *= 2;
+    }
+    const Block window = run_block(fn, timer, window_calls, window_ms);
     medians.push_back(median_of(window.samples));
     append(measured, window);
     stable = last_medians_agree(medians, cfg.stable_windows, cfg.tolerance);

@@ -15,8 +15,10 @@ namespace honed {
 // The measurement protocol of DESIGN.md. Warm-up: at least warmup_calls calls AND warmup_ms.
 // Then windows of at least window_calls calls lasting at least window_ms each; after each window
 // the run is stable when the medians of the last stable_windows windows agree within tolerance
-// (max / min - 1 <= tolerance). It stops when stable or after max_windows windows (then
-// stable = false). batch_size is the number of samples one call processes (for throughput).
+// (max / min - 1 <= tolerance). Each time stable_windows more windows passed without agreement,
+// the windows double in length (calls and ms), so a noisy run is retried with longer windows. It
+// stops when stable or after max_windows windows (then stable = false). batch_size is the number
+// of samples one call processes: the size of the batch axis (for throughput).
 struct MeasureConfig {
   int warmup_calls = 10;
   double warmup_ms = 200;
@@ -95,8 +97,10 @@ class CudaEventTimer : public Timer {
 std::pair<bool, std::string> cuda_timer_available();
 
 // The result of a measurement. samples_ms: the per-call latencies the statistics are computed
-// from; calls == samples_ms.size(); wall_ms: the wall time (timer clock) those calls took;
-// throughput = batch_size * calls / (wall_ms / 1000), in samples per second. windows: the number
+// from; calls == samples_ms.size(); wall_ms: the wall time (timer clock) those calls took,
+// the harness's own work between calls included; throughput = batch_size * calls / (sum of
+// samples_ms / 1000) = batch_size * 1000 / mean latency, in samples per second: the same calls
+// as the latency figures, so for a steady run throughput ~ batch_size * 1000 / median. windows: the number
 // of windows measured (rounds for interleaved()); stable: see MeasureConfig. warmup_calls /
 // warmup_ms: what the warm-up took. has_host / host_stats: per-call host latency when the timer is
 // a device timer (then stats are device latencies).
