@@ -35,8 +35,8 @@ void bind_machine(nb::module_& m) {
             new (self) LoadSignals{std::move(calibration_ms), load_avg_1m, logical_cpus,
                                    gpu_other_processes};
           },
-          "calibration_ms"_a = std::vector<double>{}, "load_avg_1m"_a = -1.0,
-          "logical_cpus"_a = 0, "gpu_other_processes"_a = -1)
+          "calibration_ms"_a = std::vector<double>{}, "load_avg_1m"_a = -1.0, "logical_cpus"_a = 0,
+          "gpu_other_processes"_a = -1)
       .def_rw("calibration_ms", &LoadSignals::calibration_ms)
       .def_rw("load_avg_1m", &LoadSignals::load_avg_1m)
       .def_rw("logical_cpus", &LoadSignals::logical_cpus)

@@ -242,8 +242,8 @@ GpuDetails probe_gpu_details(const std::string& device, const std::string& libnv
     d.nvml = true;
     read_device(api, dev, d);
   } else {
-    d.error = "NVML does not know the device '" + device + "' (nvmlReturn_t " +
-              std::to_string(s) + ")";
+    d.error =
+        "NVML does not know the device '" + device + "' (nvmlReturn_t " + std::to_string(s) + ")";
   }
   api.shutdown();
   return d;

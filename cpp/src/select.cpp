@@ -107,10 +107,18 @@ std::string unstable_note(const CandidateResult& c) {
   return fmt("unstable (CV %.1f%%)", c.measurement.stats.cv * 100);
 }
 
-// "2.00x eager throughput (99% CI 1.96–2.04)".
+// A ratio with the digits that tell it from the margin: "1.015", "12.3", "356".
+std::string ratio_digits(double r) {
+  if (r >= 100) return fmt("%.0f", r);
+  if (r >= 10) return fmt("%.1f", r);
+  return fmt("%.3f", r);
+}
+
+// "2.000x eager throughput (99% CI 1.960–2.040)".
 std::string ratio_text(const RatioInterval& r, const CandidateResult& incumbent, Figure figure) {
-  return fmt("%.2fx ", r.ratio) + incumbent.name + " " + figure_name(figure) +
-         fmt(" (%.0f%% CI %.2f–%.2f)", kDecisionConfidence * 100, r.lo, r.hi);
+  return ratio_digits(r.ratio) + "x " + incumbent.name + " " + figure_name(figure) +
+         fmt(" (%.0f%% CI ", kDecisionConfidence * 100) + ratio_digits(r.lo) + "–" +
+         ratio_digits(r.hi) + ")";
 }
 
 // The ratio of `figure` of challenger over incumbent, > 1 when the challenger is better.
@@ -153,7 +161,7 @@ int pick_with_evidence(const Cands& cands, const std::vector<int>& among, Figure
   return pick;
 }
 
-// "<pick>: 2.00x eager throughput (99% CI 1.96–2.04), <why>", or for the baseline / without one
+// "<pick>: 2.000x eager throughput (99% CI 1.960–2.040), <why>", or for the baseline / without one
 // its own figure; then "not enough evidence: ..." for the better-looking candidates that lost,
 // and the pick's own instability.
 std::string describe(const Cands& cands, int pick, Figure figure, const std::string& why,
@@ -221,7 +229,7 @@ Evidence weigh(const CandidateResult& incumbent, const CandidateResult& challeng
   } else if (!incumbent.measurement.stable) {
     e.why = figures + " but " + incumbent.name + "'s measurement is " + unstable_note(incumbent);
   } else if (!(e.interval.lo > threshold)) {
-    e.why = figures.substr(0, figures.size() - 1) + fmt(", needs > %.2fx)", threshold);
+    e.why = figures.substr(0, figures.size() - 1) + ", needs > " + ratio_digits(threshold) + "x)";
   } else {
     e.beats = true;
   }
@@ -266,14 +274,16 @@ Decision select_first_wins(const Cands& cands, double min_speedup, double margin
     }
     const Evidence e = weigh(cands[base], c, figure, threshold);
     if (e.beats) {
-      return {i, describe(cands, i, figure, fmt("first to beat %.2fx with evidence", threshold), {}),
+      return {i,
+              describe(cands, i, figure,
+                       "first to beat " + ratio_digits(threshold) + "x with evidence", {}),
               figure_name(figure)};
     }
     notes.push_back(e.why);
   }
   if (base < 0) return {-1, none_reason(cands), figure_name(figure)};
-  std::string line = cands[base].name + fmt(": baseline kept, no candidate beat it by %.2fx",
-                                            threshold);
+  std::string line = cands[base].name + ": baseline kept, no candidate beat it by " +
+                     ratio_digits(threshold) + "x";
   if (!notes.empty()) {
     line += "; not enough evidence: ";
     for (size_t i = 0; i < notes.size(); ++i) line += (i ? "; " : "") + notes[i];
@@ -303,9 +313,9 @@ Decision select_latency_budget(const Cands& cands, double budget_ms, double marg
                          fmt("highest throughput with p95 within the %.3g ms budget", budget_ms));
   }
   const auto among = indices_where(cands, [&](int i) { return rankable(cands[i]); });
-  return select_ranked(cands, among, Figure::p95_latency, margin,
-                       fmt("latency budget %.3g ms missed by every candidate, the lowest p95",
-                           budget_ms));
+  return select_ranked(
+      cands, among, Figure::p95_latency, margin,
+      fmt("latency budget %.3g ms missed by every candidate, the lowest p95", budget_ms));
 }
 
 }  // namespace honed

@@ -83,7 +83,7 @@ TEST(Select, MaxThroughputReasonQuotesSpeedupAndInterval) {
   const Decision d = honed::select_max_throughput(cands);
   EXPECT_EQ(d.index, 1);
   EXPECT_EQ(d.figure, "throughput");
-  EXPECT_TRUE(contains(d.reason, "inductor: 2.00x eager throughput (99% CI ")) << d.reason;
+  EXPECT_TRUE(contains(d.reason, "inductor: 2.000x eager throughput (99% CI ")) << d.reason;
   EXPECT_TRUE(contains(d.reason, "highest throughput beyond the 2% margin")) << d.reason;
   EXPECT_EQ(honed::select_min_latency(cands).figure, "median latency");
 }
@@ -110,7 +110,7 @@ TEST(Select, NotEnoughEvidenceKeepsTheSimplerCandidate) {
     EXPECT_EQ(d.index, 1) << d.reason;
     EXPECT_TRUE(contains(d.reason, "not enough evidence: aot ")) << d.reason;
     EXPECT_TRUE(contains(d.reason, "x inductor ")) << d.reason;
-    EXPECT_TRUE(contains(d.reason, "needs > 1.02x)")) << d.reason;
+    EXPECT_TRUE(contains(d.reason, "needs > 1.020x)")) << d.reason;
   }
   // Told apart (tight spreads, 10 % apart): the faster, less portable one wins.
   const std::vector<CandidateResult> clear = {measured("inductor", 1, around(1.0)),
@@ -125,7 +125,7 @@ TEST(Select, AnIntervalThatDoesNotClearTheMarginKeepsTheBaseline) {
   Decision d = honed::select_max_throughput(cands);
   EXPECT_EQ(d.index, 0) << d.reason;
   EXPECT_TRUE(contains(d.reason, "eager: baseline kept (throughput ")) << d.reason;
-  EXPECT_TRUE(contains(d.reason, "not enough evidence: onnx 1.01x eager throughput (99% CI"))
+  EXPECT_TRUE(contains(d.reason, "not enough evidence: onnx 1.015x eager throughput (99% CI"))
       << d.reason;
   // A smaller margin lets the same figures decide.
   d = honed::select_max_throughput(cands, 0.005);
@@ -188,7 +188,7 @@ TEST(Select, ThroughputAndSpeedupComeFromTheSameCalls) {
   EXPECT_NEAR(ratio, 2.83 / 2.74, 0.01);
   const Decision d = honed::select_max_throughput(cands);
   EXPECT_EQ(d.index, 1) << d.reason;
-  EXPECT_TRUE(contains(d.reason, "onnx: 2.83x eager throughput")) << d.reason;
+  EXPECT_TRUE(contains(d.reason, "onnx: 2.830x eager throughput")) << d.reason;
 }
 
 TEST(Select, WeighStatesWhatIsMissing) {
@@ -199,8 +199,8 @@ TEST(Select, WeighStatesWhatIsMissing) {
   EXPECT_NEAR(e.interval.ratio, 2.0, 1e-9);
   const auto back = honed::weigh(fast, eager, honed::Figure::median_latency, 1.02);
   EXPECT_FALSE(back.beats);
-  EXPECT_TRUE(contains(back.why, "eager 0.50x inductor median latency (99% CI ")) << back.why;
-  EXPECT_TRUE(contains(back.why, ", needs > 1.02x)")) << back.why;
+  EXPECT_TRUE(contains(back.why, "eager 0.500x inductor median latency (99% CI ")) << back.why;
+  EXPECT_TRUE(contains(back.why, ", needs > 1.020x)")) << back.why;
 }
 
 TEST(Select, FirstWinsPicksFirstBeyondThreshold) {
@@ -209,7 +209,7 @@ TEST(Select, FirstWinsPicksFirstBeyondThreshold) {
       measured("aot", 2, around(1.0)), measured("trt", 3, around(0.5))};        // 2x, then 4x
   const Decision d = honed::select_first_wins(cands, 1.2);
   EXPECT_EQ(d.index, 2) << d.reason;
-  EXPECT_TRUE(contains(d.reason, "first to beat 1.22x with evidence")) << d.reason;
+  EXPECT_TRUE(contains(d.reason, "first to beat 1.224x with evidence")) << d.reason;
 }
 
 TEST(Select, FirstWinsThresholdNotMetFallsBackToBaseline) {
@@ -217,9 +217,9 @@ TEST(Select, FirstWinsThresholdNotMetFallsBackToBaseline) {
                                               measured("eager", 0, around(2.0))};
   const Decision d = honed::select_first_wins(cands, 1.1);
   EXPECT_EQ(d.index, 1);
-  EXPECT_TRUE(contains(d.reason, "eager: baseline kept, no candidate beat it by 1.12x"))
+  EXPECT_TRUE(contains(d.reason, "eager: baseline kept, no candidate beat it by 1.122x"))
       << d.reason;
-  EXPECT_TRUE(contains(d.reason, "not enough evidence: inductor 1.05x eager median latency"))
+  EXPECT_TRUE(contains(d.reason, "not enough evidence: inductor 1.053x eager median latency"))
       << d.reason;
   // Without a baseline nothing qualifies and nothing is picked... unless no baseline was measured,
   // where the first passing candidate is the only reading of "first wins".

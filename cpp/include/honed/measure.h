@@ -100,8 +100,8 @@ std::pair<bool, std::string> cuda_timer_available();
 // from; calls == samples_ms.size(); wall_ms: the wall time (timer clock) those calls took,
 // the harness's own work between calls included; throughput = batch_size * calls / (sum of
 // samples_ms / 1000) = batch_size * 1000 / mean latency, in samples per second: the same calls
-// as the latency figures, so for a steady run throughput ~ batch_size * 1000 / median. windows: the number
-// of windows measured (rounds for interleaved()); stable: see MeasureConfig. warmup_calls /
+// as the latency figures, so for a steady run throughput ~ batch_size * 1000 / median. windows: the
+// number of windows measured (rounds for interleaved()); stable: see MeasureConfig. warmup_calls /
 // warmup_ms: what the warm-up took. has_host / host_stats: per-call host latency when the timer is
 // a device timer (then stats are device latencies).
 struct Measurement {

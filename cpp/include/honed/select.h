@@ -46,9 +46,9 @@ constexpr double kDecisionConfidence = 0.99;
 // Whether `challenger` beats `incumbent` on `figure` with evidence: both measurements stable and
 // the bootstrap interval of the ratio (> 1: the challenger is better; for throughput the
 // challenger's throughput over the incumbent's) lying entirely above `threshold`.
-// why: when it does not beat it, what is missing, with the figures, e.g. "onnx 1.01x eager
-// throughput (99% CI 0.97–1.05, needs > 1.02x)" or "aot 356.00x eager throughput (99% CI
-// 12.0–900.0) but its measurement is unstable (CV 383%)".
+// why: when it does not beat it, what is missing, with the figures, e.g. "onnx 1.010x eager
+// throughput (99% CI 0.970–1.050, needs > 1.020x)" or "aot 356x eager throughput (99% CI
+// 12.0–900) but its measurement is unstable (CV 383.0%)".
 struct Evidence {
   bool beats = false;
   RatioInterval interval;
