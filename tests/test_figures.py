@@ -68,7 +68,9 @@ def test_throughput_comes_from_the_same_calls_as_the_latencies() -> None:
     assert m.throughput == pytest.approx(8 * 1000 / m.median_ms)  # 8,000/s, not 800/s
     # Real host-clock measurements: exactly batch * 1000 / mean latency of the measured calls.
     x = torch.randn(8, 64)
-    cfg = _core.MeasureConfig(warmup_calls=3, warmup_ms=0, window_calls=5, window_ms=1, batch_size=8)
+    cfg = _core.MeasureConfig(
+        warmup_calls=3, warmup_ms=0, window_calls=5, window_ms=1, batch_size=8
+    )
     real = [_core.measure(lambda: x @ x.T, _core.HostTimer(), cfg)]
     real += _core.interleaved([lambda: x @ x.T, lambda: x.sum()], _core.HostTimer(), 3, 5, 8)
     for m in real:
@@ -98,7 +100,9 @@ def test_an_interval_that_does_not_clear_the_margin_keeps_the_simpler_candidate(
     g = report.graphs[0]
     assert g.selected == "TorchEagerBackend", g.decision
     assert "TorchEagerBackend: baseline kept (throughput 8000 samples/s)" in g.decision
-    assert "not enough evidence: SameWork 1.015x TorchEagerBackend throughput (99% CI " in g.decision
+    assert (
+        "not enough evidence: SameWork 1.015x TorchEagerBackend throughput (99% CI " in g.decision
+    )
     assert ", needs > 1.020x)" in g.decision
     # The margin is a flag: at 0.5 % the same figures are evidence enough.
     report = _tune(batches(8), timings, decision_margin=0.005)
@@ -151,3 +155,20 @@ def test_reusable_records() -> None:
     assert figures.reusable({"status": "ok", "measurement": {"stable": True}})
     assert not figures.reusable({"status": "ok", "measurement": {"stable": False}})
     assert not figures.reusable(None)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_throughput_follows_the_event_timed_calls() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval().cuda(), "m")
+    strategy = honed.MaxThroughputStrategy([honed.backend.TorchEagerBackend(), SameWork()])
+    report = honed.tune(model, torch.randn(8, 16, device="cuda"), strategy=strategy)
+    g = report.graphs[0]
+    assert (g.batch_size, g.batch_axis, g.title) == (8, figures.LEADING, "m / 8x16")
+    for row in g.candidates:
+        assert row.samples_ms and len(row.samples_ms) < 2000, row.name  # every sample kept
+        mean = sum(row.samples_ms) / len(row.samples_ms)
+        assert row.throughput == pytest.approx(8 * 1000 / mean, rel=1e-9), row.name
+    print(report.render(width=160))

@@ -11,7 +11,7 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -49,7 +49,7 @@ class SameWork(Backend):
 class CountsThreads(Backend):
     """Records the torch thread count each time it runs."""
 
-    seen: list[int] = []
+    seen: ClassVar[list[int]] = []
 
     def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -127,9 +127,7 @@ def test_wait_for_quiet_gives_up_after_its_time(caplog: pytest.LogCaptureFixture
 def loaded_cpu() -> Iterator[Any]:
     """Busy processes on every CPU (twice over) until the check calls the machine busy."""
     cpus = int(machine.cpu().logical_cpus)
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * cpus)
-    ]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * cpus)]
     try:
         deadline = time.monotonic() + 60
         verdict = machine.check_load(torch.device("cpu"))
@@ -179,7 +177,9 @@ def test_cpu_candidates_are_measured_with_the_stated_threads() -> None:
     model = honed.Module(TinyMLP().eval(), "m")
     CountsThreads.seen = []
     with honed.config.patch(cpu_threads=1):
-        report = honed.tune(model, batches(4, 8), strategy=honed.OneBackendStrategy(CountsThreads()))
+        report = honed.tune(
+            model, batches(4, 8), strategy=honed.OneBackendStrategy(CountsThreads())
+        )
     assert CountsThreads.seen and CountsThreads.seen[-1] == 1  # the measurement's calls
     assert torch.get_num_threads() == 2  # restored afterwards
     assert report.machine["torch_threads"] == 1

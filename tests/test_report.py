@@ -26,6 +26,10 @@ from honed.tuning import _capped
 from conftest import TinyMLP, batches
 
 SCRIPT_REASON = "<script>alert('pwned')</script> & friends"
+LONG_NAME = (
+    "TorchInductorBackend(mode=max-autotune-no-cudagraphs, options={epilogue_fusion: True, "
+    "coordinate_descent_tuning: True, max_autotune_gemm_backends: ATEN,TRITON,CPP})"
+)
 
 
 class FastBackend(Backend):
@@ -147,6 +151,72 @@ def test_markdown_escapes_pipes_and_newlines() -> None:
     md = TuneReport([g], "cpu", "s", 0.1).to_markdown()
     row = next(line for line in md.splitlines() if line.startswith("| A"))
     assert row.startswith(r"| A\|B | failed: bad thing \| here |")
+
+
+def test_the_console_table_fits_the_terminal_and_marks_cached_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = [
+        CandidateReport(
+            "TorchEagerBackend",
+            "TorchEagerBackend",
+            "ok",
+            is_baseline=True,
+            median_ms=1.25,
+            p99_ms=1.5,
+            throughput=6400.0,
+            cv=0.036,
+            stable=True,
+            speedup=1.0,
+            build_s=0.01,
+            max_abs_error=0.0,
+            cosine=1.0,
+        ),
+        CandidateReport(
+            LONG_NAME,
+            "TorchInductorBackend",
+            "ok",
+            cached=True,
+            selected=True,
+            median_ms=0.5,
+            p99_ms=0.61,
+            throughput=16000.0,
+            cv=3.83,
+            stable=False,
+            speedup=2.5,
+            build_s=41.2,
+            max_abs_error=1e-6,
+            cosine=0.999999,
+        ),
+        CandidateReport(
+            "ONNXRuntimeBackend",
+            "ONNXRuntimeBackend",
+            "failed",
+            reason="build raised RuntimeError: " + "x" * 150,
+        ),
+    ]
+    g = GraphReport(
+        "encoder",
+        "k",
+        1,
+        8,
+        "in0(8, 128)",
+        rows,
+        LONG_NAME,
+        "because " * 30,
+        input_shapes="8x128",
+        batch_axis="batch axis inferred",
+        ranked_by="throughput",
+    )
+    report = TuneReport([g], "cpu", "MaxThroughputStrategy", 1.0)
+    for width in (80, 100, 160):
+        text = report.render(width=width)
+        assert max(len(line) for line in text.splitlines()) <= width, text
+        assert "(cached)" in text and "383.0% (unstable)" in text and "encoder / 8x128" in text
+    monkeypatch.setenv("COLUMNS", "100")  # print(report) follows the terminal
+    assert max(len(line) for line in str(report).splitlines()) <= 100
+    assert "build s" not in report.render(width=100)  # narrow: the central columns only
+    assert "cosine" in report.render(width=160)
 
 
 def test_json_round_trips_through_from_dict(tuned: tuple[honed.Module, TuneReport]) -> None:
@@ -294,12 +364,6 @@ def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[st
         timeout=120,
         env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
     )
-
-
-LONG_NAME = (
-    "TorchInductorBackend(mode=max-autotune-no-cudagraphs, options={epilogue_fusion: True, "
-    "coordinate_descent_tuning: True, max_autotune_gemm_backends: ATEN,TRITON,CPP})"
-)
 
 
 @pytest.mark.parametrize("width", [700, 1400])

@@ -191,6 +191,22 @@ std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& f
   return out;
 }
 
+CallBatch batch_of(const std::vector<int>& batch_axes,
+                   const std::vector<std::vector<int64_t>>& shapes) {
+  for (size_t i = 0; i < batch_axes.size() && i < shapes.size(); ++i) {
+    const int axis = batch_axes[i];
+    if (axis >= 0 && axis < static_cast<int>(shapes[i].size())) {
+      return {shapes[i][axis], "batch axis inferred"};
+    }
+  }
+  for (const auto& shape : shapes) {
+    if (!shape.empty()) {
+      return {shape.front(), "no batch axis inferred: the leading axis of the first input"};
+    }
+  }
+  return {1, "no input with an axis: one sample per call"};
+}
+
 Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size,
                                      double wall_ms, int windows, bool stable) {
   if (batch_size < 1)

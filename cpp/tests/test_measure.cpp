@@ -243,3 +243,17 @@ TEST(CudaTimer, UnavailableHereGivesAReasonAndThrows) {
     EXPECT_NE(std::string(e.what()).find("CudaEventTimer"), std::string::npos);
   }
 }
+
+TEST(Batch, InferredAxisElseTheLeadingAxisOfTheFirstInput) {
+  // The batch axis of the second input is inferred (axis 1): its size there.
+  auto b = honed::batch_of({-1, 1}, {{3}, {2, 8, 4}});
+  EXPECT_EQ(b.size, 8);
+  EXPECT_EQ(b.source, "batch axis inferred");
+  // None inferred (one sample of shape 8x128): the leading axis of the first input with an axis.
+  b = honed::batch_of({-1, -1}, {{}, {8, 128}, {4}});
+  EXPECT_EQ(b.size, 8);
+  EXPECT_EQ(b.source, "no batch axis inferred: the leading axis of the first input");
+  b = honed::batch_of({-1}, {{}});
+  EXPECT_EQ(b.size, 1);
+  EXPECT_EQ(b.source, "no input with an axis: one sample per call");
+}

@@ -12,6 +12,8 @@ import dataclasses
 import logging
 from typing import Any
 
+from honed import _core
+
 log = logging.getLogger("honed")
 
 INFERRED = "batch axis inferred"
@@ -28,16 +30,11 @@ class Batch:
 
 
 def batch_of(profile: Any, signature: Any) -> Batch:
-    """The batch of one graph's measured call: the inferred batch axis of the first input that
-    has one, else the leading axis of the first input with an axis."""
-    shapes = [list(s) for s in signature.tensor_shapes]
-    for leaf, axis in enumerate(profile.batch_axes):
-        if axis >= 0 and leaf < len(shapes) and axis < len(shapes[leaf]):
-            return Batch(int(shapes[leaf][axis]), INFERRED)
-    for shape in shapes:
-        if shape:
-            return Batch(int(shape[0]), LEADING)
-    return Batch(1, NO_AXIS)
+    """The batch of one graph's measured call, by the engine's rule (_core.batch_of: the inferred
+    batch axis of the first input that has one, else the leading axis of the first input)."""
+    shapes = [[int(d) for d in s] for s in signature.tensor_shapes]
+    size, axis = _core.batch_of([int(a) for a in profile.batch_axes], shapes)
+    return Batch(int(size), str(axis))
 
 
 def shapes_label(signature: Any, limit: int = 4) -> str:

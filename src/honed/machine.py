@@ -83,10 +83,12 @@ def _other_gpu_processes(gpu: Any) -> int:
 
 def check_load(device: torch.device | None, gpu: Any = None) -> Any:
     """The engine's LoadVerdict for this machine now: a short CPU calibration on the threads the
-    measurement will use, the load average, and other processes on the GPU."""
+    measurement will use (one, the launching thread, for a GPU), the load average, and other
+    processes on the GPU."""
     gpu = gpu if gpu is not None else _gpu(device)
+    threads = cpu_threads() if device is None or device.type == "cpu" else 1
     signals = _core.LoadSignals(
-        calibration_ms=_core.calibrate_cpu(cpu_threads()),
+        calibration_ms=_core.calibrate_cpu(threads),
         load_avg_1m=_core.load_average_1m(),
         logical_cpus=int(cpu().logical_cpus),
         gpu_other_processes=_other_gpu_processes(gpu),

@@ -69,7 +69,7 @@ class GraphReport:
 
     @property
     def title(self) -> str:
-        """"module / 8x128, 8x128": the graph by its real input shapes."""
+        """ "module / 8x128, 8x128": the graph by its real input shapes."""
         return f"{self.module} / {self.input_shapes or f'batch {self.batch_size}'}"
 
     @property
@@ -91,7 +91,7 @@ class TuneReport:
 
     @property
     def busy(self) -> str:
-        """"" on a quiet (or unchecked) machine, else the busy verdict, e.g. "busy: load ..."."""
+        """ "" on a quiet (or unchecked) machine, else the busy verdict, e.g. "busy: load ..."."""
         return str(self.machine.get("load", "busy")) if self.machine.get("busy") else ""
 
     def selected(self, module: str | None = None) -> list[str | None]:
@@ -170,20 +170,35 @@ class TuneReport:
         return path
 
     def table(self, width: int = 160) -> Any:
-        """A rich Table with one row per candidate, its columns chosen to fit ``width``."""
+        """A rich Table with one row per candidate, its columns chosen to fit ``width``: below
+        110 columns the status moves under the candidate's name and only the central figures
+        stay; the full reasons are in the markdown, JSON and HTML formats."""
         from rich.table import Table
 
         table = Table(title=f"honed tune on {self.device} ({self.strategy}, {self.wall_s:.1f} s)")
-        columns = [c for c in CONSOLE_COLUMNS if c[2] <= width]
-        for name, justify, _ in columns:
-            table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        columns = [c for c in CONSOLE_COLUMNS if c[2] <= width < c[3]]
+        for name, justify, _, _ in columns:
+            wraps = name in ("candidate", "status")
+            table.add_column(
+                name,
+                justify=justify,  # type: ignore[arg-type]
+                overflow="fold",
+                no_wrap=not wraps,
+                ratio=(3 if name == "candidate" else 2) if wraps else None,
+            )
+        compact = not any(name == "status" for name, _, _, _ in columns)
         for index, g in enumerate(self.graphs):
             if index:
                 table.add_section()
             table.add_row(f"[bold]{_escape(g.title)}[/bold]", *[""] * (len(columns) - 1))
             for c in g.candidates:
                 cells = dict(zip(MARKDOWN_COLUMNS, _cells(c), strict=True))
-                table.add_row(*[_escape(cells[name]) for name, _, _ in columns])
+                cells["status"] = _brief(cells["status"])
+                if compact:
+                    mark = "✔ " if c.selected else ""
+                    status = "" if c.status == "ok" else f"\n{cells['status']}"
+                    cells["candidate"] = mark + cells["candidate"] + status
+                table.add_row(*[_escape(cells[name]) for name, _, _, _ in columns])
         table.caption = _escape("\n".join(self._caption()))
         table.caption_justify = "left"
         return table
@@ -228,20 +243,27 @@ MARKDOWN_COLUMNS = (
     "selected",
 )
 
-# The console table's columns: name, alignment, and the terminal width from which it is shown.
+# The console table's columns: name, alignment, and the terminal widths it is shown at [from, to).
+WIDE = 110
 CONSOLE_COLUMNS = (
-    ("candidate", "left", 0),
-    ("status", "left", 0),
-    ("median ms", "right", 0),
-    ("samples/s", "right", 0),
-    ("CV", "right", 0),
-    ("speed-up", "right", 0),
-    ("selected", "center", 0),
-    ("build s", "right", 110),
-    ("p99 ms", "right", 110),
-    ("max err", "right", 140),
-    ("cosine", "right", 140),
+    ("candidate", "left", 0, 1 << 30),
+    ("status", "left", WIDE, 1 << 30),
+    ("build s", "right", WIDE, 1 << 30),
+    ("median ms", "right", 0, 1 << 30),
+    ("p99 ms", "right", WIDE, 1 << 30),
+    ("samples/s", "right", 0, 1 << 30),
+    ("CV", "right", 0, 1 << 30),
+    ("speed-up", "right", 0, 1 << 30),
+    ("max err", "right", 150, 1 << 30),
+    ("cosine", "right", 150, 1 << 30),
+    ("selected", "center", WIDE, 1 << 30),
 )
+
+
+def _brief(text: str, limit: int = 120) -> str:
+    """A status for the console: its first line, at most ``limit`` characters."""
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def cv_text(cv: float | None, stable: bool | None) -> str:

@@ -171,7 +171,7 @@ def _graph(g: GraphReport, index: int) -> str:
         f'<div class="decision"><b>selected: {chosen}</b> — {_e(g.decision)}</div>{sweep}'
         f'<table class="sortable"><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>'
         f"{_speedup_chart(g)}"
-        f'<figcaption>speed-up over eager by {_e(ranked)} (dashed line: eager)</figcaption>'
+        f"<figcaption>speed-up over eager by {_e(ranked)} (dashed line: eager)</figcaption>"
         f"{_latency_chart(g)}"
         "<figcaption>latency per call (ms, log scale): whiskers min–max, box median–p90, tick "
         "p99 (median–p99 only where no samples were kept)</figcaption>"
@@ -225,10 +225,12 @@ def _pct(x: float) -> str:
 
 
 def _chart_row(label: str, track: str) -> str:
-    return f'<div class="row"><div class="label">{label}</div><div class="track">{track}</div></div>'
+    return (
+        f'<div class="row"><div class="label">{label}</div><div class="track">{track}</div></div>'
+    )
 
 
-def _chart(title: str, rows: list[str], ticks: list[tuple[float, str]]) -> str:
+def _chart(title: str, rows: list[tuple[str, str]], ticks: list[tuple[float, str]]) -> str:
     """A chart: a title, one row per candidate and an axis row, every position a share."""
     grid = "".join(f'<span class="grid" style="left:{_pct(x)}"></span>' for x, _ in ticks)
     axis = "".join(f'<span class="tick" style="left:{_pct(x)}">{_e(t)}</span>' for x, t in ticks)

@@ -122,9 +122,7 @@ class LatencyBudgetStrategy(TuneStrategy):
         self.latency_budget_ms = float(latency_budget_ms)
 
     def select(self, candidates: list[Any]) -> Any:
-        return _core.select_latency_budget(
-            candidates, self.latency_budget_ms, _margin()
-        )
+        return _core.select_latency_budget(candidates, self.latency_budget_ms, _margin())
 
     def describe(self) -> str:
         return f"LatencyBudgetStrategy({self.latency_budget_ms} ms)"

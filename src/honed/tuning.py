@@ -436,13 +436,14 @@ def _tune_graph(
             "honed: %s: no candidate selected (%s); running eager", module.name, decision.reason
         )
     everything = [baseline, *outcomes]
-    rows = [_row(o, baseline, o is chosen, decision.figure) for o in everything]
+    figure = str(getattr(decision, "figure", ""))  # what the strategy ranked by
+    rows = [_row(o, baseline, o is chosen, figure) for o in everything]
     report = GraphReport(
         module=module.name,
         graph=recording.key,
         samples=len(samples),
         **fig.graph_fields(profile, recording.signatures[measure_at]),
-        ranked_by=decision.figure,
+        ranked_by=figure,
         profile=_describe_profile(profile),
         candidates=rows,
         selected=chosen.backend.name if chosen is not None else None,

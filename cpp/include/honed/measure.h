@@ -133,6 +133,19 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
 std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& fns, Timer& timer,
                                      int rounds, int calls_per_round, int64_t batch_size = 1);
 
+// The samples one call processes (the batch that throughput counts) and where that number comes
+// from: the first input with an inferred batch axis (batch_axes[i] >= 0: its size on that axis);
+// else the leading axis of the first input that has an axis; else 1 (no input with an axis).
+// source is the phrase reports show: "batch axis inferred", "no batch axis inferred: the leading
+// axis of the first input", "no input with an axis: one sample per call".
+struct CallBatch {
+  int64_t size = 1;
+  std::string source;
+};
+
+CallBatch batch_of(const std::vector<int>& batch_axes,
+                   const std::vector<std::vector<int64_t>>& shapes);
+
 // A Measurement from given samples (e.g. a cached one): wall_ms <= 0 means the samples' sum;
 // by default stable, in one window.
 Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size = 1,
