@@ -176,7 +176,7 @@ void bind_measure(nb::module_& m) {
       },
       "batch_axes"_a, "shapes"_a);
   m.def("interleaved", &interleaved, "fns"_a, "timer"_a, "rounds"_a, "calls_per_round"_a,
-        "batch_size"_a = 1);
+        "batch_size"_a = 1, "tolerance"_a = 0.05);
   m.def("batch_sweep", &batch_sweep, "throughput_at"_a, "start"_a = 1, "max_batch"_a = 1024,
         "min_gain"_a = 0.05, "patience"_a = 2);
 }

@@ -160,13 +160,14 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
 }
 
 std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& fns, Timer& timer,
-                                     int rounds, int calls_per_round, int64_t batch_size) {
+                                     int rounds, int calls_per_round, int64_t batch_size,
+                                     double tolerance) {
   if (fns.empty()) throw std::invalid_argument("interleaved: no functions given");
   if (rounds < 1) throw std::invalid_argument("interleaved: rounds must be >= 1");
   if (calls_per_round < 1) throw std::invalid_argument("interleaved: calls_per_round must be >= 1");
   if (batch_size < 1) throw std::invalid_argument("interleaved: batch_size must be >= 1");
+  if (!(tolerance >= 0)) throw std::invalid_argument("interleaved: tolerance must be >= 0");
   constexpr int kStableRounds = 3;
-  constexpr double kTolerance = 0.05;
 
   std::vector<Block> warm(fns.size());
   for (size_t i = 0; i < fns.size(); ++i) warm[i] = run_block(fns[i], timer, calls_per_round, 0);
@@ -183,7 +184,7 @@ std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& f
   std::vector<Measurement> out;
   out.reserve(fns.size());
   for (size_t i = 0; i < fns.size(); ++i) {
-    const bool stable = last_medians_agree(medians[i], std::min(rounds, kStableRounds), kTolerance);
+    const bool stable = last_medians_agree(medians[i], std::min(rounds, kStableRounds), tolerance);
     out.push_back(assemble(measured[i], rounds, stable, batch_size));
     out.back().warmup_calls = static_cast<int64_t>(warm[i].samples.size());
     out.back().warmup_ms = warm[i].wall_ms;

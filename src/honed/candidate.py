@@ -328,7 +328,12 @@ def interleave(
     bound = [_bind(fn, args, kwargs) for fn in fns]
     with torch.no_grad(), measuring_threads(device):
         results: list[Any] = _core.interleaved(
-            bound, make_timer(device), _INTERLEAVED_ROUNDS, min(calls, 200), batch_size
+            bound,
+            make_timer(device),
+            _INTERLEAVED_ROUNDS,
+            min(calls, 200),
+            batch_size,
+            config.stability_tolerance,
         )
     return results
 

@@ -129,9 +129,10 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
 // `rounds` rounds, each running calls_per_round calls of fns[0], then of fns[1], ... (A B C A B C),
 // so drift hits all alike. One Measurement per fn, in order; its wall_ms is the sum of its blocks,
 // windows = rounds, stable = the medians of its last 3 rounds (all rounds when fewer) agree
-// within 5 %.
+// within `tolerance` (the protocol's, MeasureConfig::tolerance).
 std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& fns, Timer& timer,
-                                     int rounds, int calls_per_round, int64_t batch_size = 1);
+                                     int rounds, int calls_per_round, int64_t batch_size = 1,
+                                     double tolerance = 0.05);
 
 // The samples one call processes (the batch that throughput counts) and where that number comes
 // from: the first input with an inferred batch axis (batch_axes[i] >= 0: its size on that axis);
