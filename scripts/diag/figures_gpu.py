@@ -1,7 +1,7 @@
 """scripts/diag/figures_gpu.py: the issue-18 figures on a real model: a BERT-base encoder at batch 8
 from one sample, tuned with the default candidates; prints the report and checks what it says.
 
-    python scripts/diag/figures_gpu.py [--device cuda] [--runs 3] [--out DIR]
+    python scripts/diag/figures_gpu.py [--device cuda] [--runs 1] [--out DIR]
 
 Checks (exit 1 when one fails): the graph is titled by its input shapes and counts 8 samples a
 call (the leading axis: one sample gives no batch axis); every measured row's throughput is
@@ -56,7 +56,7 @@ def check(report: honed.report.TuneReport) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("gpu-out"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
