@@ -119,7 +119,7 @@ def test_wait_for_quiet_gives_up_after_its_time(caplog: pytest.LogCaptureFixture
     ):
         section = machine.start_of_tune(torch.device("cpu"))
     assert section["busy"] is True
-    assert "waiting for a quiet machine" in caplog.text
+    assert "waiting up to 0.2 s for a quiet machine (busy: CPU calibration" in caplog.text
 
 
 # -- a really loaded machine -------------------------------------------------------------------

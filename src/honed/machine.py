@@ -100,8 +100,9 @@ def wait_for_quiet(device: torch.device | None, timeout_s: float) -> Any:
     """Check the load until the machine is quiet or ``timeout_s`` passed; the last verdict."""
     deadline = time.monotonic() + timeout_s
     verdict = check_load(device)
+    if verdict.busy:
+        log.info("honed: waiting up to %g s for a quiet machine (%s)", timeout_s, verdict.summary)
     while verdict.busy and time.monotonic() < deadline:
-        log.info("honed: waiting for a quiet machine (%s)", verdict.summary)
         time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
         verdict = check_load(device)
     return verdict
