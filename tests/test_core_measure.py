@@ -91,9 +91,10 @@ def test_measure_with_injected_timer_is_deterministic() -> None:
 
 
 def test_measure_unstable_reports_cv() -> None:
-    m = _core.measure(
-        lambda: None, _core.InjectedTimer([1, 1, 1, 1, 2, 2, 2, 2]), small_config(warmup_calls=4)
-    )
+    # Windows of 4 calls alternate between medians of 1 and 2 ms; stable_windows=10 keeps the
+    # windows at 4 calls (they double only after that many disagreeing windows).
+    cfg = small_config(warmup_calls=4, stable_windows=10)
+    m = _core.measure(lambda: None, _core.InjectedTimer([1, 1, 1, 1, 2, 2, 2, 2]), cfg)
     assert not m.stable
     assert m.windows == 10 and m.calls == 40
     assert m.cv == pytest.approx(m.stddev_ms / m.mean_ms) and m.cv > 0.3
@@ -108,7 +109,7 @@ def test_measure_with_host_timer_is_consistent() -> None:
     assert 1 <= m.windows <= cfg.max_windows
     assert m.min_ms <= m.median_ms <= m.p90_ms <= m.p95_ms <= m.p99_ms <= m.max_ms
     assert m.wall_ms >= m.windows * cfg.window_ms
-    assert m.throughput == pytest.approx(m.calls / (m.wall_ms / 1000))
+    assert m.throughput == pytest.approx(m.calls / (sum(m.samples_ms) / 1000))  # batch 1
     assert len(m.samples_ms) == m.calls
     assert _core.HostTimer().time_ms(lambda: None) >= 0
 
@@ -192,9 +193,10 @@ def test_select_from_python() -> None:
         _core.CandidateResult("trt", "trt", False, False, "TensorRT not installed", portability=3),
     ]
     d = _core.select_max_throughput(cands)
-    assert d.index == 1, d.reason  # tie within noise with aot -> the simpler inductor
-    assert d.reason.startswith("inductor: 2.00x eager median (95% CI ")
-    assert "tie within noise with aot" in d.reason
+    assert d.index == 1, d.reason  # aot is not better with evidence -> the simpler inductor
+    assert d.figure == "throughput"
+    assert d.reason.startswith("inductor: 2.004x eager throughput (99% CI ")
+    assert "not enough evidence: aot " in d.reason
     assert _core.select_min_latency(cands).index == 1
     assert _core.select_first_wins(cands, 1.5).index == 1
     keep = _core.select_first_wins(cands, 3.0)

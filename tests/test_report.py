@@ -3,6 +3,7 @@ read back by `honed report`, and rendered by a real headless Chromium."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -24,6 +25,10 @@ from honed.tuning import _capped
 from conftest import TinyMLP, batches
 
 SCRIPT_REASON = "<script>alert('pwned')</script> & friends"
+LONG_NAME = (
+    "TorchInductorBackend(mode=max-autotune-no-cudagraphs, options={epilogue_fusion: True, "
+    "coordinate_descent_tuning: True, max_autotune_gemm_backends: ATEN,TRITON,CPP})"
+)
 
 
 class FastBackend(Backend):
@@ -52,7 +57,8 @@ CANDIDATES = ["TorchInductorBackend", "FastBackend", "SlowBackend", "WrongBacken
 
 @pytest.fixture(scope="module")
 def tuned() -> Iterator[tuple[honed.Module, TuneReport]]:
-    """A TinyMLP tuned once: real eager and Inductor timings, injected ones for the rest."""
+    """A TinyMLP tuned once: real Inductor timings, injected ones for the rest (eager's too, so
+    that the pick does not hang on how busy this machine is)."""
     torch.manual_seed(0)
     model = honed.Module(TinyMLP().eval(), "tiny")
     strategy = honed.MaxThroughputStrategy(
@@ -65,6 +71,7 @@ def tuned() -> Iterator[tuple[honed.Module, TuneReport]]:
         ]
     )
     timings = {
+        "TorchEagerBackend": [0.040, 0.041, 0.043, 0.040, 0.046, 0.041],
         "FastBackend": [0.010, 0.011, 0.012, 0.010, 0.018, 0.011],
         "SlowBackend": [0.050, 0.055, 0.049, 0.070, 0.052],
         "WrongBackend": [0.001],
@@ -102,7 +109,7 @@ def test_the_tune_fills_every_column(tuned: tuple[honed.Module, TuneReport]) -> 
         0.012,
         0.018,
     }
-    assert rows["TorchEagerBackend"].samples_ms  # real timings, kept for the plots
+    assert rows["TorchEagerBackend"].samples_ms  # timings kept for the plots
     assert report.selected() == ["FastBackend"] * len(report.graphs)
 
 
@@ -120,7 +127,8 @@ def test_markdown_lists_every_candidate_and_decision(
     assert md.startswith("# honed tuning report")
     assert "## Environment" in md and f"| torch | {torch.__version__} |" in md
     for g in report.graphs:
-        assert f"## tiny / batch {g.batch_size}" in md
+        assert f"## tiny / {g.batch_size}x16" in md  # named by the real input shape
+        assert f"batch {g.batch_size} (batch axis inferred) · ranked by throughput" in md
         assert f"**decision:** {g.decision}" in md
     for name in CANDIDATES:
         assert re.search(rf"^\| {name} \|", md, re.M), name
@@ -143,6 +151,72 @@ def test_markdown_escapes_pipes_and_newlines() -> None:
     md = TuneReport([g], "cpu", "s", 0.1).to_markdown()
     row = next(line for line in md.splitlines() if line.startswith("| A"))
     assert row.startswith(r"| A\|B | failed: bad thing \| here |")
+
+
+def test_the_console_table_fits_the_terminal_and_marks_cached_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = [
+        CandidateReport(
+            "TorchEagerBackend",
+            "TorchEagerBackend",
+            "ok",
+            is_baseline=True,
+            median_ms=1.25,
+            p99_ms=1.5,
+            throughput=6400.0,
+            cv=0.036,
+            stable=True,
+            speedup=1.0,
+            build_s=0.01,
+            max_abs_error=0.0,
+            cosine=1.0,
+        ),
+        CandidateReport(
+            LONG_NAME,
+            "TorchInductorBackend",
+            "ok",
+            cached=True,
+            selected=True,
+            median_ms=0.5,
+            p99_ms=0.61,
+            throughput=16000.0,
+            cv=3.83,
+            stable=False,
+            speedup=2.5,
+            build_s=41.2,
+            max_abs_error=1e-6,
+            cosine=0.999999,
+        ),
+        CandidateReport(
+            "ONNXRuntimeBackend",
+            "ONNXRuntimeBackend",
+            "failed",
+            reason="build raised RuntimeError: " + "x" * 150,
+        ),
+    ]
+    g = GraphReport(
+        "encoder",
+        "k",
+        1,
+        8,
+        "in0(8, 128)",
+        rows,
+        LONG_NAME,
+        "because " * 30,
+        input_shapes="8x128",
+        batch_axis="batch axis inferred",
+        ranked_by="throughput",
+    )
+    report = TuneReport([g], "cpu", "MaxThroughputStrategy", 1.0)
+    for width in (80, 100, 160):
+        text = report.render(width=width)
+        assert max(len(line) for line in text.splitlines()) <= width, text
+        assert "(cached)" in text and "383.0% (unstable)" in text and "encoder / 8x128" in text
+    monkeypatch.setenv("COLUMNS", "100")  # print(report) follows the terminal
+    assert max(len(line) for line in str(report).splitlines()) <= 100
+    assert "build s" not in report.render(width=100)  # narrow: the central columns only
+    assert "cosine" in report.render(width=160)
 
 
 def test_json_round_trips_through_from_dict(tuned: tuple[honed.Module, TuneReport]) -> None:
@@ -174,10 +248,10 @@ def test_html_is_escaped_and_self_contained(tuned: tuple[honed.Module, TuneRepor
 def test_html_has_the_plots_and_every_row(tuned: tuple[honed.Module, TuneReport]) -> None:
     _, report = tuned
     page = report.to_html()
-    assert page.count("<svg") == 2 * len(report.graphs)
+    assert page.count('<figure class="chart"') == 2 * len(report.graphs)
     measured = [c for g in report.graphs for c in g.candidates if c.speedup is not None]
-    assert page.count('<rect class="bar"') == len(measured)
-    assert page.count('<g class="box">') == len(measured)
+    assert page.count('<span class="bar"') == len(measured)
+    assert page.count('<span class="box"') == len(measured)
     fast = _rows(report)["FastBackend"]
     assert f"FastBackend: {fast.speedup:.2f}x" in page
     # the box plot reads min/median/p90/p99/max from the stored samples through the engine
@@ -294,29 +368,38 @@ def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[st
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("width", [700, 1400])
 def test_html_renders_in_headless_chromium(
-    tuned: tuple[honed.Module, TuneReport], tmp_path: Path
+    tuned: tuple[honed.Module, TuneReport], tmp_path: Path, width: int
 ) -> None:
-    _, report = tuned
+    _, tuned_report = tuned
+    report = TuneReport.from_dict(tuned_report.to_dict())
+    report.graphs[0].candidates[1].name = LONG_NAME  # a long name is shown whole, wrapped
     page = report.save_html(tmp_path / "report.html")
-    dom = _chromium(["--dump-dom", page.as_uri()], tmp_path)
+    size = f"--window-size={width},1000"
+    dom = _chromium(["--dump-dom", size, page.as_uri()], tmp_path)
     assert dom.returncode == 0, dom.stderr
     assert not CONSOLE_ERROR.search(dom.stderr), dom.stderr
-    # the script ran to its last line, and the page holds every candidate and its plots
+    # the script ran to its last line, and the page holds every candidate and its charts
     assert 'data-honed-ready="1"' in dom.stdout
-    assert dom.stdout.count("<svg") == 2 * len(report.graphs)
-    for name in [*CANDIDATES, "TorchEagerBackend"]:
+    assert dom.stdout.count('<figure class="chart"') == 2 * len(report.graphs)
+    for name in [*CANDIDATES[2:], "TorchEagerBackend", html.escape(LONG_NAME, quote=False)]:
         assert name in dom.stdout
+    assert "…" not in dom.stdout  # no name is cut
     assert "<script>alert" not in dom.stdout
+    # readable at this width: nothing scrolls sideways, every chart spans its section
+    assert 'data-honed-scrolls-sideways="false"' in dom.stdout
+    share = re.search(r'data-honed-chart-share="(\d+)"', dom.stdout)
+    assert share is not None and int(share.group(1)) >= 95, dom.stdout[-400:]
 
-    shot = tmp_path / "report.png"
-    run = _chromium([f"--screenshot={shot}", "--window-size=1400,1000", page.as_uri()], tmp_path)
+    shot = tmp_path / f"report-{width}.png"
+    run = _chromium([f"--screenshot={shot}", size, page.as_uri()], tmp_path)
     assert run.returncode == 0, run.stderr
     assert not CONSOLE_ERROR.search(run.stderr), run.stderr
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
-    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    assert (width, height) == (1400, 1000)
+    shot_width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (shot_width, height) == (width, 1000)
 
 
 @pytest.mark.integration

@@ -125,6 +125,8 @@ void bind_manifest(nb::module_& m) {
       .def_rw("created", &Manifest::created)
       .def_prop_rw("environment", json_getter(&Manifest::environment),
                    json_setter(&Manifest::environment), "the environment fingerprint (a dict)")
+      .def_prop_rw("machine", json_getter(&Manifest::machine), json_setter(&Manifest::machine),
+                   "where the figures were measured (TuneReport.machine; a dict)")
       .def_rw("modules", &Manifest::modules)
       .def_rw("entries", &Manifest::entries, "entry -> SHA-256 (filled by write_artifact)")
       .def_prop_ro("has_payload", &Manifest::has_payload)

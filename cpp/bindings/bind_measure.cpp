@@ -160,10 +160,23 @@ void bind_measure(nb::module_& m) {
   bind_timers(m);
   m.def("measure", &measure, "fn"_a, "timer"_a, "cfg"_a = MeasureConfig{});
   m.def("stats", &compute_stats, "samples_ms"_a);
-  m.def("compare", &compare, "a"_a, "b"_a, "iterations"_a = 2000, "confidence"_a = 0.95,
-        "seed"_a = 42);
+  m.def(
+      "compare",
+      [](const std::vector<double>& a, const std::vector<double>& b, int iterations,
+         double confidence, uint64_t seed, const std::string& statistic) {
+        return compare(a, b, iterations, confidence, seed, parse_statistic(statistic));
+      },
+      "a"_a, "b"_a, "iterations"_a = 2000, "confidence"_a = 0.95, "seed"_a = 42,
+      "statistic"_a = "median");
+  m.def(
+      "batch_of",
+      [](const std::vector<int>& batch_axes, const std::vector<std::vector<int64_t>>& shapes) {
+        const CallBatch b = batch_of(batch_axes, shapes);
+        return std::make_pair(b.size, b.source);
+      },
+      "batch_axes"_a, "shapes"_a);
   m.def("interleaved", &interleaved, "fns"_a, "timer"_a, "rounds"_a, "calls_per_round"_a,
-        "batch_size"_a = 1);
+        "batch_size"_a = 1, "tolerance"_a = 0.05);
   m.def("batch_sweep", &batch_sweep, "throughput_at"_a, "start"_a = 1, "max_batch"_a = 1024,
         "min_gain"_a = 0.05, "patience"_a = 2);
 }

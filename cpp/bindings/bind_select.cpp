@@ -55,16 +55,20 @@ void bind_select(nb::module_& m) {
   nb::class_<Decision>(m, "Decision")
       .def_ro("index", &Decision::index)
       .def_ro("reason", &Decision::reason)
+      .def_ro("figure", &Decision::figure)
       .def("__repr__", [](const Decision& d) {
         return "Decision(index=" + std::to_string(d.index) +
                ", reason=" + nb::repr(nb::cast(d.reason)).c_str() + ")";
       });
 
   m.def("select_one_backend", &select_one_backend, "cands"_a);
-  m.def("select_first_wins", &select_first_wins, "cands"_a, "min_speedup"_a);
-  m.def("select_max_throughput", &select_max_throughput, "cands"_a);
-  m.def("select_min_latency", &select_min_latency, "cands"_a);
-  m.def("select_latency_budget", &select_latency_budget, "cands"_a, "budget_ms"_a);
+  const double margin = kDefaultDecisionMargin;
+  m.attr("DEFAULT_DECISION_MARGIN") = margin;
+  m.def("select_first_wins", &select_first_wins, "cands"_a, "min_speedup"_a, "margin"_a = margin);
+  m.def("select_max_throughput", &select_max_throughput, "cands"_a, "margin"_a = margin);
+  m.def("select_min_latency", &select_min_latency, "cands"_a, "margin"_a = margin);
+  m.def("select_latency_budget", &select_latency_budget, "cands"_a, "budget_ms"_a,
+        "margin"_a = margin);
 }
 
 }  // namespace honed::py

@@ -8,5 +8,6 @@ void bind_measure(nanobind::module_& m);
 void bind_select(nanobind::module_& m);
 void bind_isolate(nanobind::module_& m);
 void bind_env(nanobind::module_& m);
+void bind_machine(nanobind::module_& m);
 void bind_artifact(nanobind::module_& m);
 }  // namespace honed::py

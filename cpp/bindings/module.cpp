@@ -12,5 +12,6 @@ NB_MODULE(_core, m) {
   honed::py::bind_select(m);
   honed::py::bind_isolate(m);
   honed::py::bind_env(m);
+  honed::py::bind_machine(m);
   honed::py::bind_artifact(m);
 }

@@ -18,6 +18,7 @@
 
 #include "bench.h"
 #include "honed/artifact.h"
+#include "honed/measure.h"
 #include "honed/runtime.h"
 #include "honed/shapes.h"
 #include "honed/version.h"
@@ -270,15 +271,12 @@ int main_impl(const Options& opt) {
   std::vector<at::Tensor> inputs = bench_inputs(model, opt);
   std::string shapes;
   for (const at::Tensor& t : inputs) shapes += (shapes.empty() ? "" : ", ") + shape_str(t);
-  int64_t batch_size = 1;
-  std::vector<int> axes = model.batch_axes(model.select(inputs));
-  for (size_t i = 0; i < axes.size(); ++i) {
-    if (axes[i] >= 0) {
-      batch_size = inputs[i].size(axes[i]);
-      break;
-    }
-  }
-  std::printf("inputs    %s (batch %lld)\n", shapes.c_str(), static_cast<long long>(batch_size));
+  std::vector<std::vector<int64_t>> dims;
+  for (const at::Tensor& t : inputs) dims.emplace_back(t.sizes().begin(), t.sizes().end());
+  const honed::CallBatch batch = honed::batch_of(model.batch_axes(model.select(inputs)), dims);
+  const int64_t batch_size = batch.size;
+  std::printf("inputs    %s (batch %lld: %s)\n", shapes.c_str(), static_cast<long long>(batch_size),
+              batch.source.c_str());
 
   honed::run::BenchConfig cfg{opt.warmup_ms, opt.duration_s, opt.iterations, opt.threads,
                               batch_size};

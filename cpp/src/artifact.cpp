@@ -157,6 +157,7 @@ std::string manifest_to_json(const Manifest& m) {
               {"honed_version", m.honed_version},
               {"created", m.created},
               {"environment", m.environment},
+              {"machine", m.machine},
               {"modules", modules},
               {"entries", m.entries}};
   return out.dump(2);
@@ -184,6 +185,9 @@ Manifest manifest_from_json(std::string_view text_in, const std::string& where) 
   out.honed_version = text(m, "honed_version", "", where);
   out.created = text(m, "created", "", where);
   out.environment = object(field(m, "environment", "", where), "environment", where);
+  if (auto it = m.find("machine"); it != m.end() && !it->is_null()) {
+    out.machine = object(*it, "machine", where);  // absent in artifacts written before it was
+  }
   const json& modules = array(m, "modules", "", where);
   for (size_t i = 0; i < modules.size(); ++i) {
     const std::string at = "modules[" + std::to_string(i) + "]";

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dynlib.h"
 #include "honed/measure.h"
 
 namespace honed {
@@ -41,18 +42,7 @@ struct CudaApi {
   status_t (*driver_current_context)(void**) = nullptr;               // cuCtxGetCurrent
 };
 
-// Resolves the first of names found in handle into out (memcpy: object to function pointer).
-template <typename F>
-bool resolve(void* handle, std::initializer_list<const char*> names, F& out) {
-  for (const char* name : names) {
-    if (void* sym = dlsym(handle, name)) {
-      static_assert(sizeof(F) == sizeof(void*));
-      std::memcpy(&out, &sym, sizeof(F));
-      return true;
-    }
-  }
-  return false;
-}
+using detail::resolve;
 
 bool resolve_runtime(void* h, CudaApi& api) {
   return resolve(h, {"cudaEventCreateWithFlags"}, api.event_create) &&

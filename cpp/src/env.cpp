@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "dynlib.h"
+
 namespace honed {
 
 namespace {
@@ -35,20 +37,8 @@ struct NvmlApi {
   status_t (*shutdown)() = nullptr;                                  // nvmlShutdown
 };
 
-// Resolves name in handle into out (memcpy: object to function pointer); false when missing.
-template <typename F>
-bool resolve(void* handle, const char* name, F& out) {
-  void* sym = dlsym(handle, name);
-  if (!sym) return false;
-  static_assert(sizeof(F) == sizeof(void*));
-  std::memcpy(&out, &sym, sizeof(F));
-  return true;
-}
-
-std::string dl_error() {
-  const char* e = dlerror();
-  return e ? e : "unknown dlopen error";
-}
+using detail::dl_error;
+using detail::resolve;
 
 std::string cuda_error(const DriverApi& api, status_t status) {
   const char* text = nullptr;

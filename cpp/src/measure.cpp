@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 
 namespace honed {
@@ -118,8 +119,11 @@ Measurement assemble(const Block& measured, int windows, bool stable, int64_t ba
   m.windows = windows;
   m.stable = stable;
   m.batch_size = batch_size;
-  m.throughput =
-      m.wall_ms > 0 ? static_cast<double>(batch_size * m.calls) / (m.wall_ms / 1000.0) : 0;
+  // Samples per second of the measured calls themselves, so throughput and the latency figures
+  // describe the same calls: throughput = batch_size * 1000 / mean latency. The wall time also
+  // holds the harness's own work between calls, which is not the model's.
+  const double busy_ms = std::accumulate(m.samples_ms.begin(), m.samples_ms.end(), 0.0);
+  m.throughput = busy_ms > 0 ? static_cast<double>(batch_size * m.calls) / (busy_ms / 1000.0) : 0;
   if (!measured.host.empty() && measured.host.size() == measured.samples.size()) {
     m.has_host = true;
     m.host_stats = compute_stats(measured.host);
@@ -136,8 +140,15 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
   Block measured;
   std::vector<double> medians;
   bool stable = false;
+  int64_t window_calls = cfg.window_calls;
+  double window_ms = cfg.window_ms;
   while (!stable && static_cast<int>(medians.size()) < cfg.max_windows) {
-    const Block window = run_block(fn, timer, cfg.window_calls, cfg.window_ms);
+    const int done = static_cast<int>(medians.size());
+    if (done > 0 && done % cfg.stable_windows == 0) {  // no agreement yet: longer windows
+      window_calls *= 2;
+      window_ms *= 2;
+    }
+    const Block window = run_block(fn, timer, window_calls, window_ms);
     medians.push_back(median_of(window.samples));
     append(measured, window);
     stable = last_medians_agree(medians, cfg.stable_windows, cfg.tolerance);
@@ -149,13 +160,14 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
 }
 
 std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& fns, Timer& timer,
-                                     int rounds, int calls_per_round, int64_t batch_size) {
+                                     int rounds, int calls_per_round, int64_t batch_size,
+                                     double tolerance) {
   if (fns.empty()) throw std::invalid_argument("interleaved: no functions given");
   if (rounds < 1) throw std::invalid_argument("interleaved: rounds must be >= 1");
   if (calls_per_round < 1) throw std::invalid_argument("interleaved: calls_per_round must be >= 1");
   if (batch_size < 1) throw std::invalid_argument("interleaved: batch_size must be >= 1");
+  if (!(tolerance >= 0)) throw std::invalid_argument("interleaved: tolerance must be >= 0");
   constexpr int kStableRounds = 3;
-  constexpr double kTolerance = 0.05;
 
   std::vector<Block> warm(fns.size());
   for (size_t i = 0; i < fns.size(); ++i) warm[i] = run_block(fns[i], timer, calls_per_round, 0);
@@ -172,12 +184,28 @@ std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& f
   std::vector<Measurement> out;
   out.reserve(fns.size());
   for (size_t i = 0; i < fns.size(); ++i) {
-    const bool stable = last_medians_agree(medians[i], std::min(rounds, kStableRounds), kTolerance);
+    const bool stable = last_medians_agree(medians[i], std::min(rounds, kStableRounds), tolerance);
     out.push_back(assemble(measured[i], rounds, stable, batch_size));
     out.back().warmup_calls = static_cast<int64_t>(warm[i].samples.size());
     out.back().warmup_ms = warm[i].wall_ms;
   }
   return out;
+}
+
+CallBatch batch_of(const std::vector<int>& batch_axes,
+                   const std::vector<std::vector<int64_t>>& shapes) {
+  for (size_t i = 0; i < batch_axes.size() && i < shapes.size(); ++i) {
+    const int axis = batch_axes[i];
+    if (axis >= 0 && axis < static_cast<int>(shapes[i].size())) {
+      return {shapes[i][axis], "batch axis inferred"};
+    }
+  }
+  for (const auto& shape : shapes) {
+    if (!shape.empty()) {
+      return {shape.front(), "no batch axis inferred: the leading axis of the first input"};
+    }
+  }
+  return {1, "no input with an axis: one sample per call"};
 }
 
 Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size,

@@ -1,11 +1,10 @@
-// cpp/src/select.cpp: the tune strategies: eligibility, ties within noise, one-line reasons.
+// cpp/src/select.cpp: the tune strategies: eligibility, the evidence rule, one-line reasons.
 #include "honed/select.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
-#include <optional>
-
-#include "honed/stats.h"
+#include <stdexcept>
 
 namespace honed {
 
@@ -69,78 +68,176 @@ int baseline_index(const Cands& cands) {
   return -1;
 }
 
-const std::vector<double>& samples(const CandidateResult& c) { return c.measurement.samples_ms; }
-
-// The index among `among` with the best score (higher is better); equal scores: lower portability,
-// then the earlier candidate.
-int best_by(const Cands& cands, const std::vector<int>& among,
-            const std::function<double(const CandidateResult&)>& score) {
-  int best = among.front();
-  for (int i : among) {
-    const double si = score(cands[i]), sb = score(cands[best]);
-    if (si > sb || (si == sb && cands[i].portability < cands[best].portability)) best = i;
+Statistic statistic_for(Figure figure) {
+  switch (figure) {
+    case Figure::throughput:
+      return Statistic::mean;
+    case Figure::p95_latency:
+      return Statistic::p95;
+    case Figure::median_latency:
+      break;
   }
-  return best;
+  return Statistic::median;
 }
 
-// Tie within noise -> simpler backend: among `among`, the simplest candidate (lowest portability,
-// then best score) that compare() cannot tell apart from `best`; `best` itself when there is none.
-int simplest_tied(const Cands& cands, const std::vector<int>& among, int best,
-                  const std::function<double(const CandidateResult&)>& score) {
-  int pick = best;
-  for (int i : among) {
-    const CandidateResult& c = cands[i];
-    if (c.portability >= cands[best].portability) continue;
-    if (compare(samples(c), samples(cands[best])).verdict != 0) continue;
-    const CandidateResult& p = cands[pick];
-    if (c.portability < p.portability || (c.portability == p.portability && score(c) > score(p))) {
-      pick = i;
+// The figure as a score, higher is better.
+double score(const CandidateResult& c, Figure figure) {
+  switch (figure) {
+    case Figure::throughput:
+      return c.measurement.throughput;
+    case Figure::p95_latency:
+      return -c.measurement.stats.p95_ms;
+    case Figure::median_latency:
+      break;
+  }
+  return -c.measurement.stats.median_ms;
+}
+
+// "throughput 1,234/s" / "median latency 0.334 ms" / "p95 latency 0.5 ms".
+std::string figure_value(const CandidateResult& c, Figure figure) {
+  if (figure == Figure::throughput) {
+    return fmt("throughput %.4g samples/s", c.measurement.throughput);
+  }
+  const double ms =
+      figure == Figure::p95_latency ? c.measurement.stats.p95_ms : c.measurement.stats.median_ms;
+  return std::string(figure_name(figure)) + fmt(" %.3g ms", ms);
+}
+
+std::string unstable_note(const CandidateResult& c) {
+  return fmt("unstable (CV %.1f%%)", c.measurement.stats.cv * 100);
+}
+
+// A ratio with the digits that tell it from the margin: "1.015", "12.3", "356".
+std::string ratio_digits(double r) {
+  if (r >= 100) return fmt("%.0f", r);
+  if (r >= 10) return fmt("%.1f", r);
+  return fmt("%.3f", r);
+}
+
+// "2.000x eager throughput (99% CI 1.960–2.040)".
+std::string ratio_text(const RatioInterval& r, const CandidateResult& incumbent, Figure figure) {
+  return ratio_digits(r.ratio) + "x " + incumbent.name + " " + figure_name(figure) +
+         fmt(" (%.0f%% CI ", kDecisionConfidence * 100) + ratio_digits(r.lo) + "–" +
+         ratio_digits(r.hi) + ")";
+}
+
+// The ratio of `figure` of challenger over incumbent, > 1 when the challenger is better.
+RatioInterval ratio_of(const CandidateResult& incumbent, const CandidateResult& challenger,
+                       Figure figure) {
+  const auto& a = incumbent.measurement.samples_ms;
+  const auto& b = challenger.measurement.samples_ms;
+  RatioInterval r = compare(a, b, 2000, kDecisionConfidence, 42, statistic_for(figure));
+  if (figure == Figure::throughput) {  // samples per call may differ: throughput is per sample
+    const double per_sample = static_cast<double>(challenger.measurement.batch_size) /
+                              static_cast<double>(incumbent.measurement.batch_size);
+    r.ratio *= per_sample;
+    r.lo *= per_sample;
+    r.hi *= per_sample;
+  }
+  return r;
+}
+
+// The candidate `among` that stays: the baseline (else the simplest, best-scoring one) unless a
+// candidate beats it with evidence; challengers come simplest first, so where two cannot be told
+// apart the simpler one stays. `notes` gets why each better-looking candidate did not win.
+int pick_with_evidence(const Cands& cands, const std::vector<int>& among, Figure figure,
+                       double threshold, std::vector<std::string>& notes) {
+  std::vector<int> order = among;
+  std::stable_sort(order.begin(), order.end(), [&](int i, int j) {
+    if (cands[i].is_baseline != cands[j].is_baseline) return cands[i].is_baseline;
+    if (cands[i].portability != cands[j].portability) {
+      return cands[i].portability < cands[j].portability;
     }
+    return score(cands[i], figure) > score(cands[j], figure);
+  });
+  int pick = order.front();
+  for (size_t k = 1; k < order.size(); ++k) {
+    if (weigh(cands[pick], cands[order[k]], figure, threshold).beats) pick = order[k];
+  }
+  for (int i : among) {
+    if (i == pick || score(cands[i], figure) <= score(cands[pick], figure)) continue;
+    notes.push_back(weigh(cands[pick], cands[i], figure, threshold).why);
   }
   return pick;
 }
 
-// "TorchInductorBackend(mode=default): 1.84x eager median (95% CI 1.80–1.88), <why>", or for the
-// baseline / without one, the median latency instead of the speed-up; then the tie and stability
-// notes.
-std::string describe(const Cands& cands, int pick, int best, const std::string& why) {
+// "<pick>: 2.000x eager throughput (99% CI 1.960–2.040), <why>", or for the baseline / without one
+// its own figure; then "not enough evidence: ..." for the better-looking candidates that lost,
+// and the pick's own instability.
+std::string describe(const Cands& cands, int pick, Figure figure, const std::string& why,
+                     const std::vector<std::string>& notes) {
   const CandidateResult& c = cands[pick];
   const int base = baseline_index(cands);
   std::string line = c.name + ": ";
   if (base >= 0 && base != pick) {
-    const RatioInterval r = compare(samples(cands[base]), samples(c));
-    const std::string& base_name =
-        cands[base].backend.empty() ? cands[base].name : cands[base].backend;
-    line += fmt("%.2fx ", r.ratio) + base_name + fmt(" median (95%% CI %.2f–%.2f)", r.lo, r.hi);
-  } else if (base == pick) {
-    line += fmt("baseline, median %.3g ms", c.measurement.stats.median_ms);
+    line += ratio_text(ratio_of(cands[base], c, figure), cands[base], figure) + ", " + why;
+  } else if (base == pick && !notes.empty()) {
+    line += "baseline kept (" + figure_value(c, figure) + ")";
   } else {
-    line += fmt("median %.3g ms", c.measurement.stats.median_ms);
+    line += (base == pick ? "baseline, " : "") + figure_value(c, figure) + ", " + why;
   }
-  line += ", " + why;
-  if (pick != best) line += ", tie within noise with " + cands[best].name + " → simpler backend";
-  if (!c.measurement.stable) line += fmt(", unstable (CV %.0f%%)", c.measurement.stats.cv * 100);
+  if (!notes.empty()) {
+    line += "; not enough evidence: ";
+    for (size_t i = 0; i < notes.size(); ++i) line += (i ? "; " : "") + notes[i];
+  }
+  if (!c.measurement.stable) line += "; " + c.name + " " + unstable_note(c);
   return line;
 }
 
-double throughput(const CandidateResult& c) { return c.measurement.throughput; }
-double minus_median(const CandidateResult& c) { return -c.measurement.stats.median_ms; }
-double minus_p95(const CandidateResult& c) { return -c.measurement.stats.p95_ms; }
+// The best by `figure` among the rankable candidates `among`, by the evidence rule.
+Decision select_ranked(const Cands& cands, const std::vector<int>& among, Figure figure,
+                       double margin, const std::string& why) {
+  if (among.empty()) return {-1, none_reason(cands), figure_name(figure)};
+  std::vector<std::string> notes;
+  const int pick = pick_with_evidence(cands, among, figure, 1.0 + margin, notes);
+  const std::string beyond = fmt(" beyond the %.3g%% margin", margin * 100);
+  return {pick, describe(cands, pick, figure, why + beyond, notes), figure_name(figure)};
+}
 
-// Best by score among the rankable candidates, ties within noise going to the simpler backend.
-Decision select_ranked(const Cands& cands, const std::vector<int>& among,
-                       const std::function<double(const CandidateResult&)>& score,
-                       const std::string& why) {
-  if (among.empty()) return {-1, none_reason(cands)};
-  const int best = best_by(cands, among, score);
-  const int pick = simplest_tied(cands, among, best, score);
-  return {pick, describe(cands, pick, best, why)};
+void check_margin(double margin) {
+  if (!(margin >= 0)) throw std::invalid_argument("decision margin must be >= 0");
 }
 
 }  // namespace
 
+const char* figure_name(Figure figure) {
+  switch (figure) {
+    case Figure::throughput:
+      return "throughput";
+    case Figure::p95_latency:
+      return "p95 latency";
+    case Figure::median_latency:
+      break;
+  }
+  return "median latency";
+}
+
+Evidence weigh(const CandidateResult& incumbent, const CandidateResult& challenger, Figure figure,
+               double threshold) {
+  Evidence e;
+  const Statistic stat = statistic_for(figure);
+  if (!(statistic_of(challenger.measurement.samples_ms, stat) > 0) ||
+      !(statistic_of(incumbent.measurement.samples_ms, stat) > 0)) {
+    e.why = challenger.name + " cannot be compared with " + incumbent.name + " (a zero " +
+            statistic_name(stat) + " latency)";
+    return e;
+  }
+  e.interval = ratio_of(incumbent, challenger, figure);
+  const std::string figures = challenger.name + " " + ratio_text(e.interval, incumbent, figure);
+  if (!challenger.measurement.stable) {
+    e.why = figures + " but its measurement is " + unstable_note(challenger);
+  } else if (!incumbent.measurement.stable) {
+    e.why = figures + " but " + incumbent.name + "'s measurement is " + unstable_note(incumbent);
+  } else if (!(e.interval.lo > threshold)) {
+    e.why = figures.substr(0, figures.size() - 1) + ", needs > " + ratio_digits(threshold) + "x)";
+  } else {
+    e.beats = true;
+  }
+  return e;
+}
+
 Decision select_one_backend(const Cands& cands) {
-  if (cands.empty()) return {-1, "no candidates"};
+  if (cands.empty()) return {-1, "no candidates", ""};
   int target = 0;
   for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
     if (!cands[i].is_baseline) {
@@ -149,70 +246,76 @@ Decision select_one_backend(const Cands& cands) {
     }
   }
   const CandidateResult& c = cands[target];
-  if (!c.ok)
-    return {-1, c.name + " failed: " + (c.reason.empty() ? "no reason given" : brief(c.reason))};
+  if (!c.ok) {
+    return {-1, c.name + " failed: " + (c.reason.empty() ? "no reason given" : brief(c.reason)),
+            ""};
+  }
   if (!c.correct) {
-    return {-1, c.name + " incorrect: " + (c.reason.empty() ? "no reason given" : brief(c.reason))};
+    return {-1, c.name + " incorrect: " + (c.reason.empty() ? "no reason given" : brief(c.reason)),
+            ""};
   }
   std::string line = c.name + ": the one backend requested, passed the correctness check";
   if (rankable(c)) line += fmt(", median %.3g ms", c.measurement.stats.median_ms);
-  return {target, line};
+  return {target, line, ""};
 }
 
-Decision select_first_wins(const Cands& cands, double min_speedup) {
+Decision select_first_wins(const Cands& cands, double min_speedup, double margin) {
+  check_margin(margin);
+  const Figure figure = Figure::median_latency;
   const int base = baseline_index(cands);
-  std::string best_seen;
-  double best_ratio = 0;
+  const double threshold = min_speedup * (1.0 + margin);
+  std::vector<std::string> notes;
   for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
     const CandidateResult& c = cands[i];
     if (i == base || c.is_baseline || !rankable(c)) continue;
     if (base < 0) {
-      return {i, c.name + ": first passing candidate (no measured baseline to compare with)"};
+      return {i, c.name + ": first passing candidate (no measured baseline to compare with)",
+              figure_name(figure)};
     }
-    const RatioInterval r = compare(samples(cands[base]), samples(c));
-    if (r.lo > min_speedup) {
-      return {i, describe(cands, i, i, fmt("first to beat %.2fx beyond noise", min_speedup))};
+    const Evidence e = weigh(cands[base], c, figure, threshold);
+    if (e.beats) {
+      return {i,
+              describe(cands, i, figure,
+                       "first to beat " + ratio_digits(threshold) + "x with evidence", {}),
+              figure_name(figure)};
     }
-    if (r.ratio > best_ratio) {
-      best_ratio = r.ratio;
-      best_seen = fmt("; best %s %.2fx (95%% CI %.2f–%.2f)", c.name.c_str(), r.ratio, r.lo, r.hi);
-    }
+    notes.push_back(e.why);
   }
-  if (base >= 0) {
-    return {base,
-            cands[base].name +
-                fmt(": baseline kept, no candidate beat it by %.2fx beyond noise", min_speedup) +
-                best_seen};
+  if (base < 0) return {-1, none_reason(cands), figure_name(figure)};
+  std::string line = cands[base].name + ": baseline kept, no candidate beat it by " +
+                     ratio_digits(threshold) + "x";
+  if (!notes.empty()) {
+    line += "; not enough evidence: ";
+    for (size_t i = 0; i < notes.size(); ++i) line += (i ? "; " : "") + notes[i];
   }
-  return {-1, none_reason(cands)};
+  return {base, line, figure_name(figure)};
 }
 
-Decision select_max_throughput(const Cands& cands) {
+Decision select_max_throughput(const Cands& cands, double margin) {
+  check_margin(margin);
   const auto among = indices_where(cands, [&](int i) { return rankable(cands[i]); });
-  return select_ranked(cands, among, throughput, "highest throughput");
+  return select_ranked(cands, among, Figure::throughput, margin, "highest throughput");
 }
 
-Decision select_min_latency(const Cands& cands) {
+Decision select_min_latency(const Cands& cands, double margin) {
+  check_margin(margin);
   const auto among = indices_where(cands, [&](int i) { return rankable(cands[i]); });
-  return select_ranked(cands, among, minus_median, "lowest median latency");
+  return select_ranked(cands, among, Figure::median_latency, margin, "lowest median latency");
 }
 
-Decision select_latency_budget(const Cands& cands, double budget_ms) {
+Decision select_latency_budget(const Cands& cands, double budget_ms, double margin) {
+  check_margin(margin);
   const auto fits = indices_where(cands, [&](int i) {
     return rankable(cands[i]) && cands[i].measurement.stats.p95_ms <= budget_ms;
   });
   if (!fits.empty()) {
-    return select_ranked(cands, fits, throughput,
+    return select_ranked(cands, fits, Figure::throughput, margin,
                          fmt("highest throughput with p95 within the %.3g ms budget", budget_ms));
   }
   const auto among = indices_where(cands, [&](int i) { return rankable(cands[i]); });
-  if (among.empty()) return {-1, none_reason(cands)};
-  const int best = best_by(cands, among, minus_p95);
-  const int pick = simplest_tied(cands, among, best, minus_p95);
-  return {pick, describe(cands, pick, best,
-                         fmt("latency budget %.3g ms missed by every candidate (p95 %.3g ms, the "
-                             "lowest within noise)",
-                             budget_ms, cands[pick].measurement.stats.p95_ms))};
+  return select_ranked(
+      cands, among, Figure::p95_latency, margin,
+      fmt("latency budget %.3g ms missed by every candidate, the lowest p95", budget_ms));
 }
 
 }  // namespace honed

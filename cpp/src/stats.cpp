@@ -65,40 +65,83 @@ Stats compute_stats(const std::vector<double>& samples_ms) {
 
 namespace {
 
-// Median of a resampling (with replacement) of values, drawn with rng; scratch avoids allocation.
-double resampled_median(const std::vector<double>& values, std::mt19937_64& rng,
-                        std::vector<double>& scratch) {
+// The figure of values, which it may reorder.
+double statistic_in_place(std::vector<double>& values, Statistic stat) {
+  switch (stat) {
+    case Statistic::mean:
+      return std::accumulate(values.begin(), values.end(), 0.0) /
+             static_cast<double>(values.size());
+    case Statistic::p95:
+      std::sort(values.begin(), values.end());
+      return quantile_sorted(values, 0.95);
+    case Statistic::median:
+      break;
+  }
+  return median_in_place(values);
+}
+
+// The figure of a resampling (with replacement) of values, drawn with rng; scratch avoids
+// allocation.
+double resampled(const std::vector<double>& values, Statistic stat, std::mt19937_64& rng,
+                 std::vector<double>& scratch) {
   std::uniform_int_distribution<size_t> pick(0, values.size() - 1);
   scratch.resize(values.size());
   for (double& x : scratch) x = values[pick(rng)];
-  return median_in_place(scratch);
+  return statistic_in_place(scratch, stat);
 }
 
 }  // namespace
 
+double statistic_of(std::vector<double> values, Statistic stat) {
+  if (values.empty()) throw std::invalid_argument("statistic_of: no values");
+  return statistic_in_place(values, stat);
+}
+
+const char* statistic_name(Statistic stat) {
+  switch (stat) {
+    case Statistic::mean:
+      return "mean";
+    case Statistic::p95:
+      return "p95";
+    case Statistic::median:
+      break;
+  }
+  return "median";
+}
+
+Statistic parse_statistic(const std::string& name) {
+  for (Statistic s : {Statistic::median, Statistic::mean, Statistic::p95}) {
+    if (name == statistic_name(s)) return s;
+  }
+  throw std::invalid_argument("unknown statistic '" + name + "'; use median, mean or p95");
+}
+
 RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b, int iterations,
-                      double confidence, uint64_t seed) {
+                      double confidence, uint64_t seed, Statistic stat) {
   if (a.empty() || b.empty())
     throw std::invalid_argument("compare: both sample sets must be non-empty");
   if (iterations < 1) throw std::invalid_argument("compare: iterations must be >= 1");
   if (!(confidence > 0.0 && confidence < 1.0)) {
     throw std::invalid_argument("compare: confidence must be in (0, 1)");
   }
-  const double median_b = median_of(b);
-  if (!(median_b > 0)) throw std::invalid_argument("compare: the median of b must be positive");
+  const double figure_b = statistic_of(b, stat);
+  if (!(figure_b > 0)) {
+    throw std::invalid_argument(std::string("compare: the ") + statistic_name(stat) +
+                                " of b must be positive");
+  }
 
   std::mt19937_64 rng(seed);
   std::vector<double> ratios;
   ratios.reserve(static_cast<size_t>(iterations));
   std::vector<double> scratch;
   for (int i = 0; i < iterations; ++i) {
-    const double ma = resampled_median(a, rng, scratch);
-    const double mb = resampled_median(b, rng, scratch);
-    // A resampled median of b can be 0 only when b holds zeros; skip such a draw.
+    const double ma = resampled(a, stat, rng, scratch);
+    const double mb = resampled(b, stat, rng, scratch);
+    // A resampled figure of b can be 0 only when b holds zeros; skip such a draw.
     if (mb > 0) ratios.push_back(ma / mb);
   }
   RatioInterval r;
-  r.ratio = median_of(a) / median_b;
+  r.ratio = statistic_of(a, stat) / figure_b;
   if (ratios.empty()) {
     r.lo = r.hi = r.ratio;
   } else {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -48,7 +49,7 @@ TEST(Measure, StabilityUsesTheLastWindowsOnly) {
   const auto m = measure([] {}, timer, small_config());
   EXPECT_TRUE(m.stable);
   EXPECT_EQ(m.windows, 4);
-  EXPECT_EQ(m.calls, 16);  // all windows, the drifting first one included
+  EXPECT_EQ(m.calls, 3 * 4 + 8);  // all windows, the drifting first one included; the 4th longer
   EXPECT_DOUBLE_EQ(m.stats.max_ms, 10);
   EXPECT_DOUBLE_EQ(m.stats.median_ms, 1);
 }
@@ -59,6 +60,7 @@ TEST(Measure, NeverStableStopsAtMaxWindowsWithCV) {
   MeasureConfig cfg = small_config();
   cfg.warmup_calls = 4;
   cfg.max_windows = 6;
+  cfg.stable_windows = 6;  // no longer windows before max_windows
   const auto m = measure([] {}, timer, cfg);
   EXPECT_FALSE(m.stable);
   EXPECT_EQ(m.windows, 6);
@@ -66,6 +68,18 @@ TEST(Measure, NeverStableStopsAtMaxWindowsWithCV) {
   EXPECT_DOUBLE_EQ(m.stats.mean_ms, 1.5);
   // 12 ones and 12 twos: sample variance = 24 * 0.25 / 23.
   EXPECT_NEAR(m.stats.cv, std::sqrt(6.0 / 23.0) / 1.5, 1e-12);
+}
+
+TEST(Measure, RetriesWithLongerWindows) {
+  // Windows of 4 calls alternate between medians of 2 ms and 1 ms and never agree; after three of
+  // them the windows double to 8 calls, each holding four of each, and agree at 1.5 ms.
+  InjectedTimer timer({1, 1, 1, 1, 2, 2, 2, 2});
+  MeasureConfig cfg = small_config();
+  cfg.warmup_calls = 4;
+  const auto m = measure([] {}, timer, cfg);
+  EXPECT_TRUE(m.stable);
+  EXPECT_EQ(m.windows, 6);
+  EXPECT_EQ(m.calls, 3 * 4 + 3 * 8);
 }
 
 TEST(Measure, WarmupRespectsCountAndTime) {
@@ -94,15 +108,42 @@ TEST(Measure, WindowRespectsCountAndTime) {
   EXPECT_DOUBLE_EQ(m.wall_ms, 90);
 }
 
-TEST(Measure, ThroughputIsBatchTimesCallsOverWall) {
+TEST(Measure, ThroughputIsSamplesPerSecondOfTheMeasuredCalls) {
   MeasureConfig cfg = small_config();
   cfg.batch_size = 8;
   InjectedTimer timer({4, 6});
   const auto m = measure([] {}, timer, cfg);
-  ASSERT_GT(m.wall_ms, 0);
-  EXPECT_DOUBLE_EQ(m.wall_ms, 5.0 * static_cast<double>(m.calls));
-  EXPECT_DOUBLE_EQ(m.throughput, 8.0 * static_cast<double>(m.calls) / (m.wall_ms / 1000.0));
+  EXPECT_DOUBLE_EQ(m.throughput, 8.0 * 1000.0 / m.stats.mean_ms);
   EXPECT_DOUBLE_EQ(m.throughput, 1600.0);  // 8 samples per 5 ms
+}
+
+namespace {
+// A device-like timer: every call reports 1 ms, while its clock also advances by 9 ms of work
+// around the call (launch, synchronisation, the harness itself).
+class OverheadTimer : public honed::Timer {
+ public:
+  double time_ms(const std::function<void()>& fn) override {
+    fn();
+    clock_ += 10;
+    return 1.0;
+  }
+  double now_ms() override { return clock_; }
+
+ private:
+  double clock_ = 0;
+};
+}  // namespace
+
+TEST(Measure, ThroughputAgreesWithTheLatencyFiguresNotTheHarnessClock) {
+  MeasureConfig cfg = small_config();
+  cfg.batch_size = 8;
+  OverheadTimer timer;
+  const auto m = measure([] {}, timer, cfg);
+  EXPECT_DOUBLE_EQ(m.wall_ms, 10.0 * static_cast<double>(m.calls));  // what the clock saw
+  EXPECT_DOUBLE_EQ(m.stats.median_ms, 1.0);
+  EXPECT_DOUBLE_EQ(m.throughput, 8.0 * 1000.0 / m.stats.median_ms);  // 8 samples a 1 ms call
+  const auto interleaved = honed::interleaved({[] {}, [] {}}, timer, 3, 4, 8);
+  for (const auto& x : interleaved) EXPECT_DOUBLE_EQ(x.throughput, 8000.0);
 }
 
 TEST(Measure, ExceptionFromFnPropagates) {
@@ -152,6 +193,8 @@ TEST(Measure, FromSamples) {
   EXPECT_DOUBLE_EQ(m.wall_ms, 6);
   EXPECT_DOUBLE_EQ(m.stats.median_ms, 2);
   EXPECT_DOUBLE_EQ(m.throughput, 4.0 * 3 / 0.006);
+  // A wall time longer than the calls (a cached run's harness time) does not change throughput.
+  EXPECT_DOUBLE_EQ(honed::measurement_from_samples({1, 2, 3}, 4, 60).throughput, 4.0 * 3 / 0.006);
   EXPECT_THROW(honed::measurement_from_samples({}), std::invalid_argument);
 }
 
@@ -187,6 +230,9 @@ TEST(Interleaved, FlagsDriftAsUnstable) {
   EXPECT_FALSE(ms[0].stable);
   EXPECT_FALSE(ms[1].stable);
   EXPECT_THROW(honed::interleaved({}, timer, 1, 1), std::invalid_argument);
+  // The tolerance is the protocol's: at 300 % the same drift is stable.
+  InjectedTimer again({1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3});
+  EXPECT_TRUE(honed::interleaved({[] {}, [] {}}, again, 3, 2, 1, 3.0)[0].stable);
 }
 
 TEST(CudaTimer, UnavailableHereGivesAReasonAndThrows) {
@@ -199,4 +245,18 @@ TEST(CudaTimer, UnavailableHereGivesAReasonAndThrows) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("CudaEventTimer"), std::string::npos);
   }
+}
+
+TEST(Batch, InferredAxisElseTheLeadingAxisOfTheFirstInput) {
+  // The batch axis of the second input is inferred (axis 1): its size there.
+  auto b = honed::batch_of({-1, 1}, {{3}, {2, 8, 4}});
+  EXPECT_EQ(b.size, 8);
+  EXPECT_EQ(b.source, "batch axis inferred");
+  // None inferred (one sample of shape 8x128): the leading axis of the first input with an axis.
+  b = honed::batch_of({-1, -1}, {{}, {8, 128}, {4}});
+  EXPECT_EQ(b.size, 8);
+  EXPECT_EQ(b.source, "no batch axis inferred: the leading axis of the first input");
+  b = honed::batch_of({-1}, {{}});
+  EXPECT_EQ(b.size, 1);
+  EXPECT_EQ(b.source, "no input with an axis: one sample per call");
 }

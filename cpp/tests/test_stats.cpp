@@ -123,3 +123,16 @@ TEST(Compare, RejectsBadArguments) {
   EXPECT_THROW(compare({1}, {1}, 10, 1.0), std::invalid_argument);
   EXPECT_THROW(compare({1}, {0, 0}), std::invalid_argument);
 }
+
+TEST(Compare, TheStatisticNamedIsCompared) {
+  // Same medians (1 ms), but b has one slow call in four: its mean is 1.75 ms, its p95 4 ms.
+  const std::vector<double> a = {1, 1, 1, 1, 1, 1, 1, 1};
+  const std::vector<double> b = {1, 1, 1, 4, 1, 1, 1, 4};
+  EXPECT_DOUBLE_EQ(compare(a, b).ratio, 1.0);
+  EXPECT_DOUBLE_EQ(compare(a, b, 200, 0.95, 42, honed::Statistic::mean).ratio, 1.0 / 1.75);
+  EXPECT_DOUBLE_EQ(compare(a, b, 200, 0.95, 42, honed::Statistic::p95).ratio, 1.0 / 4.0);
+  EXPECT_DOUBLE_EQ(honed::statistic_of(b, honed::Statistic::mean), 1.75);
+  EXPECT_EQ(honed::parse_statistic("p95"), honed::Statistic::p95);
+  EXPECT_STREQ(honed::statistic_name(honed::Statistic::mean), "mean");
+  EXPECT_THROW(honed::parse_statistic("p42"), std::invalid_argument);
+}

@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 from honed import _core, trust
 from honed._version import __version__
 from honed.backend.base import Backend, Sample, backend_from_recipe
-from honed.environment import fingerprint
+from honed.environment import fingerprint, machine_section
 from honed.errors import (
     ArtifactError,
     IncompatibleArtifactError,
@@ -69,6 +69,7 @@ def save(obj: Any, path: str | os.PathLike[str]) -> Path:
     manifest.honed_version = __version__
     manifest.created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     manifest.environment = _jsonable(fingerprint(_device_of(modules[0])))
+    manifest.machine = _jsonable(machine_section(modules, _device_of(modules[0])))
     manifest.modules = [_save_module(module, entries) for module in modules]
     key = trust.key_for_save()
     path.parent.mkdir(parents=True, exist_ok=True)

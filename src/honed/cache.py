@@ -27,6 +27,7 @@ import torch
 from honed import trust
 from honed._version import __version__
 from honed.errors import HonedError
+from honed.figures import reusable
 
 log = logging.getLogger("honed")
 
@@ -111,7 +112,7 @@ class TuneCache:
             if problem:
                 log.warning("honed: ignoring cache entry %s: %s; evaluating again", path, problem)
                 return None
-        return record
+        return record if reusable(record) else None  # an unstable measurement is no decision
 
     def put(self, key: str, record: dict[str, Any], files: dict[str, bytes] | None = None) -> None:
         """Store ``record`` (and payload ``files`` beside it) atomically; failures only warn."""

@@ -19,6 +19,7 @@ from honed import _core, config
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.registry import availability
 from honed.correctness import CheckResult, Tolerance, compare
+from honed.machine import measuring_threads
 
 log = logging.getLogger("honed")
 
@@ -303,7 +304,7 @@ def measure(
     injected = _injected(backend)
     timer = _core.InjectedTimer(injected) if injected else make_timer(device)
     args, kwargs = sample.args, sample.kwargs
-    with torch.no_grad():
+    with torch.no_grad(), measuring_threads(device):
         m = _core.measure(lambda: fn(*args, **kwargs), timer, _measure_config(batch_size))
     return m, injected is not None
 
@@ -326,9 +327,14 @@ def interleave(
     calls = max(3, int(_INTERLEAVED_ROUND_MS / max(max(medians_ms), 1e-3)))
     args, kwargs = sample.args, sample.kwargs
     bound = [_bind(fn, args, kwargs) for fn in fns]
-    with torch.no_grad():
+    with torch.no_grad(), measuring_threads(device):
         results: list[Any] = _core.interleaved(
-            bound, make_timer(device), _INTERLEAVED_ROUNDS, min(calls, 200), batch_size
+            bound,
+            make_timer(device),
+            _INTERLEAVED_ROUNDS,
+            min(calls, 200),
+            batch_size,
+            config.stability_tolerance,
         )
     return results
 

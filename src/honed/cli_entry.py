@@ -424,8 +424,10 @@ def _max_diff(a: Any, b: Any) -> float:
 def _bench_table(path: Path, device: Any, batch: int, rows: list[Any], diff: float) -> Any:
     from rich.table import Table
 
+    from honed.report import cv_text
+
     table = Table(title=f"honed bench {path} on {device} (batch {batch})")
-    for col in ("variant", "median ms", "p99 ms", "throughput/s", "cv", "speedup"):
+    for col in ("variant", "median ms", "p99 ms", "samples/s", "CV", "speedup"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     eager_median = rows[0][1].median_ms
     for label, m in rows:
@@ -434,7 +436,7 @@ def _bench_table(path: Path, device: Any, batch: int, rows: list[Any], diff: flo
             f"{m.median_ms:.3f}",
             f"{m.p99_ms:.3f}",
             f"{m.throughput:,.0f}",
-            f"{m.cv:.3f}" + ("" if m.stable else " (unstable)"),
+            cv_text(m.cv, m.stable),
             f"{eager_median / m.median_ms:.2f}x" if m.median_ms > 0 else "-",
         )
     table.caption = f"max abs difference tuned vs eager: {diff:.2e}"

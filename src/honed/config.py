@@ -283,6 +283,23 @@ stability_tolerance: float = _flag(
 )
 max_windows: int = _flag("max_windows", "HONED_MAX_WINDOWS", 10, _Number(1, 10_000, True))
 
+# A decision needs evidence: a candidate beats eager (or another candidate) only when both
+# measurements are stable and the 99 % bootstrap interval of the ratio of their figures lies
+# above 1 + this margin (0.02: the interval must exclude everything under a 2 % gain).
+decision_margin: float = _env_float("HONED_DECISION_MARGIN", 0.02)
+
+# Threads torch uses while CPU candidates are measured (torch.set_num_threads); 0 = the physical
+# cores of this machine (of the CPUs this process may run on). Recorded in the report.
+cpu_threads: int = _env_int("HONED_CPU_THREADS", 0)
+
+# The busy-machine check at the start of a tune: busy when a short CPU calibration's mean chunk
+# takes more than busy_slowdown times its fastest one, or the 1-minute load average exceeds
+# busy_load_per_cpu per CPU, or another process holds the GPU. A busy machine is named in the log
+# and the report; wait_for_quiet_s > 0 first waits up to that many seconds for a quiet one.
+busy_slowdown: float = _env_float("HONED_BUSY_SLOWDOWN", 1.5)
+busy_load_per_cpu: float = _env_float("HONED_BUSY_LOAD_PER_CPU", 1.0)
+wait_for_quiet_s: float = _env_float("HONED_WAIT_FOR_QUIET_S", 0.0)
+
 # Where candidates are built, checked and measured: "process" (a worker process per candidate,
 # so a crash, hang or runaway allocation fails only that candidate) or "none" (in this process).
 isolation: str = _flag("isolation", "HONED_ISOLATION", "process", _Choice(("process", "none")))

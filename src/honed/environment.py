@@ -1,4 +1,9 @@
-"""src/honed/environment.py: the environment fingerprint stored in reports and artifacts."""
+"""src/honed/environment.py: the environment fingerprint and the machine section of artifacts.
+
+The fingerprint decides whether an artifact loads here (artifact.py's compatibility rules); the
+machine section (machine.describe: CPU model, cores, threads, GPU clocks and power limit, driver,
+whether the GPU or the machine was busy) only describes where the figures were measured.
+"""
 
 from __future__ import annotations
 
@@ -30,3 +35,15 @@ def fingerprint(device: torch.device | None = None) -> dict[str, Any]:
         env["gpu"] = props.name
         env["compute_capability"] = f"{props.major}.{props.minor}"
     return env
+
+
+def machine_section(modules: list[Any], device: torch.device | None) -> dict[str, Any]:
+    """The artifact's "machine" section: the one the tune of these modules recorded, else a
+    description of this machine now (modules loaded rather than tuned)."""
+    for module in modules:
+        report = getattr(module, "report", None)
+        if report is not None and getattr(report, "machine", None):
+            return dict(report.machine)
+    from honed.machine import describe
+
+    return describe(device)

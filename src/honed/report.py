@@ -4,6 +4,11 @@
 failure reason, build time, latency, throughput, speed-up over eager, error against eager, and
 the selection with its one-line reason. ``honed.save`` stores it in the artifact and
 ``load_report`` (``honed report ARTIFACT``) reads it back. The HTML page is report_html.py.
+
+Every format shows the same figures the same way: a graph is named by its real input shapes,
+throughput is samples per second (a sample is one row of the batch axis), the CV is a
+percentage with the measurement's own stable/unstable flag (``cv_text``), the figure the decision
+ranked by is named, and a busy machine is said to be busy.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,10 @@ class CandidateReport:
     cosine: float | None = None
     build_log: str | None = None  # the candidate's third-party compiler output (buildlog.py)
     samples_ms: list[float] | None = None  # raw latencies (capped), for the distribution plots
+    cv_percent: float | None = None  # cv as a percentage (set from cv; for readers of the JSON)
+
+    def __post_init__(self) -> None:
+        self.cv_percent = None if self.cv is None else round(self.cv * 100, 2)
 
 
 @dataclasses.dataclass
@@ -53,6 +63,20 @@ class GraphReport:
     decision: str
     sweep: str = ""  # the batch sweep's outcome, when one ran
     install_s: float = 0.0  # building (or loading) the winner here after it was chosen elsewhere
+    input_shapes: str = ""  # the measured call's tensor shapes, e.g. "8x128, 8x128"
+    batch_axis: str = ""  # where batch_size comes from (figures.py: inferred or the leading axis)
+    ranked_by: str = ""  # the figure the decision ranked by: "throughput", "median latency", ...
+
+    @property
+    def title(self) -> str:
+        """ "module / 8x128, 8x128": the graph by its real input shapes."""
+        return f"{self.module} / {self.input_shapes or f'batch {self.batch_size}'}"
+
+    @property
+    def measured(self) -> str:
+        """One line: the batch and where it comes from, and the figure ranked by."""
+        batch = f"batch {self.batch_size}" + (f" ({self.batch_axis})" if self.batch_axis else "")
+        return f"{batch} · {_ranking(self.ranked_by)}" if self.ranked_by else batch
 
 
 @dataclasses.dataclass
@@ -63,6 +87,12 @@ class TuneReport:
     wall_s: float
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
     target: str = "python"  # honed.tune(target=): "cpp" restricted candidates to the C++ runtime
+    machine: dict[str, Any] = dataclasses.field(default_factory=dict)  # machine.describe()
+
+    @property
+    def busy(self) -> str:
+        """ "" on a quiet (or unchecked) machine, else the busy verdict, e.g. "busy: load ..."."""
+        return str(self.machine.get("load", "busy")) if self.machine.get("busy") else ""
 
     def selected(self, module: str | None = None) -> list[str | None]:
         """The selected candidate of every graph (of one module when named)."""
@@ -106,9 +136,15 @@ class TuneReport:
             "|---|---|",
         ]
         lines += [f"| {_md(k)} | {_md(str(v))} |" for k, v in self.environment.items()]
+        if self.machine:
+            lines += ["", "## Machine", "", "| key | value |", "|---|---|"]
+            lines += [f"| {_md(k)} | {_md(str(v))} |" for k, v in self.machine.items()]
+        if self.busy:
+            lines[4:4] = [f"**busy machine:** {_md(self.busy)}", ""]
         for g in self.graphs:
-            lines += ["", f"## {_md(g.module)} / batch {g.batch_size}", ""]
-            lines += [f"graph `{g.graph}` · {g.samples} sample(s) · {_md(g.profile)}", ""]
+            lines += ["", f"## {_md(g.title)}", ""]
+            lines += [f"graph `{g.graph}` · {g.samples} sample(s) · {_md(g.profile)}  "]
+            lines += [_md(g.measured), ""]
             lines.append("| " + " | ".join(MARKDOWN_COLUMNS) + " |")
             aligns = ["---" if i < 2 else "--:" for i in range(len(MARKDOWN_COLUMNS))]
             lines.append("|" + "|".join(aligns) + "|")
@@ -133,59 +169,60 @@ class TuneReport:
         path.write_text(self.to_html(), encoding="utf-8")
         return path
 
-    def table(self) -> Any:
-        """A rich Table with one row per candidate."""
+    def table(self, width: int = 160) -> Any:
+        """A rich Table with one row per candidate, its columns chosen to fit ``width``: below
+        110 columns the status moves under the candidate's name and only the central figures
+        stay; the full reasons are in the markdown, JSON and HTML formats."""
         from rich.table import Table
 
         table = Table(title=f"honed tune on {self.device} ({self.strategy}, {self.wall_s:.1f} s)")
-        for col, justify in [
-            ("module/graph", "left"),
-            ("candidate", "left"),
-            ("status", "left"),
-            ("build s", "right"),
-            ("median ms", "right"),
-            ("p99 ms", "right"),
-            ("throughput/s", "right"),
-            ("speedup", "right"),
-            ("max err", "right"),
-            ("cosine", "right"),
-            ("selected", "center"),
-        ]:
-            table.add_column(col, justify=justify)  # type: ignore[arg-type]
-        for g in self.graphs:
-            where = f"{g.module} / batch {g.batch_size}" if g.batch_size else g.module
+        columns = [c for c in CONSOLE_COLUMNS if c[2] <= width < c[3]]
+        for name, justify, _, _ in columns:
+            wraps = name in ("candidate", "status")
+            table.add_column(
+                name,
+                justify=justify,  # type: ignore[arg-type]
+                overflow="fold",
+                no_wrap=not wraps,
+                ratio=(3 if name == "candidate" else 2) if wraps else None,
+            )
+        compact = not any(name == "status" for name, _, _, _ in columns)
+        for index, g in enumerate(self.graphs):
+            if index:
+                table.add_section()
+            table.add_row(f"[bold]{_escape(g.title)}[/bold]", *[""] * (len(columns) - 1))
             for c in g.candidates:
-                table.add_row(
-                    where,
-                    c.name + (" (baseline)" if c.is_baseline else ""),
-                    c.status if c.status == "ok" else f"{c.status}: {c.reason}",
-                    _fmt(c.build_s, "{:.2f}"),
-                    _fmt(c.median_ms, "{:.3f}"),
-                    _fmt(c.p99_ms, "{:.3f}"),
-                    _fmt(c.throughput, "{:,.0f}"),
-                    _fmt(c.speedup, "{:.2f}x"),
-                    _fmt(c.max_abs_error, "{:.1e}"),
-                    _fmt(c.cosine, "{:.6f}"),
-                    "✔" if c.selected else "",
-                )
-                where = ""
-        lines = []
+                cells = dict(zip(MARKDOWN_COLUMNS, _cells(c), strict=True))
+                cells["status"] = _brief(cells["status"])
+                if compact:
+                    mark = "✔ " if c.selected else ""
+                    status = "" if c.status == "ok" else f"\n{cells['status']}"
+                    cells["candidate"] = mark + cells["candidate"] + status
+                table.add_row(*[_escape(cells[name]) for name, _, _, _ in columns])
+        table.caption = _escape("\n".join(self._caption()))
+        table.caption_justify = "left"
+        return table
+
+    def _caption(self) -> list[str]:
+        lines = [f"busy machine: {self.busy}"] if self.busy else []
         logs = [c.build_log for g in self.graphs for c in g.candidates if c.build_log]
         if logs:
             lines.append(f"compiler output: {len(logs)} build.log file(s) in {_common_dir(logs)}")
         for g in self.graphs:
+            lines.append(f"{g.title}: {g.measured}")
             if g.sweep:
                 lines.append(f"{g.module} batch sweep: {g.sweep}")
-            lines.append(f"{g.module} / batch {g.batch_size} decision: {g.decision}")
-        table.caption = "\n".join(lines)
-        table.caption_justify = "left"
-        return table
+            lines.append(f"{g.title} decision: {g.decision}")
+        return lines
 
-    def render(self, width: int = 160) -> str:
+    def render(self, width: int | None = None) -> str:
+        """The console table at ``width`` columns (default: the terminal's width; COLUMNS, else
+        120 when not writing to a terminal)."""
         from rich.console import Console
 
+        width = width or shutil.get_terminal_size((120, 24)).columns
         buf = io.StringIO()
-        Console(file=buf, width=width, force_terminal=False).print(self.table())
+        Console(file=buf, width=width, force_terminal=False).print(self.table(width))
         return buf.getvalue()
 
     def __str__(self) -> str:
@@ -198,7 +235,7 @@ MARKDOWN_COLUMNS = (
     "build s",
     "median ms",
     "p99 ms",
-    "throughput/s",
+    "samples/s",
     "CV",
     "speed-up",
     "max err",
@@ -206,10 +243,47 @@ MARKDOWN_COLUMNS = (
     "selected",
 )
 
+# The console table's columns: name, alignment, and the terminal widths it is shown at [from, to).
+WIDE = 110
+CONSOLE_COLUMNS = (
+    ("candidate", "left", 0, 1 << 30),
+    ("status", "left", WIDE, 1 << 30),
+    ("build s", "right", WIDE, 1 << 30),
+    ("median ms", "right", 0, 1 << 30),
+    ("p99 ms", "right", WIDE, 1 << 30),
+    ("samples/s", "right", 0, 1 << 30),
+    ("CV", "right", 0, 1 << 30),
+    ("speed-up", "right", 0, 1 << 30),
+    ("max err", "right", 150, 1 << 30),
+    ("cosine", "right", 150, 1 << 30),
+    ("selected", "center", WIDE, 1 << 30),
+)
+
+
+def _brief(text: str, limit: int = 120) -> str:
+    """A status for the console: its first line, at most ``limit`` characters."""
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def cv_text(cv: float | None, stable: bool | None) -> str:
+    """The CV as every format shows it: a percentage and the measurement's own flag,
+    e.g. "3.6% (stable)"; "-" when there is no measurement."""
+    if cv is None:
+        return "-"
+    flag = "" if stable is None else (" (stable)" if stable else " (unstable)")
+    return f"{cv:.1%}{flag}"
+
+
+def _ranking(figure: str) -> str:
+    """What the speed-up column means, from the figure the decision ranked by."""
+    if figure == "throughput":
+        return "ranked by throughput (samples/s); speed-up = throughput over eager's"
+    return f"ranked by {figure}; speed-up = eager's {figure} over the candidate's"
+
 
 def _cells(c: CandidateReport) -> list[str]:
-    """One candidate's row of the markdown table (and the HTML one)."""
-    stability = "" if c.stable is None else (" (stable)" if c.stable else " (unstable)")
+    """One candidate's row of the markdown table (and the console one)."""
     return [
         c.name + (" (baseline)" if c.is_baseline else "") + (" (cached)" if c.cached else ""),
         c.status if c.status == "ok" else f"{c.status}: {c.reason}",
@@ -217,12 +291,19 @@ def _cells(c: CandidateReport) -> list[str]:
         _fmt(c.median_ms, "{:.3f}"),
         _fmt(c.p99_ms, "{:.3f}"),
         _fmt(c.throughput, "{:,.0f}"),
-        _fmt(c.cv, "{:.1%}") + (stability if c.cv is not None else ""),
+        cv_text(c.cv, c.stable),
         _fmt(c.speedup, "{:.2f}x"),
         _fmt(c.max_abs_error, "{:.1e}"),
         _fmt(c.cosine, "{:.6f}"),
         "✔" if c.selected else "",
     ]
+
+
+def _escape(text: str) -> str:
+    """Text shown as it is by rich (no [markup])."""
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _md(text: str) -> str:
@@ -267,4 +348,5 @@ def load_report(path: str | os.PathLike[str]) -> TuneReport:
         strategy="; ".join(strategies),
         wall_s=max(r.wall_s for r in reports),
         environment=reports[0].environment or dict(manifest.get("environment", {})),
+        machine=reports[0].machine or dict(manifest.get("machine", {})),
     )

@@ -14,6 +14,7 @@ import torch
 
 from honed import _core, config
 from honed.backend.base import Sample
+from honed.machine import measuring_threads
 from honed.module import GraphRecording
 
 log = logging.getLogger("honed")
@@ -74,7 +75,7 @@ def sweep_graph(
         try:
             sample = resize_sample(base, batch_axes, batch)
             cfg.batch_size = batch
-            with torch.no_grad():
+            with torch.no_grad(), measuring_threads(device):
                 m = _core.measure(lambda: module(*sample.args, **sample.kwargs), timer, cfg)
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from honed import _core
+from honed import _core, config
 from honed.backend.base import Backend, GraphInfo
 from honed.backend.registry import default_backends
 from honed.errors import ConfigError
@@ -30,6 +30,17 @@ def _check_backends(owner: str, backends: Sequence[Backend] | None) -> list[Back
     if not backends:
         raise ConfigError(f"{owner}: the backend list is empty; pass at least one backend")
     return backends
+
+
+def _margin() -> float:
+    """honed.config.decision_margin (HONED_DECISION_MARGIN), checked."""
+    margin = float(config.decision_margin)
+    if not margin >= 0:
+        raise ConfigError(
+            f"HONED_DECISION_MARGIN (honed.config.decision_margin) must be >= 0, got {margin}; "
+            "e.g. 0.02 for a 2 % margin"
+        )
+    return margin
 
 
 class TuneStrategy:
@@ -84,21 +95,22 @@ class FirstWinsStrategy(TuneStrategy):
         self.min_speedup = float(min_speedup)
 
     def select(self, candidates: list[Any]) -> Any:
-        return _core.select_first_wins(candidates, self.min_speedup)
+        return _core.select_first_wins(candidates, self.min_speedup, _margin())
 
 
 class MaxThroughputStrategy(TuneStrategy):
-    """Measure every correct candidate and keep the highest throughput (beyond the noise)."""
+    """Measure every correct candidate and keep the highest throughput (samples per second);
+    a candidate beats a simpler one only with evidence (honed.config.decision_margin)."""
 
     def select(self, candidates: list[Any]) -> Any:
-        return _core.select_max_throughput(candidates)
+        return _core.select_max_throughput(candidates, _margin())
 
 
 class MinLatencyStrategy(TuneStrategy):
-    """Measure every correct candidate and keep the lowest median latency."""
+    """Measure every correct candidate and keep the lowest median latency (with evidence)."""
 
     def select(self, candidates: list[Any]) -> Any:
-        return _core.select_min_latency(candidates)
+        return _core.select_min_latency(candidates, _margin())
 
 
 class LatencyBudgetStrategy(TuneStrategy):
@@ -113,7 +125,7 @@ class LatencyBudgetStrategy(TuneStrategy):
         self.latency_budget_ms = float(latency_budget_ms)
 
     def select(self, candidates: list[Any]) -> Any:
-        return _core.select_latency_budget(candidates, self.latency_budget_ms)
+        return _core.select_latency_budget(candidates, self.latency_budget_ms, _margin())
 
     def describe(self) -> str:
         return f"LatencyBudgetStrategy({self.latency_budget_ms} ms)"

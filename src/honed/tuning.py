@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from honed import _core, buildlog, config, guidance, progress
+from honed import _core, buildlog, config, guidance, machine, progress
+from honed import figures as fig
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint, open_for_tune
@@ -124,6 +125,7 @@ def tune(
             )
         guidance.at_tune_start(modules, sizes, batch_sweep)  # .eval(), fixed shapes
         run_device = _resolve_device(device, modules)
+        machine_section = machine.start_of_tune(run_device)  # names a busy machine
         isolation = isolation or config.isolation
         if isolation not in ("process", "none"):
             raise InputError(
@@ -165,6 +167,7 @@ def tune(
                     0.0,
                     fingerprint(run_device),
                     ctx.target,
+                    machine_section,
                 )
                 graphs += module_graphs
         overall = TuneReport(
@@ -174,6 +177,7 @@ def tune(
             time.perf_counter() - started,
             fingerprint(run_device),
             ctx.target,
+            machine_section,
         )
         for module in modules:
             module.report.wall_s = overall.wall_s
@@ -436,12 +440,14 @@ def _tune_graph(
             "honed: %s: no candidate selected (%s); running eager", module.name, decision.reason
         )
     everything = [baseline, *outcomes]
-    rows = [_row(o, baseline, o is chosen) for o in everything]
+    figure = str(getattr(decision, "figure", ""))  # what the strategy ranked by
+    rows = [_row(o, baseline, o is chosen, figure) for o in everything]
     report = GraphReport(
         module=module.name,
         graph=recording.key,
         samples=len(samples),
-        batch_size=batch,
+        **fig.graph_fields(profile, recording.signatures[measure_at]),
+        ranked_by=figure,
         profile=_describe_profile(profile),
         candidates=rows,
         selected=chosen.backend.name if chosen is not None else None,
@@ -607,11 +613,7 @@ def _measure_index(profile: Any, signatures: list[Any]) -> int:
 
 
 def _batch_size(profile: Any, signature: Any) -> int:
-    shapes = signature.tensor_shapes
-    for leaf, axis in enumerate(profile.batch_axes):
-        if axis >= 0:
-            return int(shapes[leaf][axis])
-    return 1
+    return fig.batch_of(profile, signature).size
 
 
 def _describe_profile(profile: Any) -> str:
@@ -624,11 +626,9 @@ def _describe_profile(profile: Any) -> str:
     return " ".join(parts)
 
 
-def _row(outcome: Outcome, baseline: Outcome, selected: bool) -> CandidateReport:
+def _row(outcome: Outcome, baseline: Outcome, selected: bool, figure: str = "") -> CandidateReport:
     m = outcome.measurement
-    speedup = None
-    if m is not None and baseline.measurement is not None and m.median_ms > 0:
-        speedup = baseline.measurement.median_ms / m.median_ms
+    speedup = fig.speedup(m, baseline.measurement, figure)
     check = outcome.check
     return CandidateReport(
         name=outcome.backend.name,

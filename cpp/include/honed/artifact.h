@@ -80,6 +80,7 @@ struct Manifest {
   std::string honed_version;
   std::string created;                                    // ISO 8601, UTC
   nlohmann::json environment = nlohmann::json::object();  // the environment fingerprint
+  nlohmann::json machine = nlohmann::json::object();      // where it was measured; no rule reads it
   std::vector<ManifestModule> modules;
   std::map<std::string, std::string> entries;  // entry -> SHA-256 (write_artifact fills it)
 

@@ -15,8 +15,10 @@ namespace honed {
 // The measurement protocol of DESIGN.md. Warm-up: at least warmup_calls calls AND warmup_ms.
 // Then windows of at least window_calls calls lasting at least window_ms each; after each window
 // the run is stable when the medians of the last stable_windows windows agree within tolerance
-// (max / min - 1 <= tolerance). It stops when stable or after max_windows windows (then
-// stable = false). batch_size is the number of samples one call processes (for throughput).
+// (max / min - 1 <= tolerance). Each time stable_windows more windows passed without agreement,
+// the windows double in length (calls and ms), so a noisy run is retried with longer windows. It
+// stops when stable or after max_windows windows (then stable = false). batch_size is the number
+// of samples one call processes: the size of the batch axis (for throughput).
 struct MeasureConfig {
   int warmup_calls = 10;
   double warmup_ms = 200;
@@ -95,9 +97,11 @@ class CudaEventTimer : public Timer {
 std::pair<bool, std::string> cuda_timer_available();
 
 // The result of a measurement. samples_ms: the per-call latencies the statistics are computed
-// from; calls == samples_ms.size(); wall_ms: the wall time (timer clock) those calls took;
-// throughput = batch_size * calls / (wall_ms / 1000), in samples per second. windows: the number
-// of windows measured (rounds for interleaved()); stable: see MeasureConfig. warmup_calls /
+// from; calls == samples_ms.size(); wall_ms: the wall time (timer clock) those calls took,
+// the harness's own work between calls included; throughput = batch_size * calls / (sum of
+// samples_ms / 1000) = batch_size * 1000 / mean latency, in samples per second: the same calls
+// as the latency figures, so for a steady run throughput ~ batch_size * 1000 / median. windows: the
+// number of windows measured (rounds for interleaved()); stable: see MeasureConfig. warmup_calls /
 // warmup_ms: what the warm-up took. has_host / host_stats: per-call host latency when the timer is
 // a device timer (then stats are device latencies).
 struct Measurement {
@@ -125,9 +129,23 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
 // `rounds` rounds, each running calls_per_round calls of fns[0], then of fns[1], ... (A B C A B C),
 // so drift hits all alike. One Measurement per fn, in order; its wall_ms is the sum of its blocks,
 // windows = rounds, stable = the medians of its last 3 rounds (all rounds when fewer) agree
-// within 5 %.
+// within `tolerance` (the protocol's, MeasureConfig::tolerance).
 std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& fns, Timer& timer,
-                                     int rounds, int calls_per_round, int64_t batch_size = 1);
+                                     int rounds, int calls_per_round, int64_t batch_size = 1,
+                                     double tolerance = 0.05);
+
+// The samples one call processes (the batch that throughput counts) and where that number comes
+// from: the first input with an inferred batch axis (batch_axes[i] >= 0: its size on that axis);
+// else the leading axis of the first input that has an axis; else 1 (no input with an axis).
+// source is the phrase reports show: "batch axis inferred", "no batch axis inferred: the leading
+// axis of the first input", "no input with an axis: one sample per call".
+struct CallBatch {
+  int64_t size = 1;
+  std::string source;
+};
+
+CallBatch batch_of(const std::vector<int>& batch_axes,
+                   const std::vector<std::vector<int64_t>>& shapes);
 
 // A Measurement from given samples (e.g. a cached one): wall_ms <= 0 means the samples' sum;
 // by default stable, in one window.

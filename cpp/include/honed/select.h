@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "honed/measure.h"
+#include "honed/stats.h"
 
 namespace honed {
 
@@ -24,40 +25,78 @@ struct CandidateResult {
   bool is_baseline = false;
 };
 
-// The pick: index into the candidates (-1: none) and one line for users saying why.
+// What a strategy ranks by. Each figure carries the statistic its evidence is bootstrapped on:
+//   throughput      samples per second (Measurement::throughput = batch * 1000 / mean latency),
+//                   higher is better; the interval is of the ratio of mean latencies
+//   median latency  lower is better; the ratio of medians
+//   p95 latency     lower is better; the ratio of 95th percentiles
+enum class Figure { throughput, median_latency, p95_latency };
+
+// "throughput", "median latency", "p95 latency".
+const char* figure_name(Figure figure);
+
+// A candidate beats another only when the interval of the ratio of their figures lies above
+// 1 + margin (the configured decision margin; honed.config.decision_margin).
+constexpr double kDefaultDecisionMargin = 0.02;
+
+// The confidence of the bootstrap intervals decisions rest on: one-sided, a candidate that does
+// the same work as another looks better by chance in about 0.5 % of comparisons.
+constexpr double kDecisionConfidence = 0.99;
+
+// Whether `challenger` beats `incumbent` on `figure` with evidence: both measurements stable and
+// the bootstrap interval of the ratio (> 1: the challenger is better; for throughput the
+// challenger's throughput over the incumbent's) lying entirely above `threshold`.
+// why: when it does not beat it, what is missing, with the figures, e.g. "onnx 1.010x eager
+// throughput (99% CI 0.970–1.050, needs > 1.020x)" or "aot 356x eager throughput (99% CI
+// 12.0–900) but its measurement is unstable (CV 383.0%)".
+struct Evidence {
+  bool beats = false;
+  RatioInterval interval;
+  std::string why;
+};
+
+Evidence weigh(const CandidateResult& incumbent, const CandidateResult& challenger, Figure figure,
+               double threshold);
+
+// The pick: index into the candidates (-1: none), one line for users saying why, and the figure
+// the candidates were ranked by ("" when the strategy does not rank them).
 struct Decision {
   int index = -1;
   std::string reason;
+  std::string figure;
 };
 
 // Rules shared by the strategies below:
 // - Failed (not ok) or incorrect candidates are never picked; all failing gives -1 and a reason
 //   listing the failures briefly. Strategies that rank by measurement also skip unmeasured ones.
-// - "Faster" means beyond the noise: when the best candidate and a simpler one (lower portability)
-//   are not distinguishable by compare() on their latency samples, the simpler one wins.
-// - An unstable measurement is still eligible (its wide spread makes ties with it likely); the
-//   reason says "unstable" when the pick is.
+// - A decision needs evidence (weigh() above): the baseline (else the simplest candidate, the
+//   lowest portability) is the incumbent; the others, simplest first, replace it only when they
+//   beat it with evidence. So an unstable measurement never wins, and where the evidence is
+//   missing the simpler candidate stays and the reason says "not enough evidence: ..." with the
+//   figures of every candidate that looked better.
 
 // The one backend under test: the first non-baseline candidate (or the only candidate) when it is
 // ok and correct; otherwise none, with its reason.
 Decision select_one_backend(const std::vector<CandidateResult>& cands);
 
-// Candidates in the given order; the first ok, correct, measured, non-baseline one whose speed-up
-// over the baseline exceeds min_speedup beyond the noise (the bootstrap interval of
-// baseline / candidate lies entirely above min_speedup). None qualifies: the baseline when it is
-// present and usable, saying so; otherwise none.
-Decision select_first_wins(const std::vector<CandidateResult>& cands, double min_speedup);
+// Candidates in the given order; the first ok, correct, measured, non-baseline one that beats the
+// baseline's median latency by min_speedup with evidence (threshold min_speedup * (1 + margin)).
+// None qualifies: the baseline when it is present and usable, saying so; otherwise none.
+Decision select_first_wins(const std::vector<CandidateResult>& cands, double min_speedup,
+                           double margin = kDefaultDecisionMargin);
 
-// Highest throughput (tie within noise -> simpler backend).
-Decision select_max_throughput(const std::vector<CandidateResult>& cands);
+// Highest throughput.
+Decision select_max_throughput(const std::vector<CandidateResult>& cands,
+                               double margin = kDefaultDecisionMargin);
 
-// Lowest median latency (tie within noise -> simpler backend).
-Decision select_min_latency(const std::vector<CandidateResult>& cands);
+// Lowest median latency.
+Decision select_min_latency(const std::vector<CandidateResult>& cands,
+                            double margin = kDefaultDecisionMargin);
 
-// Among candidates whose p95 latency is within budget_ms, the highest throughput (tie within
-// noise -> simpler). p95 rather than p99: a measurement holds tens of samples, where p99 is little
-// more than the maximum and as noisy. None fits: the lowest-p95 candidate, with a reason saying the
-// budget was missed.
-Decision select_latency_budget(const std::vector<CandidateResult>& cands, double budget_ms);
+// Among candidates whose p95 latency is within budget_ms, the highest throughput. p95 rather than
+// p99: a measurement holds tens of samples, where p99 is little more than the maximum and as
+// noisy. None fits: the lowest p95, with a reason saying the budget was missed.
+Decision select_latency_budget(const std::vector<CandidateResult>& cands, double budget_ms,
+                               double margin = kDefaultDecisionMargin);
 
 }  // namespace honed

@@ -1,6 +1,7 @@
 // cpp/include/honed/stats.h: latency statistics and the bootstrap comparison of two sample sets.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace honed {
@@ -33,8 +34,19 @@ double quantile_sorted(const std::vector<double>& sorted, double p);
 // The median of values (copied); throws std::invalid_argument when empty.
 double median_of(std::vector<double> values);
 
-// Bootstrap interval of the ratio of medians median(a) / median(b).
-// ratio: the ratio of the sample medians; lo/hi: the percentile interval at `confidence` of the
+// The figure of a sample set that a comparison is about: the median, the mean (what throughput
+// follows: samples per second = batch * 1000 / mean latency) or the 95th percentile.
+enum class Statistic { median, mean, p95 };
+
+// That figure of values (copied); throws std::invalid_argument when empty.
+double statistic_of(std::vector<double> values, Statistic stat);
+
+// "median", "mean", "p95"; and back (throws std::invalid_argument on anything else).
+const char* statistic_name(Statistic stat);
+Statistic parse_statistic(const std::string& name);
+
+// Bootstrap interval of the ratio stat(a) / stat(b) (by default of the medians).
+// ratio: the ratio of the sample figures; lo/hi: the percentile interval at `confidence` of the
 // ratio over `iterations` resamplings (each set resampled with replacement, std::mt19937_64
 // seeded with `seed`, so the result is deterministic); verdict: -1 when hi < 1 (a is faster,
 // its latency lower), +1 when lo > 1 (b is faster), 0 when the interval contains 1 (a tie within
@@ -47,8 +59,9 @@ struct RatioInterval {
 };
 
 // Throws std::invalid_argument on an empty set, iterations < 1, confidence outside (0, 1), or a
-// non-positive median of b.
+// non-positive figure of b.
 RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b,
-                      int iterations = 2000, double confidence = 0.95, uint64_t seed = 42);
+                      int iterations = 2000, double confidence = 0.95, uint64_t seed = 42,
+                      Statistic stat = Statistic::median);
 
 }  // namespace honed

@@ -1,0 +1,176 @@
+"""src/honed/machine.py: the machine a tune measures on: what it is, how busy, how many threads.
+
+The probing and the busy verdict are the engine's (honed._core: probe_cpu, probe_gpu_details,
+calibrate_cpu, assess_load); this file gathers what torch knows (the device, its uuid, the threads
+it uses), logs the verdict once at the start of a tune and describes the machine for the report
+and the artifact's "machine" section.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from honed import _core, config
+
+log = logging.getLogger("honed")
+
+
+@functools.cache
+def cpu() -> Any:
+    """The engine's CpuInfo: model, logical CPUs (this process's affinity), physical cores."""
+    return _core.probe_cpu()
+
+
+def cpu_threads() -> int:
+    """The threads CPU candidates are measured with: HONED_CPU_THREADS, else the physical cores."""
+    wanted = int(config.cpu_threads)
+    return wanted if wanted > 0 else max(1, int(cpu().physical_cores))
+
+
+@contextlib.contextmanager
+def measuring_threads(device: torch.device) -> Iterator[int]:
+    """Run the block with torch on ``cpu_threads()`` threads when measuring on the CPU."""
+    before = torch.get_num_threads()
+    if device.type != "cpu":
+        yield before
+        return
+    threads = cpu_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def _gpu_id(device: torch.device) -> str:
+    """The GPU as NVML names it: its uuid (stable under CUDA_VISIBLE_DEVICES), else the index."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return f"GPU-{uuid}" if uuid else str(index)
+
+
+def _own_pids() -> list[int]:
+    """This process and its children (the worker pool), which may hold GPU contexts of ours."""
+    pids = [os.getpid()]
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            pids += [int(p) for p in task.read_text().split()]
+    return pids
+
+
+def _gpu(device: torch.device | None) -> Any:
+    """The engine's GpuDetails of the GPU measured on; None off CUDA."""
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return _core.probe_gpu_details(_gpu_id(device))
+
+
+def _other_gpu_processes(gpu: Any) -> int:
+    if gpu is None or not gpu.processes_known:
+        return -1
+    own_context = torch.cuda.is_initialized()
+    return int(_core.other_processes(list(gpu.process_pids), _own_pids(), own_context))
+
+
+def check_load(device: torch.device | None, gpu: Any = None) -> Any:
+    """The engine's LoadVerdict for this machine now: a short CPU calibration on the threads the
+    measurement will use (one, the launching thread, for a GPU), the load average, and other
+    processes on the GPU."""
+    gpu = gpu if gpu is not None else _gpu(device)
+    threads = cpu_threads() if device is None or device.type == "cpu" else 1
+    signals = _core.LoadSignals(
+        calibration_ms=_core.calibrate_cpu(threads),
+        load_avg_1m=_core.load_average_1m(),
+        logical_cpus=int(cpu().logical_cpus),
+        gpu_other_processes=_other_gpu_processes(gpu),
+    )
+    return _core.assess_load(signals, config.busy_slowdown, config.busy_load_per_cpu)
+
+
+def wait_for_quiet(device: torch.device | None, timeout_s: float) -> Any:
+    """Check the load until the machine is quiet or ``timeout_s`` passed; the last verdict."""
+    deadline = time.monotonic() + timeout_s
+    verdict = check_load(device)
+    if verdict.busy:
+        log.info("honed: waiting up to %g s for a quiet machine (%s)", timeout_s, verdict.summary)
+    while verdict.busy and time.monotonic() < deadline:
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+        verdict = check_load(device)
+    return verdict
+
+
+def start_of_tune(device: torch.device) -> dict[str, Any]:
+    """The busy-machine check at the start of a tune: one log line, and the machine section.
+
+    HONED_WAIT_FOR_QUIET_S > 0 waits up to that long for the machine to become quiet first.
+    """
+    if config.wait_for_quiet_s > 0:
+        verdict = wait_for_quiet(device, config.wait_for_quiet_s)
+    else:
+        verdict = check_load(device)
+    if verdict.busy:
+        log.warning(
+            "honed: this machine is %s; figures may be noisy, and a candidate wins only with "
+            "evidence (set HONED_WAIT_FOR_QUIET_S to wait for a quiet machine)",
+            verdict.summary,
+        )
+    else:
+        log.info("honed: machine %s", verdict.summary)
+    return describe(device, verdict)
+
+
+def describe(device: torch.device | None, verdict: Any = None) -> dict[str, Any]:
+    """The machine section of a report and an artifact (the compatibility fingerprint is
+    environment.fingerprint; nothing here decides whether an artifact loads)."""
+    info = cpu()
+    on_cpu = device is None or device.type == "cpu"
+    section: dict[str, Any] = {
+        "cpu_model": info.model or None,
+        "physical_cores": int(info.physical_cores),
+        "logical_cpus": int(info.logical_cpus),
+        "torch_threads": cpu_threads() if on_cpu else torch.get_num_threads(),
+        "torch_threads_source": (
+            ("HONED_CPU_THREADS" if config.cpu_threads > 0 else "physical cores")
+            if on_cpu
+            else "torch default (GPU measurement)"
+        ),
+    }
+    gpu = _gpu(device)
+    if gpu is not None:
+        others = _other_gpu_processes(gpu)
+        section.update(
+            gpu=gpu.name or torch.cuda.get_device_name(device),
+            gpu_driver=gpu.driver_version or None,
+            gpu_sm_clock_mhz=_known(gpu.sm_clock_mhz),
+            gpu_max_sm_clock_mhz=_known(gpu.max_sm_clock_mhz),
+            gpu_mem_clock_mhz=_known(gpu.mem_clock_mhz),
+            gpu_power_limit_w=_known(gpu.power_limit_w),
+            gpu_shared=None if others < 0 else others > 0,
+            gpu_other_processes=None if others < 0 else others,
+        )
+        if not gpu.nvml:
+            section["gpu_details"] = f"unreadable: {gpu.error}"
+    if verdict is not None:
+        section.update(
+            busy=bool(verdict.busy),
+            load=str(verdict.summary),
+            calibration_slowdown=_known(round(float(verdict.slowdown), 3)),
+            load_per_cpu=_known(round(float(verdict.load_per_cpu), 3)),
+        )
+    return section
+
+
+def _known(value: float) -> float | None:
+    return None if value < 0 else value
+
+
+__all__ = ["check_load", "cpu_threads", "describe", "measuring_threads", "start_of_tune"]

@@ -1,0 +1,174 @@
+"""tests/test_figures.py: figures that mean what they say: the batch and label of a graph,
+throughput from the measured calls, decisions that need evidence, no unstable cache hits."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import honed
+from honed import _core, figures
+from honed.backend import Backend, Sample
+from honed.cache import TuneCache
+from honed.report import TuneReport
+
+from conftest import TinyMLP, batches
+
+
+class SameWork(Backend):
+    """A candidate that runs exactly the work eager runs."""
+
+    portability = 1
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return module
+
+
+def _tune(samples: Any, timings: dict[str, list[float]], **patch: Any) -> TuneReport:
+    torch.manual_seed(0)  # the same weights every time (the cache keys on them)
+    model = honed.Module(TinyMLP().eval(), "m")
+    strategy = honed.MaxThroughputStrategy([honed.backend.TorchEagerBackend(), SameWork()])
+    with honed.config.patch(injected_latencies=timings, **patch):
+        return honed.tune(model, samples, strategy=strategy)
+
+
+def _rows(report: TuneReport) -> dict[str, Any]:
+    return {c.name: c for c in report.graphs[0].candidates}
+
+
+def test_a_single_sample_is_labelled_by_its_shape_and_counts_its_rows() -> None:
+    # One 8x16 tensor: no batch axis can be inferred, so the leading axis stands in for it.
+    report = _tune(torch.randn(8, 16), {"TorchEagerBackend": [2.0], "SameWork": [2.0]})
+    g = report.graphs[0]
+    assert (g.batch_size, g.batch_axis, g.input_shapes) == (8, figures.LEADING, "8x16")
+    assert g.title == "m / 8x16"
+    eager = _rows(report)["TorchEagerBackend"]
+    assert eager.throughput == pytest.approx(8 * 1000 / 2.0)  # 8 samples a 2 ms call, not 500/s
+    md = report.to_markdown()
+    assert "## m / 8x16" in md and "batch 1" not in md
+    assert "batch 8 (no batch axis inferred: the leading axis of the first input)" in md
+    assert "m / 8x16" in report.render(width=120)
+    assert "m / 8x16" in report.to_html()
+
+
+def test_graphs_with_a_batch_axis_are_labelled_by_their_measured_shapes() -> None:
+    report = _tune(batches(2, 8), {"TorchEagerBackend": [2.0], "SameWork": [2.0]})
+    g = report.graphs[0]
+    assert (g.batch_size, g.batch_axis, g.title) == (8, figures.INFERRED, "m / 8x16")
+
+
+def test_throughput_comes_from_the_same_calls_as_the_latencies() -> None:
+    # A measurement whose harness clock ran ten times longer than its calls (e.g. a GPU timed by
+    # events, or cached figures carrying their wall time): throughput follows the calls.
+    m = _core.Measurement.from_samples([1.0] * 10, 8, 100.0)
+    assert m.throughput == pytest.approx(8 * 1000 / m.median_ms)  # 8,000/s, not 800/s
+    # Real host-clock measurements: exactly batch * 1000 / mean latency of the measured calls.
+    x = torch.randn(8, 64)
+    cfg = _core.MeasureConfig(
+        warmup_calls=3, warmup_ms=0, window_calls=5, window_ms=1, batch_size=8
+    )
+    real = [_core.measure(lambda: x @ x.T, _core.HostTimer(), cfg)]
+    real += _core.interleaved([lambda: x @ x.T, lambda: x.sum()], _core.HostTimer(), 3, 5, 8)
+    for m in real:
+        assert m.throughput == pytest.approx(8 * 1000 / m.mean_ms, rel=1e-9)
+
+
+def test_the_speedup_is_on_the_figure_ranked_by() -> None:
+    timings = {"TorchEagerBackend": [3.0], "SameWork": [1.0, 1.0, 1.0, 5.0]}  # median 1, mean 2
+    windows = dict(warmup_calls=4, window_calls=4, window_ms=0.0)  # whole cycles per window
+    assert _rows(_tune(batches(8), timings, **windows))["SameWork"].speedup == pytest.approx(1.5)
+    model = honed.Module(TinyMLP().eval(), "m")
+    strategy = honed.MinLatencyStrategy([honed.backend.TorchEagerBackend(), SameWork()])
+    with honed.config.patch(injected_latencies=timings, **windows):
+        report = honed.tune(model, batches(8), strategy=strategy)
+    assert report.graphs[0].ranked_by == "median latency"
+    assert _rows(report)["SameWork"].speedup == pytest.approx(3.0)
+    assert "ranked by median latency" in report.to_markdown()
+
+
+def test_an_interval_that_does_not_clear_the_margin_keeps_the_simpler_candidate() -> None:
+    # 1.5 % faster with a tight spread: the 99 % interval excludes 1 but not 1 + 2 %.
+    timings = {
+        "TorchEagerBackend": [1.000, 1.001, 0.999, 1.0005],
+        "SameWork": [0.985, 0.986, 0.984, 0.9855],
+    }
+    report = _tune(batches(8), timings)
+    g = report.graphs[0]
+    assert g.selected == "TorchEagerBackend", g.decision
+    assert "TorchEagerBackend: baseline kept (throughput 8000 samples/s)" in g.decision
+    assert (
+        "not enough evidence: SameWork 1.015x TorchEagerBackend throughput (99% CI " in g.decision
+    )
+    assert ", needs > 1.020x)" in g.decision
+    # The margin is a flag: at 0.5 % the same figures are evidence enough.
+    report = _tune(batches(8), timings, decision_margin=0.005)
+    assert report.graphs[0].selected == "SameWork", report.graphs[0].decision
+    with pytest.raises(honed.ConfigError, match="HONED_DECISION_MARGIN"):
+        _tune(batches(8), timings, decision_margin=-1.0)
+
+
+def _loaded_run(rng: random.Random, calls: int = 3000) -> list[float]:
+    """Latencies of a 14 ms call on a loaded machine: bursts of lost time slices (3-13x)."""
+    out, loaded = [], False
+    for _ in range(calls):
+        loaded = rng.random() < (0.9 if loaded else 0.05)
+        factor = rng.uniform(3, 13) if loaded else 1.0
+        out.append(14.0 * factor * rng.uniform(0.98, 1.02))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_an_identical_cost_candidate_under_load_is_never_selected(seed: int) -> None:
+    """Each candidate measured at its own time on a machine whose load comes and goes: where
+    eager drew the heavier load, the copy of eager looks faster, but never with evidence."""
+    rng = random.Random(seed)
+    timings = {"TorchEagerBackend": _loaded_run(rng), "SameWork": _loaded_run(rng)}
+    report = _tune(batches(8), timings, window_calls=10, window_ms=100.0, max_windows=10)
+    g = report.graphs[0]
+    assert g.selected == "TorchEagerBackend", g.decision
+
+
+def test_unstable_measurements_are_never_cached_as_decisions(tmp_path: Any) -> None:
+    # SameWork's windows alternate between 1 ms and 2 ms medians: unstable after every window.
+    timings = {"TorchEagerBackend": [3.0], "SameWork": [1.0, 1.0, 1.0, 2.0, 2.0, 2.0]}
+    first = _tune(batches(8), timings, cache_enabled=True, cache_dir=tmp_path)
+    assert _rows(first)["SameWork"].stable is False
+    assert first.graphs[0].selected == "TorchEagerBackend"  # an unstable measurement never wins
+    assert "but its measurement is unstable (CV " in first.graphs[0].decision
+    again = _tune(batches(8), timings, cache_enabled=True, cache_dir=tmp_path)
+    rows = _rows(again)
+    assert rows["TorchEagerBackend"].cached is True  # stable: reused
+    assert rows["SameWork"].cached is False  # unstable: measured again
+    cache = TuneCache(tmp_path)
+    records = [p for p in cache.dir.rglob("*.json")]
+    assert records and all(
+        cache.get(p.stem) is None or cache.get(p.stem)["measurement"]["stable"] for p in records
+    )
+
+
+def test_reusable_records() -> None:
+    assert figures.reusable({"status": "failed", "measurement": None})
+    assert figures.reusable({"status": "ok", "measurement": {"stable": True}})
+    assert not figures.reusable({"status": "ok", "measurement": {"stable": False}})
+    assert not figures.reusable(None)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_throughput_follows_the_event_timed_calls() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval().cuda(), "m")
+    strategy = honed.MaxThroughputStrategy([honed.backend.TorchEagerBackend(), SameWork()])
+    report = honed.tune(model, torch.randn(8, 16, device="cuda"), strategy=strategy)
+    g = report.graphs[0]
+    assert (g.batch_size, g.batch_axis, g.title) == (8, figures.LEADING, "m / 8x16")
+    for row in g.candidates:
+        assert row.samples_ms and len(row.samples_ms) < 2000, row.name  # every sample kept
+        mean = sum(row.samples_ms) / len(row.samples_ms)
+        assert row.throughput == pytest.approx(8 * 1000 / mean, rel=1e-9), row.name
+    print(report.render(width=160))

@@ -1,0 +1,203 @@
+"""tests/test_machine.py: the machine a tune measures on: the busy check (named at the start and in
+every report format), the machine section of reports and artifacts, the CPU thread count."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+import honed
+from honed import _core, machine
+from honed.backend import Backend, Sample
+from honed.report import TuneReport
+
+from conftest import TinyMLP, batches
+
+# The compatibility fingerprint's keys: the machine section is beside it, never in it.
+FINGERPRINT_KEYS = {
+    "honed",
+    "torch",
+    "torch_cuda",
+    "python",
+    "platform",
+    "cpu",
+    "device",
+    "gpu",
+    "compute_capability",
+}
+
+
+class SameWork(Backend):
+    """A candidate that runs exactly the work eager runs."""
+
+    portability = 1
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return module
+
+
+class CountsThreads(Backend):
+    """Records the torch thread count each time it runs."""
+
+    seen: ClassVar[list[int]] = []
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            CountsThreads.seen.append(torch.get_num_threads())
+            return module(*args, **kwargs)
+
+        return run
+
+
+def _tune(**patch: Any) -> tuple[honed.Module, TuneReport]:
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    strategy = honed.MaxThroughputStrategy([honed.backend.TorchEagerBackend(), SameWork()])
+    with honed.config.patch(**patch):
+        return model, honed.tune(model, batches(4, 8), strategy=strategy)
+
+
+# -- the verdict -------------------------------------------------------------------------------
+def test_the_engine_weighs_the_load_signals() -> None:
+    quiet = _core.LoadSignals([0.5] * 40, 0.5, 8, 0)
+    verdict = _core.assess_load(quiet)
+    assert not verdict.busy and verdict.summary.startswith("quiet (")
+    loaded = _core.LoadSignals([0.5, 0.5, 2.0] * 20, 18.6, 2, 1)
+    verdict = _core.assess_load(loaded)
+    assert verdict.busy
+    assert verdict.reasons == [
+        "CPU calibration 2.00x slower than its fastest chunk",
+        "load average 18.6 on 2 CPUs",
+        "1 other process on the GPU",
+    ]
+    # The limits are the caller's (honed.config.busy_slowdown, busy_load_per_cpu).
+    assert not _core.assess_load(_core.LoadSignals([0.5, 0.5, 2.0] * 20, 3.0, 2), 5.0, 2.0).busy
+    assert not _core.probe_gpu_details("0", "libnvidia-ml-missing.so.1").nvml
+
+
+def test_a_busy_machine_is_named_at_the_start_and_in_every_format(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Thresholds no machine passes: the calibration is never faster than its fastest chunk.
+    timings = {"TorchEagerBackend": [2.0], "SameWork": [2.0]}
+    with caplog.at_level(logging.WARNING, logger="honed"):
+        _, report = _tune(busy_slowdown=0.5, busy_load_per_cpu=-1.0, injected_latencies=timings)
+    starts = [r.getMessage() for r in caplog.records if "this machine is busy" in r.getMessage()]
+    assert len(starts) == 1 and "CPU calibration" in starts[0]
+    assert report.machine["busy"] is True
+    assert report.busy.startswith("busy: CPU calibration ")
+    assert f"**busy machine:** {report.busy}" in report.to_markdown()
+    assert "busy machine:" in report.to_html() and report.busy in report.to_html()
+    assert json.loads(report.to_json())["machine"]["busy"] is True
+    assert "busy machine: busy: CPU calibration" in report.render(width=200)
+
+
+def test_a_quiet_machine_is_not_called_busy(caplog: pytest.LogCaptureFixture) -> None:
+    timings = {"TorchEagerBackend": [2.0], "SameWork": [2.0]}
+    with caplog.at_level(logging.WARNING, logger="honed"):
+        _, report = _tune(busy_slowdown=1e9, busy_load_per_cpu=1e9, injected_latencies=timings)
+    assert "busy" not in caplog.text
+    assert report.machine["busy"] is False and report.busy == ""
+    assert report.machine["load"].startswith("quiet (CPU calibration ")
+    assert "busy machine" not in report.to_markdown() + report.to_html() + report.render(200)
+
+
+def test_wait_for_quiet_gives_up_after_its_time(caplog: pytest.LogCaptureFixture) -> None:
+    with (
+        honed.config.patch(busy_slowdown=0.5, wait_for_quiet_s=0.2),
+        caplog.at_level(logging.INFO, logger="honed"),
+    ):
+        section = machine.start_of_tune(torch.device("cpu"))
+    assert section["busy"] is True
+    assert "waiting up to 0.2 s for a quiet machine (busy: CPU calibration" in caplog.text
+
+
+# -- a really loaded machine -------------------------------------------------------------------
+@pytest.fixture
+def loaded_cpu() -> Iterator[Any]:
+    """Busy processes on every CPU (twice over) until the check calls the machine busy."""
+    cpus = int(machine.cpu().logical_cpus)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * cpus)]
+    try:
+        deadline = time.monotonic() + 60
+        verdict = machine.check_load(torch.device("cpu"))
+        while not verdict.busy and time.monotonic() < deadline:  # poll: no fixed sleep
+            verdict = machine.check_load(torch.device("cpu"))
+        assert verdict.busy, f"{2 * cpus} busy processes never showed: {verdict.summary}"
+        yield verdict
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
+
+
+def test_under_real_load_eager_keeps_its_place_and_the_report_says_busy(loaded_cpu: Any) -> None:
+    for _ in range(3):
+        _, report = _tune()
+        g = report.graphs[0]
+        assert g.selected == "TorchEagerBackend", g.decision
+        assert report.machine["busy"] is True and report.busy.startswith("busy: ")
+        assert "busy machine:" in report.to_markdown()
+
+
+# -- the machine section and the thread count --------------------------------------------------
+def test_the_machine_section_describes_the_cpu_and_the_threads(tmp_path: Path) -> None:
+    model, report = _tune(injected_latencies={"TorchEagerBackend": [2.0], "SameWork": [2.0]})
+    section = report.machine
+    info = _core.probe_cpu()
+    assert section["cpu_model"] == (info.model or None)
+    assert section["physical_cores"] == info.physical_cores >= 1
+    assert section["logical_cpus"] == info.logical_cpus >= section["physical_cores"]
+    assert section["torch_threads"] == info.physical_cores
+    assert section["torch_threads_source"] == "physical cores"
+    assert "gpu" not in section  # measured on the CPU
+    md = report.to_markdown()
+    assert "## Machine" in md and f"| torch_threads | {info.physical_cores} |" in md
+    path = honed.save(model, tmp_path / "m.honed")
+    with zipfile.ZipFile(path) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+    assert manifest["machine"] == section
+    assert set(manifest["environment"]) == FINGERPRINT_KEYS
+    assert honed.report.load_report(path).machine == section
+
+
+def test_cpu_candidates_are_measured_with_the_stated_threads() -> None:
+    torch.set_num_threads(2)
+    model = honed.Module(TinyMLP().eval(), "m")
+    CountsThreads.seen = []
+    with honed.config.patch(cpu_threads=1):
+        report = honed.tune(
+            model, batches(4, 8), strategy=honed.OneBackendStrategy(CountsThreads())
+        )
+    assert CountsThreads.seen and CountsThreads.seen[-1] == 1  # the measurement's calls
+    assert torch.get_num_threads() == 2  # restored afterwards
+    assert report.machine["torch_threads"] == 1
+    assert report.machine["torch_threads_source"] == "HONED_CPU_THREADS"
+
+
+@pytest.mark.gpu
+def test_the_machine_section_describes_the_gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval().cuda(), "m")
+    strategy = honed.MaxThroughputStrategy([honed.backend.TorchEagerBackend(), SameWork()])
+    report = honed.tune(model, [x.cuda() for x in batches(4, 8)], strategy=strategy)
+    section = report.machine
+    assert section["gpu"] == torch.cuda.get_device_name()
+    assert section["gpu_driver"]  # NVML ships with the driver
+    assert section["gpu_max_sm_clock_mhz"] > 0 and section["gpu_power_limit_w"] > 0
+    assert section["gpu_shared"] in (True, False)
+    assert section["torch_threads_source"] == "torch default (GPU measurement)"
+    print(json.dumps(section, indent=2))
