@@ -188,6 +188,8 @@ void Worker::finish(double grace_s) {
   close_fd(channel_);
   close_fd(out_);
   close_fd(err_);
+  result_.stdout_tail = out_tail_;  // the end of the output is often why it ended
+  result_.stderr_tail = err_tail_;
   ended_ = true;
 }
 

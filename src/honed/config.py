@@ -86,8 +86,8 @@ stable_windows: int = _env_int("HONED_STABLE_WINDOWS", 3)
 stability_tolerance: float = _env_float("HONED_STABILITY_TOLERANCE", 0.05)
 max_windows: int = _env_int("HONED_MAX_WINDOWS", 10)
 
-# Where candidates are built, checked and measured: "process" (a worker process per candidate,
-# so a crash, hang or runaway allocation fails only that candidate) or "none" (in this process).
+# Where candidates are built, checked and measured: "process" (a pool of worker processes, so a
+# crash, hang or runaway allocation fails only that candidate) or "none" (in this process).
 isolation: str = _env_str("HONED_ISOLATION", "process")
 
 # Worker limits: seconds for the build (+ check) phase and for the measure phase, and the
@@ -95,6 +95,14 @@ isolation: str = _env_str("HONED_ISOLATION", "process")
 build_timeout_s: float = _env_float("HONED_BUILD_TIMEOUT_S", 1800.0)
 measure_timeout_s: float = _env_float("HONED_MEASURE_TIMEOUT_S", 600.0)
 worker_memory_gb: float = _env_float("HONED_WORKER_MEMORY_GB", 0.0)
+
+# Worker processes of a tune's pool (0: one per CPU core, at most 8, never more than the jobs).
+# Builds run side by side; each device measures one candidate at a time (docs/tuning.md).
+workers: int = _env_int("HONED_WORKERS", 0)
+
+# On a host with several GPUs of the target's model, measure candidates on all of them (each
+# GPU one at a time); the finalists are re-measured on the target GPU. "0": the target only.
+spread_gpus: bool = _env_bool("HONED_SPREAD_GPUS", True)
 
 # Samples kept per graph while recording (bounded so long datasets do not hold everything).
 max_samples_per_graph: int = _env_int("HONED_MAX_SAMPLES_PER_GRAPH", 32)

@@ -35,6 +35,7 @@ class TorchEagerBackend(Backend):
 
     config_class = TorchEagerBackendConfig
     portability = 0
+    build_cost = 0
     config: TorchEagerBackendConfig
 
     def build_graph(
