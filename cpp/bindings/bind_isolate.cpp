@@ -126,6 +126,8 @@ void bind_worker(nb::module_& m) {
       .def("receive", &Worker::receive, "timeout_s"_a = -1.0,
            nb::call_guard<nb::gil_scoped_release>())
       .def("cancel", &Worker::cancel)
+      .def("pause", &Worker::pause, nb::call_guard<nb::gil_scoped_release>())
+      .def("resume", &Worker::resume, nb::call_guard<nb::gil_scoped_release>())
       .def("stop", &Worker::stop, "grace_s"_a = 0.0, nb::call_guard<nb::gil_scoped_release>())
       .def("take_output", &Worker::take_output)
       .def("resident_bytes", &Worker::resident_bytes, nb::call_guard<nb::gil_scoped_release>())

@@ -424,6 +424,10 @@ void kill_descendants(pid_t root) {
   }
 }
 
+void signal_descendants(pid_t root, int signal) {
+  for (pid_t p : descendants_in(all_processes(), root)) kill(p, signal);
+}
+
 void kill_marked(const std::string& marker) {
   if (marker.empty()) return;
   const pid_t self = getpid();

@@ -79,6 +79,9 @@ int64_t tree_resident_bytes(pid_t pid);
 // left: while pid lives, as a subreaper it adopts the orphans of each round.
 void kill_descendants(pid_t pid);
 
+// Sends `signal` to every process descended from pid (not pid itself), once.
+void signal_descendants(pid_t pid, int signal);
+
 // SIGKILLs every process of this user whose environment holds `marker`, until none is left.
 void kill_marked(const std::string& marker);
 

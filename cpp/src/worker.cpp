@@ -179,6 +179,11 @@ void Worker::finish(double grace_s) {
     exited = detail::child_exited(pid_, lost_);
   }
   if (!exited) detail::kill_descendants(pid_);  // while it lives it adopts orphans: all found
+  {
+    // From here on no pause()/resume() from another thread may signal: the pid is reaped next.
+    const std::lock_guard<std::mutex> lock(signal_mutex_);
+    ended_ = true;
+  }
   detail::reap_into(pid_, lost_, started_, result_);
   detail::kill_marked(marker_);  // what left the group and was reparented away
   const auto t1 = Clock::now();
@@ -190,7 +195,6 @@ void Worker::finish(double grace_s) {
   close_fd(err_);
   result_.stdout_tail = out_tail_;  // the end of the output is often why it ended
   result_.stderr_tail = err_tail_;
-  ended_ = true;
 }
 
 WorkerEvent Worker::send(const std::string& message, double timeout_s) {
@@ -276,6 +280,13 @@ int64_t Worker::resident_bytes() const {
   return ended_ ? 0 : detail::tree_resident_bytes(pid_);
 }
 
+void Worker::signal_tree(int signal) {
+  const std::lock_guard<std::mutex> lock(signal_mutex_);
+  if (ended_ || pid_ <= 0) return;
+  kill(-pid_, signal);
+  detail::signal_descendants(pid_, signal);
+}
+
 #else
 
 Worker::Worker(IsolateOptions options) : options_(std::move(options)) {
@@ -292,6 +303,7 @@ void Worker::finish(double) {}
 WorkerEvent Worker::send(const std::string&, double) { return {}; }
 WorkerEvent Worker::receive(double) { return {}; }
 IsolateResult Worker::stop(double) { return result_; }
+void Worker::signal_tree(int) {}
 std::pair<std::string, std::string> Worker::take_output() { return {}; }
 int64_t Worker::resident_bytes() const { return 0; }
 

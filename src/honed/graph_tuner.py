@@ -43,7 +43,7 @@ from honed.errors import InputError
 from honed.isolation import GraphJobs, NotIsolatable
 from honed.module import GraphRecording, Module, Variant
 from honed.planning import Planned, plan, precision_skip, waits_for
-from honed.pool import WorkerPool, wait_all
+from honed.pool import JobResult, WorkerPool, wait_all
 from honed.progress import Tracker
 from honed.report import CandidateReport, GraphReport
 from honed.shapes import graph_info, overrides_for, tensor_names
@@ -402,7 +402,7 @@ class GraphTuner:
             budget = None if self.ctx.deadline is None else self.ctx.deadline - time.perf_counter()
             for future in wait_all(list(running), None if budget is None else max(0.0, budget)):
                 i, backend, is_baseline = running.pop(future)
-                results[i] = self._pool_outcome(backend, is_baseline, future.result())
+                results[i] = self._pool_outcome(backend, is_baseline, _result_of(future))
                 if results[i].status == "not tried":
                     self.not_tried.append(results.pop(i))
                 held = self._release_held(items, held, {**outcomes, **results}, submit)
@@ -533,6 +533,14 @@ class GraphTuner:
                 )
             },
         }
+
+
+def _result_of(future: concurrent.futures.Future[Any]) -> JobResult:
+    """A job's result; a job cancelled before it started is a cancelled result too."""
+    if future.cancelled():
+        return JobResult(failure="cancelled", cancelled=True)
+    result: JobResult = future.result()
+    return result
 
 
 def _backend_identity(backend: Backend) -> dict[str, Any]:

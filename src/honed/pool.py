@@ -13,9 +13,10 @@ Jobs and futures: ``submit(job)`` returns a ``concurrent.futures.Future`` whose 
 poll, add callbacks and ``cancel(future)`` while its program runs.
 
 Sound figures: a worker asks before it measures (``("phase", "measure")``) and waits for a
-``go``. Per device, one job measures at a time; on a CPU device no job builds while one measures
-(builds would steal the cores being timed), so the gate there is a readers-writer lock: builds
-share it, a measurement holds it alone (and new builds wait behind a waiting measurement).
+``go``. Per device, one job measures at a time. On a CPU device builds would steal the cores
+being timed, so while a job measures there every building worker is paused (SIGSTOP to its
+process tree, SIGCONT after; the pause does not count against its time limit) and no build
+starts: no worker waits for another's long build to finish before it measures.
 """
 
 from __future__ import annotations
@@ -101,41 +102,48 @@ class JobResult:
 
 
 class _Gate:
-    """Who may build and measure on one device at a time (see the module docstring)."""
+    """Who builds and who measures on one device (see the module docstring).
 
-    def __init__(self, exclusive_measure: bool) -> None:
-        self.exclusive = exclusive_measure
+    One measurement at a time. On a CPU device (``pause_builders``) a measurement pauses every
+    worker that is building (SIGSTOP to its process tree, SIGCONT after), and no build starts
+    while one runs: the measured code has the cores to itself, yet no worker waits for another's
+    build to finish before it measures.
+    """
+
+    def __init__(self, pause_builders: bool) -> None:
+        self.pause_builders = pause_builders
         self._cond = threading.Condition()
-        self._builders = 0
-        self._measuring = False
-        self._waiting = 0
+        self._builders: set[_Slot] = set()
+        self._measuring: _Slot | None = None
+        self._paused: list[_Slot] = []
 
-    def enter_build(self) -> None:
-        if not self.exclusive:
-            return
+    def enter_build(self, slot: _Slot) -> None:
         with self._cond:
-            while self._measuring or self._waiting:
+            while self.pause_builders and self._measuring is not None:
                 self._cond.wait()
-            self._builders += 1
+            self._builders.add(slot)
 
-    def leave_build(self) -> None:
-        if not self.exclusive:
-            return
+    def leave_build(self, slot: _Slot) -> None:
         with self._cond:
-            self._builders -= 1
-            self._cond.notify_all()
+            self._builders.discard(slot)
 
-    def enter_measure(self) -> None:
+    def enter_measure(self, slot: _Slot) -> None:
         with self._cond:
-            self._waiting += 1
-            while self._measuring or (self.exclusive and self._builders):
+            while self._measuring is not None:
                 self._cond.wait()
-            self._waiting -= 1
-            self._measuring = True
+            self._measuring = slot
+            if self.pause_builders:
+                self._paused = [s for s in self._builders if s is not slot]
+                for s in self._paused:
+                    s.pause()
 
-    def leave_measure(self) -> None:
+    def leave_measure(self, slot: _Slot) -> None:
         with self._cond:
-            self._measuring = False
+            for s in self._paused:
+                s.resume()
+            self._paused = []
+            if self._measuring is slot:
+                self._measuring = None
             self._cond.notify_all()
 
 
@@ -209,7 +217,29 @@ class _Slot:
         self.ready = False
         self.current: concurrent.futures.Future[JobResult] | None = None
         self.cancel_current = False  # pool.cancel() asked to end the job in progress
+        self.paused_since: float | None = None
+        self.paused_total = 0.0
         self.thread = threading.Thread(target=self._loop, name=f"honed-pool-{index}", daemon=True)
+
+    # -- pausing (another worker measures on this CPU) -------------------------------------------
+    def pause(self) -> None:
+        worker = self.worker
+        if worker is not None:
+            self.paused_since = time.monotonic()
+            worker.pause()
+
+    def resume(self) -> None:
+        worker = self.worker
+        if self.paused_since is not None:
+            self.paused_total += time.monotonic() - self.paused_since
+            self.paused_since = None
+        if worker is not None:
+            worker.resume()
+
+    def paused_seconds(self) -> float:
+        """Seconds this slot's worker has spent paused (they do not count against its limits)."""
+        since = self.paused_since
+        return self.paused_total + (time.monotonic() - since if since is not None else 0.0)
 
     # -- the worker's life ---------------------------------------------------------------------
     def _start(self) -> None:
@@ -304,7 +334,7 @@ class _Slot:
     def _converse(self, job: Job, device: str, gate: _Gate) -> JobResult:
         """Send the job, follow its phases under their limits, return how it ended."""
         phase = "start-up"
-        gate.enter_build()
+        gate.enter_build(self)
         in_build, measuring = True, False
         try:
             why = self._wait_ready()
@@ -328,9 +358,16 @@ class _Slot:
             phase = "build"
             limit = job.limits.get("build", 0.0)
             deadline = time.monotonic() + limit if limit > 0 else None
+            paused = self.paused_seconds()
             while True:
                 wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
                 event = self.worker.receive(wait)
+                if event.kind == "timed_out" and deadline is not None:
+                    now_paused = self.paused_seconds()
+                    if now_paused > paused or self.paused_since is not None:
+                        deadline += now_paused - paused  # time spent paused is not its time
+                        paused = now_paused
+                        continue
                 if event.kind == "timed_out":
                     self._stop(0.0)
                     return JobResult(
@@ -352,9 +389,9 @@ class _Slot:
                     job.on_phase(phase)
                 if phase == "measure":
                     if in_build:
-                        gate.leave_build()
+                        gate.leave_build(self)
                         in_build = False
-                    gate.enter_measure()
+                    gate.enter_measure(self)
                     measuring = True
                     event = self.worker.send(pickle.dumps(("go",)), _SEND_TIMEOUT_S)
                     if event.kind != "sent":
@@ -362,11 +399,12 @@ class _Slot:
                 if phase in job.limits:
                     limit = job.limits[phase]
                     deadline = time.monotonic() + limit if limit > 0 else None
+                    paused = self.paused_seconds()
         finally:
             if in_build:
-                gate.leave_build()
+                gate.leave_build(self)
             if measuring:
-                gate.leave_measure()
+                gate.leave_measure(self)
 
     def _failed(self, event: Any, phase: str, job: Job) -> JobResult:
         output = self._output(event)
@@ -432,7 +470,7 @@ class WorkerPool:
     def gate(self, device: str) -> _Gate:
         with self._gates_lock:
             if device not in self._gates:
-                self._gates[device] = _Gate(exclusive_measure=not device.startswith("cuda"))
+                self._gates[device] = _Gate(pause_builders=not device.startswith("cuda"))
             return self._gates[device]
 
     def submit(self, job: Job) -> concurrent.futures.Future[JobResult]:

@@ -2,8 +2,11 @@
 #pragma once
 #include <sys/types.h>
 
+#include <csignal>
+
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -59,6 +62,12 @@ class Worker {
   // `cancelled`. Safe from any thread.
   void cancel() { cancel_.store(true); }
 
+  // SIGSTOP / SIGCONT to the worker's tree (its group and every process below it), e.g. to keep
+  // its build off the cores while another worker measures. Safe from any thread; nothing once
+  // it has ended.
+  void pause() { signal_tree(SIGSTOP); }
+  void resume() { signal_tree(SIGCONT); }
+
   // Ends the worker: up to grace_s for it to exit by itself (after its socket is closed, a
   // well-behaved worker does), then SIGKILL to every process of its tree (those that left the
   // group with setsid included). Returns how it ended; later calls return the same.
@@ -80,12 +89,13 @@ class Worker {
   // Checks exit, memory and cancel; fills `event` and returns true when the worker is over.
   bool over(WorkerEvent& event, Clock::time_point& next_memory_check);
   void finish(double grace_s);
+  void signal_tree(int signal);
 
   IsolateOptions options_;
   std::string marker_;
   pid_t pid_ = -1;
   bool lost_ = false;
-  bool ended_ = false;
+  std::atomic<bool> ended_{false};
   int channel_ = -1;
   int out_ = -1;
   int err_ = -1;
@@ -95,6 +105,7 @@ class Worker {
   IsolateResult result_;
   Clock::time_point started_;
   std::atomic<bool> cancel_{false};
+  std::mutex signal_mutex_;  // pause()/resume() against the reap
 };
 
 }  // namespace honed
