@@ -71,6 +71,13 @@ def add_parsers(sub: Any) -> None:
     tune.add_argument("--strategy", default=None, help=f"{STRATEGIES} (default max-throughput)")
     tune.add_argument("--isolation", choices=["process", "none"], default=None)
     tune.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    tune.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop trying candidates after this long; the best so far wins (docs/tuning.md)",
+    )
     tune.set_defaults(run=run_tune)
 
     inspect = sub.add_parser(
@@ -211,6 +218,8 @@ def run_tune(args: argparse.Namespace) -> int:
         kwargs["device"] = args.device
     if args.isolation:
         kwargs["isolation"] = args.isolation
+    if args.time_budget is not None:
+        kwargs["time_budget_s"] = args.time_budget
     console = _console()
     with config.patch(cache_enabled=config.cache_enabled and not args.no_cache):
         report = honed.tune(model, dataset, **kwargs)

@@ -151,6 +151,8 @@ class GraphJobs:
             reply = result.reply
             outcome = Outcome.from_record(backend, reply["outcome"], is_baseline, key="")
             outcome.cached, outcome.cache_key = False, None
+            if outcome.build_s is not None:  # the worker's clock ran while it was paused
+                outcome.build_s = max(0.0, outcome.build_s - result.paused_build_s)
             outcome.payload_files = reply.get("files") or None
             outcome.inductor_artifacts = reply.get("inductor")
             outcome.pickled_fn = reply.get("pickled")

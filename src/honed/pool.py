@@ -95,6 +95,7 @@ class JobResult:
     seconds: float = 0.0
     device: str = ""  # where it ran
     cancelled: bool = False
+    paused_build_s: float = 0.0  # of its build phase, seconds its worker spent paused
 
     @property
     def ok(self) -> bool:
@@ -358,7 +359,8 @@ class _Slot:
             phase = "build"
             limit = job.limits.get("build", 0.0)
             deadline = time.monotonic() + limit if limit > 0 else None
-            paused = self.paused_seconds()
+            paused = build_mark = self.paused_seconds()
+            build_paused = 0.0
             while True:
                 wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
                 event = self.worker.receive(wait)
@@ -379,11 +381,16 @@ class _Slot:
                     return self._failed(event, phase, job)
                 message = pickle.loads(event.message)
                 if message[0] == "result":
-                    return JobResult(reply=message[1], phase=phase, output=self._output())
+                    result = JobResult(reply=message[1], phase=phase, output=self._output())
+                    in_build_phase = self.paused_seconds() - build_mark
+                    result.paused_build_s = in_build_phase if phase == "build" else build_paused
+                    return result
                 if message[0] == "error":
                     return JobResult(failure=message[1], phase=phase, output=self._output())
                 if message[0] != "phase":
                     continue
+                if phase == "build":  # leaving it: what it spent paused is not build time
+                    build_paused = self.paused_seconds() - build_mark
                 phase = message[1]
                 if job.on_phase is not None:
                     job.on_phase(phase)
