@@ -136,3 +136,22 @@ def test_two_tunes_in_two_threads_keep_their_own_state() -> None:
         assert {e.module for e in tracker.events if e.module} == {name}
         assert sorted(f.candidate for f in tracker.done) == ["Rendezvous", "TorchEagerBackend"]
         assert {f.module for f in tracker.done} == {name}
+
+
+def test_a_tune_started_in_the_background_can_be_cancelled() -> None:
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    tracker = progress.Tracker(show=False)
+    tuner = honed.tuning.Tuner(
+        honed.MaxThroughputStrategy([Hangs()]), isolation="process", tracker=tracker
+    )
+    future = tuner.start(lambda x: model(x), batches(2, 4))
+    deadline = time.monotonic() + 300
+    while not any(e.candidate == "Hangs" and e.phase == "build" for e in tracker.events):
+        assert time.monotonic() < deadline, "the worker never reported its build"
+        time.sleep(0.05)  # waiting for a reported phase, not for a duration
+    tuner.cancel()
+    report = future.result(timeout=120)
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert (rows["Hangs"].status, rows["Hangs"].reason) == ("not tried", "cancelled")
+    assert report.selected() == ["TorchEagerBackend"]

@@ -346,3 +346,64 @@ def test_pool_closes_its_workers_and_folders(graph: GraphJobs, short_limits: Non
         assert folder is not None and folder.name.startswith(f"honed-worker-{os.getpid()}-")
     assert _gone(worker_pid)
     assert not folder.exists()
+
+
+class Spreads(Rendezvous):
+    """A cheap build (so it may run on any GPU of the host) that notes where it ran."""
+
+    build_cost = 1
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        device = next(module.parameters()).device
+        assert example_inputs[0].args[0].device == device  # the whole graph moved there
+        super().build(module, example_inputs)
+        return module
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_measure_side_by_side_and_finalists_meet_on_the_target(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = TinyMLP().cuda().eval()
+    samples = [Sample((x.cuda(),), {}) for x in batches(2, 4)]
+    with torch.no_grad():
+        references = [module(*s.args) for s in samples]
+    fields = dict(
+        module=module,
+        samples=samples,
+        references=references,
+        graph=honed.backend.GraphInfo(device=torch.device("cuda:0")),
+        measure_at=1,
+        batch_size=4,
+    )
+    graph = GraphJobs(fields, "cuda:0")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with new_pool(2, gpus=["cuda:0", "cuda:1"]) as pool:
+        jobs = [
+            graph.evaluate(pool, Spreads(a, b), False),
+            graph.evaluate(pool, Spreads(b, a), False),
+        ]
+        results = [j.result(timeout=600) for j in jobs]
+        outcomes = [GraphJobs.outcome(Spreads(a, b), False, r) for r in results]
+        assert all(o.status == "ok" for o in outcomes), [o.reason for o in outcomes]
+        assert sorted(r.device for r in results) == ["cuda:0", "cuda:1"]
+        phases: list[str] = []
+        graph.interleave(pool, outcomes, on_phase=phases.append)
+    assert phases == ["load 0", "load 1", "measure"]
+    assert all(o.measurement is not None and o.status == "ok" for o in outcomes)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_tune_on_a_host_with_two_gpus_selects_on_the_target() -> None:
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().cuda().eval(), "two-gpus")
+    strategy = honed.MaxThroughputStrategy(
+        [honed.backend.CudaGraphsBackend(), honed.backend.TorchInductorBackend()]
+    )
+    data = [x.cuda() for x in batches(2, 4)]
+    report = honed.tune(model, data, strategy=strategy, isolation="process")
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert all(c.status == "ok" for c in rows.values()), rows
+    x = batches(3, seed=1)[0].cuda()
+    torch.testing.assert_close(model(x), model.module(x))

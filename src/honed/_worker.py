@@ -120,6 +120,10 @@ class _Server:
                 raise RuntimeError(self.context_error)
             request: dict[str, Any] = pickle.loads(blob)
             ctx = self.context_on(request["device"])
+            if request["device"].startswith("cuda"):
+                import torch
+
+                torch.cuda.set_device(request["device"])  # captures and streams follow it
             if kind == "evaluate":
                 reply = evaluate_for_caller(ctx, request, self.phase)
             elif kind == "interleave":

@@ -359,15 +359,25 @@ def finalists(outcomes: list[Outcome]) -> list[Outcome]:
     return real[:_FINALISTS] if len(real) >= 2 else []
 
 
+def per_call_ms(m: Any) -> float:
+    """What one call took in a measurement, waits between calls included (the wall time over the
+    calls: on a busy machine far more than the median), for sizing the interleaved rounds."""
+    return max(float(m.median_ms), float(m.wall_ms) / max(1, len(m.samples_ms)))
+
+
 def interleave(
     fns: list[Callable[..., Any]],
-    medians_ms: list[float],
+    per_call: list[float],
     sample: Sample,
     device: torch.device,
     batch_size: int,
 ) -> list[Any]:
-    """Measure ``fns`` interleaved (A B C A B C ...) on ``sample`` so drift hits all alike."""
-    calls = max(3, int(_INTERLEAVED_ROUND_MS / max(max(medians_ms), 1e-3)))
+    """Measure ``fns`` interleaved (A B C A B C ...) on ``sample`` so drift hits all alike.
+
+    ``per_call``: each one's time per call in ms (per_call_ms), so a round takes about
+    _INTERLEAVED_ROUND_MS.
+    """
+    calls = max(3, int(_INTERLEAVED_ROUND_MS / max(max(per_call), 1e-3)))
     args, kwargs = sample.args, sample.kwargs
     bound = [_bind(fn, args, kwargs) for fn in fns]
     with torch.no_grad():
@@ -385,8 +395,8 @@ def measure_interleaved(
     if len(chosen) < 2:
         return
     fns = [o.fn for o in chosen if o.fn is not None]
-    medians = [o.measurement.median_ms for o in chosen]
-    for o, m in zip(chosen, interleave(fns, medians, sample, device, batch_size), strict=True):
+    per_call = [per_call_ms(o.measurement) for o in chosen]
+    for o, m in zip(chosen, interleave(fns, per_call, sample, device, batch_size), strict=True):
         o.measurement = m
 
 

@@ -73,6 +73,7 @@ class TuneContext:
     pool: Callable[[int], WorkerPool] | None = None  # the tune's pool, started on first use
     fingerprints: dict[int, str] = dataclasses.field(default_factory=dict)
     warned: set[str] = dataclasses.field(default_factory=set)
+    stopped: str = ""  # why the tune stopped trying candidates early (Tuner.cancel)
 
     def model_fingerprint(self, module: torch.nn.Module) -> str:
         if id(module) not in self.fingerprints:
@@ -80,10 +81,19 @@ class TuneContext:
         return self.fingerprints[id(module)]
 
     def out_of_time(self) -> bool:
+        """Whether candidates not evaluated yet are left out (budget spent, or stopped)."""
+        if self.stopped:
+            return True
         return self.deadline is not None and time.perf_counter() >= self.deadline
 
     def budget_reason(self) -> str:
+        if self.stopped:
+            return self.stopped
         return f"budget: the {self.budget_s:g} s time budget was spent"
+
+    def stop(self, reason: str) -> None:
+        """Leave every candidate not evaluated yet out, with ``reason`` (from any thread)."""
+        self.stopped = reason
 
 
 def for_target(backends: list[Backend], target: str, module: str) -> tuple[list[Backend], str]:
@@ -399,8 +409,7 @@ class GraphTuner:
             held = self._release_held(items, held, {**outcomes, **results}, submit)
             if not running:
                 continue
-            budget = None if self.ctx.deadline is None else self.ctx.deadline - time.perf_counter()
-            for future in wait_all(list(running), None if budget is None else max(0.0, budget)):
+            for future in wait_all(list(running), 0.5):  # back here twice a second: budget, stop
                 i, backend, is_baseline = running.pop(future)
                 results[i] = self._pool_outcome(backend, is_baseline, _result_of(future))
                 if results[i].status == "not tried":

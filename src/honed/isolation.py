@@ -19,7 +19,7 @@ from typing import Any
 
 from honed import config
 from honed.backend.base import Backend
-from honed.candidate import Outcome, measurement_from_record
+from honed.candidate import Outcome, measurement_from_record, per_call_ms
 from honed.pool import Context, Job, JobResult, WorkerPool, wait_all
 
 log = logging.getLogger("honed")
@@ -188,7 +188,7 @@ class GraphJobs:
                     }
                     for o in remaining
                 ],
-                "medians": [o.measurement.median_ms for o in remaining],
+                "per_call": [per_call_ms(o.measurement) for o in remaining],
             }
             try:
                 _pickled(request, "a finalist")

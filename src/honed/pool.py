@@ -285,6 +285,9 @@ class _Slot:
             self.ready = True
             self.worker.take_output()
             return ""
+        if event.kind == "cancelled":
+            self._stop(0.0)
+            return "cancelled"
         if event.kind == "message":
             text = pickle.loads(event.message)
             why = f"the worker failed to start: {text[-1] if isinstance(text, tuple) else text}"
@@ -340,7 +343,7 @@ class _Slot:
         try:
             why = self._wait_ready()
             if why:
-                return JobResult(failure=why, phase=phase)
+                return JobResult(failure=why, phase=phase, cancelled=why == "cancelled")
             if self.cancel_current:
                 self.worker.cancel()
             if job.context is not None and job.context.key != self.context_key:

@@ -35,6 +35,7 @@ class Event:
     graph: str
     candidate: str
     phase: str
+    at: float = dataclasses.field(default_factory=time.perf_counter, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

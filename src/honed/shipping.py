@@ -118,7 +118,7 @@ def interleave_shipped(
         )
     on_phase("measure")
     sample = ctx["samples"][ctx["measure_at"]]
-    results = interleave(fns, request["medians"], sample, ctx["graph"].device, ctx["batch_size"])
+    results = interleave(fns, request["per_call"], sample, ctx["graph"].device, ctx["batch_size"])
     return {"measurements": [measurement_record(m) for m in results]}
 
 

@@ -6,10 +6,12 @@ needs PyTorch's Python API and hands the results over.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -154,6 +156,35 @@ class Tuner:
         self.time_budget_s = time_budget_s
         self.tracker = tracker or progress.requested() or progress.Tracker()
         self.pool: WorkerPool | None = None
+        self.ctx: TuneContext | None = None
+        self._cancelled = False
+
+    def start(
+        self, func: Callable[..., Any], samples: list[Any], sizes: list[int] | None = None
+    ) -> concurrent.futures.Future[TuneReport]:
+        """Run the tune on a thread of its own and return at once (JIT tunes beside the program).
+
+        The future's result is the TuneReport (or the tune's exception); ``cancel()`` stops it
+        early, the best candidate so far winning as when a time budget runs out.
+        """
+        future: concurrent.futures.Future[TuneReport] = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(self.run(func, samples, list(sizes or [])))
+            except BaseException as e:
+                future.set_exception(e)
+
+        threading.Thread(target=work, name="honed-tune", daemon=True).start()
+        return future
+
+    def cancel(self) -> None:
+        """Stop trying candidates: queued ones are dropped, running ones ended ("not tried")."""
+        self._cancelled = True
+        if self.ctx is not None:
+            self.ctx.stop("cancelled")
 
     def run(self, func: Callable[..., Any], samples: list[Any], sizes: list[int]) -> TuneReport:
         """Record, tune every graph, install; the pool is closed whatever happens."""
@@ -167,7 +198,9 @@ class Tuner:
                     "honed.tune: no honed.Module was called while running the dataset; wrap the "
                     "model with honed.Module(model, 'name') and call it inside func"
                 )
-            ctx = self._context(_resolve_device(self.device, modules), started)
+            ctx = self.ctx = self._context(_resolve_device(self.device, modules), started)
+            if self._cancelled:
+                ctx.stop("cancelled")
             graphs: list[GraphReport] = []
             with _dynamo_limits():
                 for module in modules:
