@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
 
 from honed.backend.base import Backend, GraphInfo
 
@@ -95,11 +94,3 @@ def _precision(backend: Backend) -> str:
         return str(backend.precision())
     except Exception:
         return "fp32"
-
-
-def describe(items: list[Planned]) -> list[dict[str, Any]]:
-    """The plan as rows (name, cost, precision, skip), for logs and the report's decision."""
-    return [
-        {"name": p.backend.name, "cost": p.cost, "precision": p.precision, "skip": p.skip}
-        for p in items
-    ]

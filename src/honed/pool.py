@@ -42,7 +42,7 @@ from typing import Any
 
 import cloudpickle
 
-from honed import _core
+from honed import _core, buildlog
 
 log = logging.getLogger("honed")
 
@@ -195,14 +195,6 @@ def _last_line(text: str) -> str:
         return ""
     line = lines[-1]
     return line if len(line) <= 200 else line[:197] + "..."
-
-
-def _output_text(out: str, err: str) -> str:
-    parts = []
-    for name, tail in (("stdout", out), ("stderr", err)):
-        if tail.strip():
-            parts.append(f"== worker {name} (the last part, as kept by the engine) ==\n{tail}")
-    return "\n".join(parts)
 
 
 class _Slot:
@@ -435,7 +427,7 @@ class _Slot:
         out, err = self.worker.take_output()
         if event is not None and event.kind in ("ended", "cancelled"):
             out, err = out or event.ended.stdout_tail, err or event.ended.stderr_tail
-        return _output_text(out, err)
+        return buildlog.worker_text(out, err)
 
 
 _POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()

@@ -208,9 +208,14 @@ def install_outcome(
 
 
 def _timed(step: Callable[[], Any], timeout_s: float, backend: Backend) -> Any:
-    """Run ``step`` on a thread; a TuneError when it takes more than ``timeout_s``."""
-    if timeout_s <= 0:
-        return step()
+    """Run ``step`` on a thread; a TuneError when it takes more than ``timeout_s``.
+
+    honed's own backends run on the calling thread (a CUDA-graph capture stays on the thread
+    that replays it); the guard is for the user's backends.
+    """
+    if timeout_s <= 0 or type(backend).__module__.startswith("honed.backend."):
+        with torch.no_grad():
+            return step()
     box: dict[str, Any] = {}
 
     def run() -> None:
