@@ -104,8 +104,9 @@ const char* kind_name(WorkerEvent::Kind kind) {
 void bind_worker(nb::module_& m) {
   nb::class_<WorkerEvent>(m, "WorkerEvent")
       .def_prop_ro("kind", [](const WorkerEvent& e) { return kind_name(e.kind); })
-      .def_prop_ro("message",
-                   [](const WorkerEvent& e) { return nb::bytes(e.message.data(), e.message.size()); })
+      .def_prop_ro(
+          "message",
+          [](const WorkerEvent& e) { return nb::bytes(e.message.data(), e.message.size()); })
       .def_ro("ended", &WorkerEvent::ended)
       .def("__repr__", [](const WorkerEvent& e) {
         return std::string("WorkerEvent(") + kind_name(e.kind) + ")";

@@ -118,7 +118,7 @@ std::string new_marker() {
                              int status_fd, pid_t parent) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  prctl(PR_SET_CHILD_SUBREAPER, 1);  // kept across exec: orphans of the tree stay below it
+  prctl(PR_SET_CHILD_SUBREAPER, 1);     // kept across exec: orphans of the tree stay below it
   if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
   struct sigaction dfl{};
   dfl.sa_handler = SIG_DFL;

@@ -276,9 +276,7 @@ std::pair<std::string, std::string> Worker::take_output() {
   return out;
 }
 
-int64_t Worker::resident_bytes() const {
-  return ended_ ? 0 : detail::tree_resident_bytes(pid_);
-}
+int64_t Worker::resident_bytes() const { return ended_ ? 0 : detail::tree_resident_bytes(pid_); }
 
 void Worker::signal_tree(int signal) {
   const std::lock_guard<std::mutex> lock(signal_mutex_);

@@ -2,12 +2,11 @@
 #pragma once
 #include <sys/types.h>
 
-#include <csignal>
-
 #include <atomic>
 #include <chrono>
-#include <mutex>
+#include <csignal>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 
