@@ -233,25 +233,6 @@ def evaluate(
     return outcome
 
 
-def build_for_install(
-    backend: Backend,
-    module: torch.nn.Module,
-    samples: list[Sample],
-    graph: GraphInfo,
-    measure_at: int,
-    files: dict[str, bytes] | None,
-) -> Callable[..., Any]:
-    """The callable of a candidate evaluated elsewhere (cache, worker): load or build, then warm."""
-    with torch.no_grad():
-        if files and backend.saves_payload:
-            fn = backend.load_payload(files, module, graph)
-        else:
-            fn = backend.build_graph(module, samples, graph)
-        first = samples[measure_at]
-        fn(*first.args, **first.kwargs)
-    return fn
-
-
 def _fail(outcome: Outcome, reason: str) -> Outcome:
     outcome.status, outcome.reason = "failed", reason
     return outcome
