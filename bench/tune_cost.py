@@ -45,12 +45,32 @@ def _model(name: str, device: str) -> tuple[Any, list[Any]]:
 
         return DemoNet().eval().to(device), dataset(torch.device(device))
     if name == "block":
-        sys.path.insert(0, str(HERE))
-        from models import Block
-
-        model = Block(64, 4, 128).eval().to(device)
+        model = _block(64, 4, 128).eval().to(device)
         return model, [torch.randn(b, 16, 64, generator=g).to(device) for b in (2, 8)]
     raise SystemExit(f"unknown model {name!r}; use one of {MODELS}")
+
+
+def _block(dim: int, heads: int, ff: int) -> Any:
+    """A pre-LayerNorm transformer block: attention (SDPA) and an MLP, each residual."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.fc1, self.fc2 = nn.Linear(dim, ff), nn.Linear(ff, dim)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, d = x.shape
+            qkv = self.qkv(self.ln1(x)).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            h = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+            x = x + self.proj(h.transpose(1, 2).reshape(b, t, d))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    return Block()
 
 
 def _step(step: str, name: str, device: str) -> dict[str, Any]:
@@ -181,7 +201,10 @@ def main() -> int:
         print("STEP " + json.dumps(_step(args.step, names[0], args.device)), flush=True)
         return 0
     load_before = os.getloadavg()
-    records = [measure(name, args.device) for name in names]
+    records = []
+    for name in names:
+        records.append(measure(name, args.device))
+        print(_table(records[-1:]), flush=True)
     run = {
         "bench": "tune_cost",
         "commit": _commit(),

@@ -40,7 +40,7 @@ from honed.candidate import (
 )
 from honed.environment import fingerprint
 from honed.errors import InputError
-from honed.isolation import GraphJobs, NotIsolatable
+from honed.isolation import GraphJobs, NotIsolatable, pool_size
 from honed.module import GraphRecording, Module, Variant
 from honed.planning import Planned, plan, precision_skip, waits_for
 from honed.pool import JobResult, WorkerPool, wait_all
@@ -159,7 +159,9 @@ class GraphTuner:
         baseline_backend = TorchEagerBackend()
         items = plan(candidates, self.info, baseline_backend if uses_baseline else None)
         costs = [0] + [p.cost for p in items]
-        self.tracker.at_graph(self.module.name, f"graph {self.index}", costs, self._parallel())
+        self.tracker.at_graph(
+            self.module.name, f"graph {self.index}", costs, self._parallel(len(costs))
+        )
         baseline, outcomes = self._evaluate_all(baseline_backend, items)
         competing = ([baseline] if uses_baseline else []) + outcomes
         if not all(o.cached for o in competing):  # all cached: their figures are the final ones
@@ -214,10 +216,11 @@ class GraphTuner:
         return profile, f"knee at batch {result.knee} ({result.stop_reason}; {points})"
 
     # -- evaluating the candidates ---------------------------------------------------------------
-    def _parallel(self) -> int:
+    def _parallel(self, jobs: int) -> int:
+        """How many candidates run at once (for the progress estimate)."""
         if self.ctx.isolation != "process" or self.ctx.pool is None:
             return 1
-        return max(1, config.workers or 1)
+        return pool_size(jobs)
 
     def _evaluate_all(self, baseline_backend: Backend, items: list[Planned]) -> Any:
         """The baseline's outcome and each planned candidate's (skipped ones go to not_tried)."""
@@ -233,7 +236,7 @@ class GraphTuner:
                 outcomes[i] = cached
             else:
                 pending.append(i)
-        if self._use_pool() and (baseline is None or pending):
+        if (baseline is None or pending) and self._use_pool():
             baseline = self._run_in_pool(baseline, baseline_backend, items, pending, outcomes)
         else:
             if baseline is None:
