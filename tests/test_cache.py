@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
 import torch
 
 import honed
@@ -103,3 +105,56 @@ def test_cache_can_be_turned_off() -> None:
         _reset()
         _tune(model)
     assert Counting.builds == 2
+
+
+class NaNs(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return lambda *a, **k: module(*a, **k) * float("nan")
+
+
+def _records(root: Path) -> list[Path]:
+    return sorted((root / "tune").rglob("*.json"))
+
+
+def test_a_malformed_cache_record_is_a_warning_and_a_re_evaluation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    _tune(model, cache_dir=tmp_path)
+    for record in _records(tmp_path):
+        record.write_text("{}")  # valid JSON of the wrong shape
+    _reset()
+    with caplog.at_level("WARNING", logger="honed"):
+        report = _tune(model, cache_dir=tmp_path)
+    assert "malformed tuning-cache entry" in caplog.text
+    assert (Counting.builds, Broken.builds) == (2, 1)  # evaluated again
+    assert report.selected() == ["Counting"]
+    assert not any(c.cached for c in report.graphs[0].candidates)
+
+
+def test_a_cached_winner_edited_to_ok_is_checked_before_it_is_installed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    timings = {"TorchEagerBackend": [3.0], "NaNs": [0.5]}
+    strategy = honed.MaxThroughputStrategy([NaNs()])
+    with honed.config.patch(injected_latencies=timings):
+        first = honed.tune(model, batches(2, 4), strategy=strategy, cache_dir=tmp_path)
+    assert {c.name: c.status for c in first.graphs[0].candidates}["NaNs"] == "rejected"
+    records = {p: json.loads(p.read_text()) for p in _records(tmp_path)}
+    eager = next(r for r in records.values() if r["status"] == "ok")
+    fast = dict(eager["measurement"], samples_ms=[0.01] * 9, wall_ms=0.09)
+    for path, record in records.items():  # mark the NaN candidate "ok" and fast, as an attacker
+        if record["status"] == "rejected":
+            path.write_text(json.dumps(dict(eager, measurement=fast)))
+    with caplog.at_level("WARNING", logger="honed"), honed.config.patch(injected_latencies=timings):
+        second = honed.tune(model, batches(2, 4), strategy=strategy, cache_dir=tmp_path)
+    rows = {c.name: c for c in second.graphs[0].candidates}
+    assert rows["NaNs"].status == "rejected", rows["NaNs"]
+    assert "checked in this process before installing" in rows["NaNs"].reason
+    assert second.selected() == ["TorchEagerBackend"]
+    x = batches(3, seed=2)[0]
+    assert not torch.isnan(model(x)).any()
+    torch.testing.assert_close(model(x), model.module(x))

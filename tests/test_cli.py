@@ -117,6 +117,23 @@ def test_tune_from_a_file_entry_saves_an_artifact_that_loads(
         assert torch.allclose(fresh(data[1]), trained(data[1]))
 
 
+def test_tune_time_budget_flag_leaves_the_rest_not_tried(
+    models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "tiny.honed"
+    argv = ["tune", f"{models}:build", "--isolation", "none", "--no-cache", "--out", str(out)]
+    argv += ["--backend", "TorchEagerBackend:autocast_enabled=True", "--time-budget", "0.001"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "not tried: budget: the 0.001 s time budget was" in printed
+    rows = honed.report.load_report(out).graphs[0].candidates
+    assert [(c.name, c.status, c.reason) for c in rows][1] == (
+        "TorchEagerBackend(autocast_enabled=True)",
+        "not tried",
+        "budget: the 0.001 s time budget was spent",
+    )
+
+
 @pytest.mark.integration
 def test_tune_the_demo_entry_with_inductor(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -1,4 +1,4 @@
-// cpp/bindings/bind_isolate.cpp: honed._core bindings of isolate (IsolateOptions, run_isolated).
+// cpp/bindings/bind_isolate.cpp: honed._core bindings of isolate and worker (run_isolated, Worker).
 #include <Python.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -8,6 +8,7 @@
 
 #include "bindings.h"
 #include "honed/isolate.h"
+#include "honed/worker.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -83,11 +84,63 @@ IsolateResult run(const IsolateOptions& options, bool check_signals) {
   return result;
 }
 
+const char* kind_name(WorkerEvent::Kind kind) {
+  switch (kind) {
+    case WorkerEvent::Kind::message:
+      return "message";
+    case WorkerEvent::Kind::sent:
+      return "sent";
+    case WorkerEvent::Kind::timed_out:
+      return "timed_out";
+    case WorkerEvent::Kind::ended:
+      return "ended";
+    case WorkerEvent::Kind::cancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+// The calls that wait run with the GIL released; messages cross as bytes.
+void bind_worker(nb::module_& m) {
+  nb::class_<WorkerEvent>(m, "WorkerEvent")
+      .def_prop_ro("kind", [](const WorkerEvent& e) { return kind_name(e.kind); })
+      .def_prop_ro(
+          "message",
+          [](const WorkerEvent& e) { return nb::bytes(e.message.data(), e.message.size()); })
+      .def_ro("ended", &WorkerEvent::ended)
+      .def("__repr__", [](const WorkerEvent& e) {
+        return std::string("WorkerEvent(") + kind_name(e.kind) + ")";
+      });
+  nb::class_<Worker>(m, "Worker")
+      .def(nb::init<IsolateOptions>(), "options"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("pid", &Worker::pid)
+      .def_prop_ro("running", &Worker::running)
+      .def_prop_ro("start_error", &Worker::start_error)
+      .def(
+          "send",
+          [](Worker& w, nb::bytes message, double timeout_s) {
+            std::string data(message.c_str(), message.size());
+            nb::gil_scoped_release no_gil;
+            return w.send(data, timeout_s);
+          },
+          "message"_a, "timeout_s"_a = -1.0)
+      .def("receive", &Worker::receive, "timeout_s"_a = -1.0,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("cancel", &Worker::cancel)
+      .def("pause", &Worker::pause, nb::call_guard<nb::gil_scoped_release>())
+      .def("resume", &Worker::resume, nb::call_guard<nb::gil_scoped_release>())
+      .def("stop", &Worker::stop, "grace_s"_a = 0.0, nb::call_guard<nb::gil_scoped_release>())
+      .def("take_output", &Worker::take_output)
+      .def("resident_bytes", &Worker::resident_bytes, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("peak_rss_bytes", &Worker::peak_rss_bytes);
+}
+
 }  // namespace
 
 void bind_isolate(nb::module_& m) {
   bind_options(m);
   bind_result(m);
+  bind_worker(m);
   m.def("run_isolated", &run, "options"_a, "check_signals"_a = true);
   m.def("format_bytes", &format_bytes, "bytes"_a);
   m.def("describe_signal", &describe_signal, "signal"_a);

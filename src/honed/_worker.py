@@ -1,103 +1,175 @@
-"""src/honed/_worker.py: the worker process that builds, checks and measures one candidate.
+"""src/honed/_worker.py: a worker process of the pool: builds, checks and measures candidates.
 
-Run as ``python -m honed._worker JOB_DIR``: reads ``JOB_DIR/job.pkl`` (written by
-honed.isolation with cloudpickle, so modules and backends defined in the user's ``__main__``
-script or inside functions travel by value), evaluates the candidate exactly as an in-process
-tune would, and writes ``JOB_DIR/result.json`` (plus the payload files of a payload backend).
-A watchdog thread ends the process with a "timed out" result when the build or the measure
-phase runs past its limit; anything worse (a segfault, a hang holding the GIL, the memory
-ceiling) is seen by the parent through the engine's run_isolated.
+Run as ``python -m honed._worker`` by honed.pool, which talks to it over fd 3 (a Unix socket;
+each message is an 8-byte little-endian length and a pickle). The conversation:
+
+    pool -> ("hello", {sys_path, config})     worker -> ("ready",) once torch and Inductor load
+    pool -> ("context", key, blob)            the graph's module, samples, references, ...
+    pool -> ("job", kind, request)            worker -> ("phase", name) as it goes, then
+                                              ("result", reply) or ("error", text)
+    worker -> ("phase", "measure")            and waits for pool -> ("go",): one measurement
+                                              per device at a time (honed.pool's gates)
+    pool -> ("exit",) or end of file          the worker leaves
+
+Jobs are "evaluate" (candidate.evaluate, exactly as an in-process tune would, plus what the
+caller needs to install the candidate without building it again) and "interleave" (the
+finalists, loaded from what their workers shipped, measured side by side). Limits (time,
+memory) and crashes are the pool's business: this process just works.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import pickle
+import struct
 import sys
-import threading
-from pathlib import Path
+import traceback
 from typing import Any
 
-EXIT_TIMEOUT = 86  # the watchdog's exit status: the result file says which phase
+_FD = 3
 
 
-class _Watchdog:
-    """Ends the process when a phase (build, measure) runs past its limit."""
+class _Channel:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
 
-    def __init__(self, result_path: Path) -> None:
-        self.result_path = result_path
-        self.timer: threading.Timer | None = None
+    def _read(self, n: int) -> bytes | None:
+        data = bytearray()
+        while len(data) < n:
+            chunk = os.read(self.fd, min(n - len(data), 1 << 20))
+            if not chunk:
+                return None
+            data += chunk
+        return bytes(data)
 
-    def phase(self, name: str, limit_s: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        if limit_s <= 0:
+    def recv(self) -> Any:
+        head = self._read(8)
+        if head is None:
+            return None
+        body = self._read(struct.unpack("<Q", head)[0])
+        return None if body is None else pickle.loads(body)
+
+    def send(self, message: Any) -> None:
+        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(struct.pack("<Q", len(body)) + body)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+
+class _Server:
+    def __init__(self, channel: _Channel) -> None:
+        self.channel = channel
+        self.context_key = ""
+        self.context: dict[str, Any] = {}
+        self.placed: dict[str, dict[str, Any]] = {}  # the context moved to another device
+        self.context_error = ""
+
+    def phase(self, name: str) -> None:
+        self.channel.send(("phase", name))
+        if name != "measure":
             return
-        self.timer = threading.Timer(limit_s, self._expire, args=(name, limit_s))
-        self.timer.daemon = True
-        self.timer.start()
+        message = self.channel.recv()  # wait for our turn on the device
+        if message is None:
+            sys.exit(0)
+        if message[0] != "go":
+            raise RuntimeError(f"honed worker: expected go, got {message[0]!r}")
 
-    def _expire(self, name: str, limit_s: float) -> None:
-        record = {"status": "failed", "reason": f"killed after the {limit_s:g} s {name} timeout"}
-        self.result_path.write_text(json.dumps({"outcome": record}))
-        sys.stderr.flush()
-        os._exit(EXIT_TIMEOUT)
+    def context_on(self, device: str) -> dict[str, Any]:
+        import torch
 
-    def stop(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
+        from honed.candidate import to_device
+
+        ctx = self.context
+        if str(ctx["graph"].device) == device:
+            return ctx
+        if device not in self.placed:
+            target = torch.device(device)
+            self.placed = {
+                device: dict(
+                    ctx,
+                    module=ctx["module"].to(target),
+                    samples=to_device(ctx["samples"], target),
+                    references=to_device(ctx["references"], target),
+                    graph=dataclasses.replace(ctx["graph"], device=target),
+                )
+            }
+        return self.placed[device]
+
+    def serve(self) -> int:
+        while True:
+            message = self.channel.recv()  # envelopes hold only str and bytes: they always load
+            if message is None or message[0] == "exit":
+                return 0
+            if message[0] == "context":
+                self.context_key, self.context, self.placed = message[1], {}, {}
+                try:
+                    self.context = pickle.loads(message[2])
+                    self.context_error = ""
+                except Exception as e:  # the next job says so
+                    traceback.print_exc()
+                    self.context_error = f"the worker could not load the graph: {e}"
+            elif message[0] == "job":
+                self.job(message[1], message[2])
+
+    def job(self, kind: str, blob: bytes) -> None:
+        from honed.shipping import evaluate_for_caller, interleave_shipped
+
+        try:
+            if self.context_error:
+                raise RuntimeError(self.context_error)
+            request: dict[str, Any] = pickle.loads(blob)
+            ctx = self.context_on(request["device"])
+            if request["device"].startswith("cuda"):
+                import torch
+
+                torch.cuda.set_device(request["device"])  # captures and streams follow it
+            if kind == "evaluate":
+                reply = evaluate_for_caller(ctx, request, self.phase)
+            elif kind == "interleave":
+                reply = interleave_shipped(ctx, request, self.phase)
+            else:
+                raise ValueError(f"unknown job kind {kind!r}")
+        except SystemExit:
+            raise
+        except BaseException as e:
+            text = traceback.format_exc()
+            sys.stderr.write(text)
+            self.channel.send(("error", f"the worker raised {type(e).__name__}: {e}"))
+            return
+        self.channel.send(("result", reply))
 
 
-def main(job_dir: str) -> int:
-    work = Path(job_dir)
-    spec: dict[str, Any] = json.loads((work / "spec.json").read_text())
+def _hello(channel: _Channel) -> bool:
+    message = channel.recv()
+    if message is None or message[0] != "hello":
+        return False
+    spec = message[1]
     sys.path[:0] = [p for p in spec["sys_path"] if p not in sys.path]
-
     from honed import config
-    from honed.candidate import Outcome, evaluate, watch_phases
 
     for name, value in spec["config"].items():
         setattr(config, name, value)
-    job = pickle.loads((work / "job.pkl").read_bytes())
-    if spec.get("kind") == "interleave":
-        return _interleave(job, work)
-    watchdog = _Watchdog(work / "result.json")
-    timeouts = spec["timeouts"]  # "check" has none of its own: the build limit covers it
+    # Imported once here, so no job pays for them.
+    import torch
+    import torch._dynamo
+    import torch._inductor.compile_fx
 
-    def on_phase(phase: str) -> None:
-        if phase in timeouts:
-            watchdog.phase(phase, timeouts[phase])
-
-    with watch_phases(on_phase):
-        outcome: Outcome = evaluate(**job)
-    watchdog.stop()
-    files: dict[str, bytes] = {}
-    if outcome.status == "ok" and outcome.fn is not None and outcome.backend.saves_payload:
-        files = outcome.backend.export_payload(outcome.fn)
-        for name, data in files.items():
-            (work / f"payload-{name}").write_bytes(data)
-    record = {"outcome": outcome.to_record(), "files": sorted(files)}
-    (work / "result.json").write_text(json.dumps(record))
-    return 0
+    del torch
+    return True
 
 
-def _interleave(job: dict[str, Any], work: Path) -> int:
-    """Build the finalists here (their compile caches are warm) and measure them interleaved."""
-    from honed.candidate import build_for_install, interleave, measurement_record
-
-    fns = [
-        build_for_install(
-            backend, job["module"], job["samples"], job["graph"], job["measure_at"], files
-        )
-        for backend, files in zip(job["backends"], job["payloads"], strict=True)
-    ]
-    sample = job["samples"][job["measure_at"]]
-    results = interleave(fns, job["medians"], sample, job["graph"].device, job["batch_size"])
-    record = {"measurements": [measurement_record(m) for m in results]}
-    (work / "result.json").write_text(json.dumps(record))
-    return 0
+def main() -> int:
+    channel = _Channel(_FD)
+    try:
+        if not _hello(channel):
+            return 0
+    except BaseException as e:
+        channel.send(("error", f"{type(e).__name__}: {e}"))
+        raise
+    channel.send(("ready",))
+    return _Server(channel).serve()
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main())

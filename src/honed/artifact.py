@@ -40,6 +40,7 @@ from honed.errors import (
 )
 from honed.module import Module, Variant, find_modules
 from honed.shapes import graph_info
+from honed.signals import terminate_like_interrupt
 from honed.sweep import resize_sample
 
 log = logging.getLogger("honed")
@@ -74,7 +75,8 @@ def save(obj: Any, path: str | os.PathLike[str]) -> Path:
     key = trust.key_for_save()
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        _core.write_artifact(str(path), manifest, entries, key or "")
+        with terminate_like_interrupt():  # SIGTERM waits for the write: no partial file stays
+            _core.write_artifact(str(path), manifest, entries, key or "")
     except _core.ArtifactError as e:
         raise ArtifactError(f"honed.save: {e}") from None
     return path

@@ -6,11 +6,10 @@ from the engine's measure (host clock, CUDA events, or injected samples in tests
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,26 +21,6 @@ from honed.correctness import CheckResult, Tolerance, compare
 from honed.machine import measuring_threads
 
 log = logging.getLogger("honed")
-
-# Called with "build" and "measure" as evaluate() enters those phases (the worker's watchdog).
-_phase_hook: Callable[[str], None] | None = None
-
-
-@contextlib.contextmanager
-def watch_phases(hook: Callable[[str], None]) -> Iterator[None]:
-    """Call ``hook(phase)`` as evaluate() enters its build and measure phases."""
-    global _phase_hook
-    saved, _phase_hook = _phase_hook, hook
-    try:
-        yield
-    finally:
-        _phase_hook = saved
-
-
-def _enter(phase: str) -> None:
-    if _phase_hook is not None:
-        _phase_hook(phase)
-
 
 # Interleaved re-measurement of finalists: rounds, and the time each round aims at.
 _INTERLEAVED_ROUNDS = 12
@@ -65,11 +44,19 @@ class Outcome:
     injected: bool = False
     cached: bool = False  # figures came from the tuning cache; fn is built only if selected
     cache_key: str | None = None
-    isolated: bool = False  # evaluated in a worker process; fn is built only if selected
-    payload_files: dict[str, bytes] | None = None  # a worker's payload (e.g. the .pt2)
+    isolated: bool = False  # evaluated in a worker process; fn is installed only if selected
+    # What the worker shipped so the caller installs the measured variant without building it
+    # again (honed.shipping): a payload backend's files (e.g. the .pt2), Inductor's cache
+    # artifacts of a JIT backend, or the callable itself, pickled.
+    payload_files: dict[str, bytes] | None = None
+    inductor_artifacts: bytes | None = None
+    pickled_fn: bytes | None = None
+    device: str = ""  # where a worker measured it (another GPU of the host when spread)
+    checked_here: bool = False  # fn was checked against eager in this process
     output: str = ""  # third-party output while it was evaluated (see buildlog.py)
     build_log: str | None = None  # the file that output was written to
     install_s: float = 0.0  # building/loading it in the caller's process once selected
+    seconds: float | None = None  # how long its evaluation took, start to end
 
     @property
     def passed(self) -> bool:
@@ -88,23 +75,29 @@ class Outcome:
         }
 
     @classmethod
-    def from_record(
-        cls, backend: Backend, record: dict[str, Any], is_baseline: bool, key: str
-    ) -> Outcome:
+    def from_record(cls, backend: Backend, record: Any, is_baseline: bool, key: str) -> Outcome:
+        """The outcome a cache record (or a worker's reply) holds; ValueError naming what is
+        wrong when the record is not one (the cache is a hint: the caller evaluates again)."""
+        problem = record_problem(record)
+        if problem:
+            raise ValueError(problem)
         m = record.get("measurement")
-        return cls(
-            backend,
-            is_baseline=is_baseline,
-            status=record["status"],
-            reason=record["reason"],
-            build_s=record["build_s"],
-            check=CheckResult(**record["check"]) if record.get("check") else None,
-            measurement=measurement_from_record(m),
-            memory_bytes=record.get("memory_bytes", 0),
-            injected=record.get("injected", False),
-            cached=True,
-            cache_key=key,
-        )
+        try:
+            return cls(
+                backend,
+                is_baseline=is_baseline,
+                status=record["status"],
+                reason=record["reason"],
+                build_s=record["build_s"],
+                check=CheckResult(**record["check"]) if record.get("check") else None,
+                measurement=measurement_from_record(m),
+                memory_bytes=int(record.get("memory_bytes", 0)),
+                injected=bool(record.get("injected", False)),
+                cached=True,
+                cache_key=key,
+            )
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"{type(e).__name__}: {e}") from e
 
     def result(self) -> Any:
         """The engine's view of this candidate, for the strategies."""
@@ -119,6 +112,35 @@ class Outcome:
             portability=int(getattr(type(self.backend), "portability", 5)),
             is_baseline=self.is_baseline,
         )
+
+
+_STATUSES = ("ok", "failed", "rejected")
+
+
+def record_problem(record: Any) -> str:
+    """What makes ``record`` unusable as an Outcome record ("" when nothing)."""
+    if not isinstance(record, dict):
+        return f"a record must be a JSON object, got {type(record).__name__}"
+    missing = [k for k in ("status", "reason", "build_s", "measurement") if k not in record]
+    if missing:
+        return f"missing field(s) {missing}"
+    if record["status"] not in _STATUSES:
+        return f"status {record['status']!r} is not one of {_STATUSES}"
+    if not isinstance(record["reason"], str):
+        return "reason is not a string"
+    m = record["measurement"]
+    if record["status"] == "ok" and not isinstance(m, dict):
+        return "an ok record has no measurement"
+    if m is not None and not (
+        isinstance(m, dict)
+        and isinstance(m.get("samples_ms"), list)
+        and m["samples_ms"]
+        and all(isinstance(x, int | float) and x == x and x > 0 for x in m["samples_ms"])
+    ):
+        return "measurement.samples_ms must be a non-empty list of positive numbers"
+    if record.get("check") is not None and not isinstance(record["check"], dict):
+        return "check is not an object"
+    return ""
 
 
 def measurement_record(m: Any) -> dict[str, Any] | None:
@@ -151,8 +173,14 @@ def evaluate(
     measure_at: int,
     batch_size: int,
     is_baseline: bool = False,
+    on_phase: Callable[[str], None] | None = None,
 ) -> Outcome:
-    """Build ``backend`` for ``module``, check it on every sample, and measure it."""
+    """Build ``backend`` for ``module``, check it on every sample, and measure it.
+
+    ``on_phase(name)`` is called as it enters "build", "check" and "measure" (a worker reports
+    them to the pool, and waits there for its turn to measure).
+    """
+    enter = on_phase or (lambda phase: None)
     outcome = Outcome(backend, is_baseline=is_baseline)
     available = availability(type(backend))
     if not available:
@@ -169,7 +197,7 @@ def evaluate(
             + (f" (fix: {supported.fix})" if supported.fix else ""),
         )
     stage = "build"
-    _enter("build")
+    enter("build")
     try:
         if graph.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(graph.device)
@@ -183,16 +211,16 @@ def evaluate(
             _sync(graph.device)
             outcome.build_s = time.perf_counter() - started
             stage = "check"
-            _enter("check")
+            enter("check")
             outcome.check = _check(
-                fn, samples, references, _reduced_precision(backend), backend.tolerance()
+                fn, samples, references, reduced_precision(backend), backend.tolerance()
             )
         if not outcome.check.ok:
             outcome.status, outcome.reason = "rejected", outcome.check.reason
             return outcome
         stage = "measure"
-        _enter("measure")
-        outcome.fn = fn
+        enter("measure")
+        outcome.fn, outcome.checked_here = fn, True
         outcome.measurement, outcome.injected = measure(
             fn, samples[measure_at], graph.device, backend, batch_size
         )
@@ -207,25 +235,6 @@ def evaluate(
     return outcome
 
 
-def build_for_install(
-    backend: Backend,
-    module: torch.nn.Module,
-    samples: list[Sample],
-    graph: GraphInfo,
-    measure_at: int,
-    files: dict[str, bytes] | None,
-) -> Callable[..., Any]:
-    """The callable of a candidate evaluated elsewhere (cache, worker): load or build, then warm."""
-    with torch.no_grad():
-        if files and backend.saves_payload:
-            fn = backend.load_payload(files, module, graph)
-        else:
-            fn = backend.build_graph(module, samples, graph)
-        first = samples[measure_at]
-        fn(*first.args, **first.kwargs)
-    return fn
-
-
 def _fail(outcome: Outcome, reason: str) -> Outcome:
     outcome.status, outcome.reason = "failed", reason
     return outcome
@@ -237,9 +246,26 @@ def _first_line(e: BaseException) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-def _reduced_precision(backend: Backend) -> bool:
-    cfg = getattr(backend, "config", None)
-    return bool(getattr(cfg, "autocast_enabled", False))
+def reduced_precision(backend: Backend) -> bool:
+    return backend.precision() != "fp32"
+
+
+def to_device(tree: Any, device: torch.device) -> Any:
+    """``tree`` with every tensor moved to ``device`` (samples, references)."""
+    return torch.utils._pytree.tree_map(
+        lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tree
+    )
+
+
+def check(
+    fn: Callable[..., Any],
+    samples: list[Sample],
+    references: list[Any],
+    backend: Backend,
+) -> CheckResult:
+    """``fn``'s outputs on every sample against eager's, with the backend's tolerance."""
+    with torch.no_grad():
+        return _check(fn, samples, references, reduced_precision(backend), backend.tolerance())
 
 
 def _check(
@@ -316,15 +342,25 @@ def finalists(outcomes: list[Outcome]) -> list[Outcome]:
     return real[:_FINALISTS] if len(real) >= 2 else []
 
 
+def per_call_ms(m: Any) -> float:
+    """What one call took in a measurement, waits between calls included (the wall time over the
+    calls: on a busy machine far more than the median), for sizing the interleaved rounds."""
+    return max(float(m.median_ms), float(m.wall_ms) / max(1, len(m.samples_ms)))
+
+
 def interleave(
     fns: list[Callable[..., Any]],
-    medians_ms: list[float],
+    per_call: list[float],
     sample: Sample,
     device: torch.device,
     batch_size: int,
 ) -> list[Any]:
-    """Measure ``fns`` interleaved (A B C A B C ...) on ``sample`` so drift hits all alike."""
-    calls = max(3, int(_INTERLEAVED_ROUND_MS / max(max(medians_ms), 1e-3)))
+    """Measure ``fns`` interleaved (A B C A B C ...) on ``sample`` so drift hits all alike.
+
+    ``per_call``: each one's time per call in ms (per_call_ms), so a round takes about
+    _INTERLEAVED_ROUND_MS.
+    """
+    calls = max(3, int(_INTERLEAVED_ROUND_MS / max(max(per_call), 1e-3)))
     args, kwargs = sample.args, sample.kwargs
     bound = [_bind(fn, args, kwargs) for fn in fns]
     with torch.no_grad(), measuring_threads(device):
@@ -347,8 +383,8 @@ def measure_interleaved(
     if len(chosen) < 2:
         return
     fns = [o.fn for o in chosen if o.fn is not None]
-    medians = [o.measurement.median_ms for o in chosen]
-    for o, m in zip(chosen, interleave(fns, medians, sample, device, batch_size), strict=True):
+    per_call = [per_call_ms(o.measurement) for o in chosen]
+    for o, m in zip(chosen, interleave(fns, per_call, sample, device, batch_size), strict=True):
         o.measurement = m
 
 

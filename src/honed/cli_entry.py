@@ -141,6 +141,13 @@ def add_tune_arguments(tune: argparse.ArgumentParser) -> None:
         help="list the candidates this machine would try and why the others are left out; "
         "tune nothing, save nothing",
     )
+    tune.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop trying candidates after this long; the best so far wins (docs/tuning.md)",
+    )
 
 
 def check_device(device: str | None) -> None:
@@ -302,6 +309,8 @@ def run_tune(args: argparse.Namespace) -> int:
 
         print(dry_run(model, kwargs, args.device))
         return 0
+    if args.time_budget is not None:
+        kwargs["time_budget_s"] = args.time_budget
     console = _console()
     with config.patch(cache_enabled=config.cache_enabled and not args.no_cache):
         report = honed.tune(model, dataset, **kwargs)

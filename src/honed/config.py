@@ -286,22 +286,26 @@ max_windows: int = _flag("max_windows", "HONED_MAX_WINDOWS", 10, _Number(1, 10_0
 # A decision needs evidence: a candidate beats eager (or another candidate) only when both
 # measurements are stable and the 99 % bootstrap interval of the ratio of their figures lies
 # above 1 + this margin (0.02: the interval must exclude everything under a 2 % gain).
-decision_margin: float = _env_float("HONED_DECISION_MARGIN", 0.02)
+decision_margin: float = _flag("decision_margin", "HONED_DECISION_MARGIN", 0.02, _Number(0, 1))
 
 # Threads torch uses while CPU candidates are measured (torch.set_num_threads); 0 = the physical
 # cores of this machine (of the CPUs this process may run on). Recorded in the report.
-cpu_threads: int = _env_int("HONED_CPU_THREADS", 0)
+cpu_threads: int = _flag("cpu_threads", "HONED_CPU_THREADS", 0, _Number(0, 4096, True))
 
 # The busy-machine check at the start of a tune: busy when a short CPU calibration's mean chunk
 # takes more than busy_slowdown times its fastest one, or the 1-minute load average exceeds
 # busy_load_per_cpu per CPU, or another process holds the GPU. A busy machine is named in the log
 # and the report; wait_for_quiet_s > 0 first waits up to that many seconds for a quiet one.
-busy_slowdown: float = _env_float("HONED_BUSY_SLOWDOWN", 1.5)
-busy_load_per_cpu: float = _env_float("HONED_BUSY_LOAD_PER_CPU", 1.0)
-wait_for_quiet_s: float = _env_float("HONED_WAIT_FOR_QUIET_S", 0.0)
+busy_slowdown: float = _flag("busy_slowdown", "HONED_BUSY_SLOWDOWN", 1.5, _Number(1, 1000))
+busy_load_per_cpu: float = _flag(
+    "busy_load_per_cpu", "HONED_BUSY_LOAD_PER_CPU", 1.0, _Number(0, 1000, lo_open=True)
+)
+wait_for_quiet_s: float = _flag(
+    "wait_for_quiet_s", "HONED_WAIT_FOR_QUIET_S", 0.0, _Number(0, _DAY_S, unit="s")
+)
 
-# Where candidates are built, checked and measured: "process" (a worker process per candidate,
-# so a crash, hang or runaway allocation fails only that candidate) or "none" (in this process).
+# Where candidates are built, checked and measured: "process" (a pool of worker processes, so a
+# crash, hang or runaway allocation fails only that candidate) or "none" (in this process).
 isolation: str = _flag("isolation", "HONED_ISOLATION", "process", _Choice(("process", "none")))
 
 # Worker limits: seconds for the build (+ check) phase and for the measure phase, and the
@@ -318,6 +322,14 @@ measure_timeout_s: float = _flag(
 worker_memory_gb: float = _flag(
     "worker_memory_gb", "HONED_WORKER_MEMORY_GB", 0.0, _Number(0, 1 << 20, unit="GiB")
 )
+
+# Worker processes of a tune's pool (0: one per CPU core, at most 8, never more than the jobs).
+# Builds run side by side; each device measures one candidate at a time (docs/tuning.md).
+workers: int = _flag("workers", "HONED_WORKERS", 0, _Number(0, 1024, True))
+
+# On a host with several GPUs of the target's model, measure candidates on all of them (each
+# GPU one at a time); the finalists are re-measured on the target GPU. "0": the target only.
+spread_gpus: bool = _flag("spread_gpus", "HONED_SPREAD_GPUS", True, _Bool())
 
 # Samples kept per graph while recording (bounded so long datasets do not hold everything).
 max_samples_per_graph: int = _flag(

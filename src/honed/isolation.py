@@ -1,30 +1,28 @@
-"""src/honed/isolation.py: evaluates one candidate in a worker process (the parent's side).
+"""src/honed/isolation.py: a tune's side of the worker pool: candidates as jobs, results back.
 
-The job (module, backend, samples, eager references) travels with cloudpickle, so modules and
-backends defined in the user's ``__main__`` script or inside functions work; the engine's
-``run_isolated`` runs ``python -m honed._worker`` with a timeout and a memory ceiling and reports
-how it ended. A crash, hang, out-of-memory or exception fails that candidate with a one-line
-reason; the tune goes on. What cannot be pickled is evaluated in this process instead (the
-caller warns once).
+The graph's module, samples and eager references travel once per worker as the job context
+(cloudpickle, so modules and backends defined in the user's ``__main__`` script or inside
+functions work); each candidate is one job. A crash, hang, out-of-memory or an exit without a
+result fails that candidate with a one-line reason and the tune goes on (honed.pool). What
+cannot be pickled is evaluated in the tune's process instead (the caller warns once).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import json
 import logging
 import os
-import sys
-import tempfile
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from honed import _core, buildlog, config
+from honed import config
 from honed.backend.base import Backend
-from honed.candidate import Outcome, measurement_from_record
+from honed.candidate import Outcome, measurement_from_record, per_call_ms
+from honed.pool import Context, Job, JobResult, WorkerPool, wait_all
 
 log = logging.getLogger("honed")
-
-_GRACE_S = 30.0  # on top of the worker's own phase limits: start-up, imports, writing results
 
 
 class NotIsolatable(Exception):
@@ -32,6 +30,7 @@ class NotIsolatable(Exception):
 
 
 def memory_ceiling_bytes() -> int:
+    """Each worker's ceiling: HONED_WORKER_MEMORY_GB, else 80 % of this machine's memory."""
     if config.worker_memory_gb > 0:
         return int(config.worker_memory_gb * (1 << 30))
     try:
@@ -41,7 +40,21 @@ def memory_ceiling_bytes() -> int:
         return 0
 
 
-def _config_for_worker() -> dict[str, Any]:
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def pool_size(jobs: int) -> int:
+    """Workers for ``jobs`` jobs: HONED_WORKERS, else one per core (at most 8), jobs at most."""
+    wanted = config.workers if config.workers > 0 else min(cpu_cores(), 8)
+    return max(1, min(wanted, jobs))
+
+
+def worker_config() -> dict[str, Any]:
+    """The flags a worker runs with: this process's, JSON-able ones, isolation off."""
     out = {}
     for name, value in config.snapshot().items():
         try:
@@ -53,111 +66,156 @@ def _config_for_worker() -> dict[str, Any]:
     return out
 
 
-def _launch(kind: str, job: dict[str, Any], work: Path, timeout_s: float) -> Any:
-    """Pickle ``job`` into ``work`` and run the worker on it; returns how the worker ended."""
+def worker_env(size: int) -> dict[str, str]:
+    """The workers' environment: Inductor's compile threads share the cores among the workers,
+    and every worker (and this process) uses one Inductor cache, so candidates of one graph
+    share its FX-graph and autotune entries."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "HONED_JIT": "0",  # workers never JIT-tune
+        "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, cpu_cores() // size)),
+        "TORCHINDUCTOR_CACHE_DIR": cache_dir(),
+    }
+
+
+def new_pool(jobs: int, gpus: list[str] | None = None) -> WorkerPool:
+    size = pool_size(jobs)
+    return WorkerPool(
+        size,
+        memory_limit_bytes=memory_ceiling_bytes(),
+        env=worker_env(size),
+        worker_config=worker_config(),
+        gpus=gpus,
+    )
+
+
+def _pickled(value: Any, what: str) -> bytes:
     import cloudpickle
 
     try:
-        blob = cloudpickle.dumps(job)
+        return bytes(cloudpickle.dumps(value))
     except Exception as e:
-        raise NotIsolatable(f"{type(e).__name__}: {e}") from e
-    (work / "job.pkl").write_bytes(blob)
-    spec = {
-        "kind": kind,
-        "sys_path": [p for p in sys.path if p],
-        "config": _config_for_worker(),
-        "timeouts": {"build": config.build_timeout_s, "measure": config.measure_timeout_s},
-    }
-    (work / "spec.json").write_text(json.dumps(spec))
-    options = _core.IsolateOptions(
-        argv=[sys.executable, "-m", "honed._worker", str(work)],
-        env=[("PYTHONUNBUFFERED", "1"), ("HONED_JIT", "0")],  # workers never JIT-tune
-        timeout_s=timeout_s,
-        memory_limit_bytes=memory_ceiling_bytes(),
-    )
-    return _core.run_isolated(options)
+        raise NotIsolatable(f"{what}: {type(e).__name__}: {e}") from e
 
 
-def evaluate_isolated(job: dict[str, Any]) -> Outcome:
-    """Run ``candidate.evaluate(**job)`` in a worker; raises NotIsolatable when it can't travel."""
-    backend: Backend = job["backend"]
-    with tempfile.TemporaryDirectory(prefix="honed-worker-") as tmp:
-        work = Path(tmp)
-        limit = config.build_timeout_s + config.measure_timeout_s + _GRACE_S
-        ended = _launch("evaluate", job, work, limit)
-        outcome = _outcome(backend, job.get("is_baseline", False), work, ended)
-        outcome.output = buildlog.worker_text(ended.stdout_tail, ended.stderr_tail)
+def spreads(backend: Backend) -> bool:
+    """Whether the candidate may be measured on another GPU of the host: only when what its
+    worker ships back does not depend on the device (nothing, or Inductor's cache artifacts)."""
+    return not backend.saves_payload and (backend.jit or backend.expected_build_cost() <= 1)
+
+
+class GraphJobs:
+    """One graph's jobs: the shared context (pickled once) and a job per candidate."""
+
+    def __init__(self, fields: dict[str, Any], device: str) -> None:
+        blob = _pickled(fields, "the module, its samples or outputs")
+        self.context = Context(hashlib.sha256(blob).hexdigest(), blob)
+        self.device = device
+
+    def limits(self) -> dict[str, float]:
+        return {"build": config.build_timeout_s, "measure": config.measure_timeout_s}
+
+    def evaluate(
+        self,
+        pool: WorkerPool,
+        backend: Backend,
+        is_baseline: bool,
+        priority: float = 0.0,
+        on_phase: Callable[[str], None] | None = None,
+    ) -> concurrent.futures.Future[JobResult]:
+        """Submit ``backend``'s evaluation; raises NotIsolatable when it does not pickle."""
+        _pickled(backend, backend.name)
+        job = Job(
+            kind="evaluate",
+            request={"backend": backend, "is_baseline": is_baseline},
+            context=self.context,
+            device=self.device,
+            limits=self.limits(),
+            priority=priority,
+            spread=spreads(backend),
+            on_phase=on_phase,
+            label=backend.name,
+        )
+        return pool.submit(job)
+
+    @staticmethod
+    def outcome(backend: Backend, is_baseline: bool, result: JobResult) -> Outcome:
+        """The candidate's Outcome from its job's result (a failure when the worker failed)."""
+        if not result.ok:
+            outcome = Outcome(
+                backend, is_baseline, status="failed", reason=result.failure, isolated=True
+            )
+        else:
+            reply = result.reply
+            outcome = Outcome.from_record(backend, reply["outcome"], is_baseline, key="")
+            outcome.cached, outcome.cache_key = False, None
+            if outcome.build_s is not None:  # the worker's clock ran while it was paused
+                outcome.build_s = max(0.0, outcome.build_s - result.paused_build_s)
+            outcome.payload_files = reply.get("files") or None
+            outcome.inductor_artifacts = reply.get("inductor")
+            outcome.pickled_fn = reply.get("pickled")
+            outcome.isolated = True
+        outcome.output, outcome.seconds, outcome.device = (
+            result.output,
+            result.seconds,
+            result.device,
+        )
         return outcome
 
+    def interleave(
+        self,
+        pool: WorkerPool,
+        finalists: list[Outcome],
+        on_phase: Callable[[str], None] | None = None,
+    ) -> None:
+        """Re-measure ``finalists`` interleaved in one worker on the tune's device, each loaded
+        from what its worker shipped; replaces their figures on success.
 
-def interleave_isolated(finalists: list[Outcome], job: dict[str, Any]) -> None:
-    """Re-measure ``finalists`` interleaved in one worker; replaces their figures on success.
-
-    ``job`` holds module, samples, graph, measure_at and batch_size. A failure here only logs:
-    each finalist keeps its own measurement.
-    """
-    if len(finalists) < 2:
-        return
-    job = dict(
-        job,
-        backends=[o.backend for o in finalists],
-        payloads=[o.payload_files for o in finalists],
-        medians=[o.measurement.median_ms for o in finalists],
-    )
-    with tempfile.TemporaryDirectory(prefix="honed-worker-") as tmp:
-        work = Path(tmp)
-        limit = len(finalists) * config.build_timeout_s + config.measure_timeout_s + _GRACE_S
-        try:
-            ended = _launch("interleave", job, work, limit)
-        except NotIsolatable as e:
-            log.info("honed: finalists not re-measured interleaved (%s)", e)
-            return
-        result = work / "result.json"
-        if ended.exit_code != 0 or not result.is_file():
-            log.warning(
-                "honed: interleaved re-measurement of the finalists failed (%s: %s); keeping "
-                "their separate figures",
-                ended.summary(),
-                _last_line(ended.stderr_tail) or "no error output",
+        A finalist whose loading ends the worker (crash, hang) fails with that reason and the
+        others go again; any other failure only logs, each keeping its own figures.
+        """
+        remaining = list(finalists)
+        while len(remaining) >= 2:
+            request = {
+                "finalists": [
+                    {
+                        "backend": o.backend,
+                        "files": o.payload_files,
+                        "inductor": o.inductor_artifacts,
+                        "pickled": o.pickled_fn,
+                    }
+                    for o in remaining
+                ],
+                "per_call": [per_call_ms(o.measurement) for o in remaining],
+            }
+            try:
+                _pickled(request, "a finalist")
+            except NotIsolatable as e:
+                log.info("honed: finalists not re-measured interleaved (%s)", e)
+                return
+            limits = {
+                "build": config.build_timeout_s,
+                "measure": config.measure_timeout_s,
+            }
+            limits.update({f"load {i}": config.build_timeout_s for i in range(len(remaining))})
+            job = Job(
+                "interleave", request, self.context, self.device, limits, -1.0, False, on_phase
             )
-            return
-        records = json.loads(result.read_text())["measurements"]
-    for outcome, record in zip(finalists, records, strict=True):
-        outcome.measurement = measurement_from_record(record)
-
-
-def _outcome(backend: Backend, is_baseline: bool, work: Path, ended: Any) -> Outcome:
-    """The worker's result file, or a failure that says how the worker ended."""
-    result_path = work / "result.json"
-    record = None
-    if result_path.is_file():
-        try:
-            record = json.loads(result_path.read_text())
-        except json.JSONDecodeError:
-            record = None
-    if record is not None and (ended.exit_code == 0 or record["outcome"]["status"] == "failed"):
-        data = record["outcome"]
-        if "build_s" not in data:  # the watchdog's short record
-            return Outcome(
-                backend, is_baseline, status="failed", reason=data["reason"], isolated=True
-            )
-        outcome = Outcome.from_record(backend, data, is_baseline, key="")
-        outcome.cached, outcome.cache_key, outcome.isolated = False, None, True
-        names = record.get("files") or []
-        if names:
-            outcome.payload_files = {n: (work / f"payload-{n}").read_bytes() for n in names}
-        return outcome
-    reason = ended.summary()
-    tail = _last_line(ended.stderr_tail)
-    if tail and not ended.timed_out and not ended.memory_exceeded:
-        reason = f"{reason}: {tail}"
-    log.debug("honed: worker for %s ended: %s\n%s", backend.name, reason, ended.stderr_tail)
-    return Outcome(backend, is_baseline, status="failed", reason=reason, isolated=True)
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    if not lines:
-        return ""
-    line = lines[-1]
-    return line if len(line) <= 200 else line[:197] + "..."
+            result = next(iter(wait_all([pool.submit(job)]))).result()
+            if result.ok:
+                for outcome, record in zip(remaining, result.reply["measurements"], strict=True):
+                    outcome.measurement = measurement_from_record(record)
+                return
+            if not result.phase.startswith("load "):
+                log.warning(
+                    "honed: interleaved re-measurement of the finalists failed (%s); keeping "
+                    "their separate figures",
+                    result.failure,
+                )
+                return
+            broken = remaining.pop(int(result.phase.split()[1]))
+            broken.status = "failed"
+            broken.reason = f"loading it in a fresh worker for the re-measure: {result.failure}"
+            log.warning("honed: finalist %s: %s", broken.backend.name, broken.reason)

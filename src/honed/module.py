@@ -6,9 +6,11 @@ inside a tuned shape profile runs its variant; anything else runs eager with a o
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -61,15 +63,23 @@ class GraphRecording:
             self.shapes_seen.add(shapes)
 
 
-class _Recording:
-    """Process-wide switch: while active, every honed.Module records what it receives."""
+# While a tune records (in this thread or context), the modules that recorded something, in
+# first-call order; None otherwise. A context variable, so a tune in a background thread (JIT)
+# and the program's own calls never see each other's recording.
+_RECORDING: contextvars.ContextVar[list[Module] | None] = contextvars.ContextVar(
+    "honed_recording", default=None
+)
 
-    def __init__(self) -> None:
-        self.active = False
-        self.modules: list[Module] = []  # modules that recorded something, in first-call order
 
-
-RECORDING = _Recording()
+@contextlib.contextmanager
+def recording() -> Iterator[list[Module]]:
+    """Every honed.Module called in this ``with`` block records what it receives."""
+    modules: list[Module] = []
+    token = _RECORDING.set(modules)
+    try:
+        yield modules
+    finally:
+        _RECORDING.reset(token)
 
 
 def _detach(value: Any) -> Any:
@@ -174,8 +184,9 @@ class Module(torch.nn.Module):
             if out is not _MISS:
                 return out
             return self._miss(args, kwargs, bargs, bkwargs)
-        if RECORDING.active:
-            return self._record(args, kwargs)
+        recorded = _RECORDING.get()
+        if recorded is not None:
+            return self._record(args, kwargs, recorded)
         return self.module(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -187,15 +198,15 @@ class Module(torch.nn.Module):
         """The canonical spelling of a call (bound to ``forward``'s signature; honed.calls)."""
         return self._binder.bind(args, kwargs)
 
-    def _record(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _record(self, args: tuple[Any, ...], kwargs: dict[str, Any], recorded: list[Module]) -> Any:
         bargs, bkwargs = self._binder.bind(args, kwargs)
         sig = _core.signature(bargs, bkwargs)
         key = sig.graph_key
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = GraphRecording(key)
-            if self not in RECORDING.modules:
-                RECORDING.modules.append(self)
+            if self not in recorded:
+                recorded.append(self)
         graph.add(sig, Sample(_detach(bargs), _detach(bkwargs)))
         return self.module(*args, **kwargs)
 

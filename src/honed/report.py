@@ -28,7 +28,9 @@ from honed.errors import ArtifactError, InputError
 class CandidateReport:
     name: str
     backend: str
-    status: str  # "ok", "failed" or "rejected" (ran, but outputs differ from eager)
+    # "ok", "failed", "rejected" (ran, but outputs differ from eager) or "not tried" (left out by
+    # the plan or the time budget; docs/tuning.md)
+    status: str
     reason: str = ""
     is_baseline: bool = False
     selected: bool = False

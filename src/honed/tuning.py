@@ -6,12 +6,12 @@ needs PyTorch's Python API and hands the results over.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
-import dataclasses
-import hashlib
-import inspect
 import logging
+import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -19,28 +19,18 @@ from typing import Any
 
 import torch
 
-from honed import _core, buildlog, config, guidance, machine, progress
-from honed import figures as fig
-from honed.backend.base import Backend, GraphInfo, Sample
-from honed.backend.torch_eager import TorchEagerBackend
-from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint, open_for_tune
+from honed import _core, config, guidance, machine, progress, signals
+from honed.backend.base import Backend, Sample
+from honed.cache import open_for_tune
 from honed.calls import call_sample
-from honed.candidate import (
-    Outcome,
-    build_for_install,
-    evaluate,
-    finalists,
-    measure_interleaved,
-    measurement_record,
-    watch_phases,
-)
 from honed.environment import fingerprint
 from honed.errors import InputError, TuneError
-from honed.isolation import NotIsolatable, evaluate_isolated, interleave_isolated
-from honed.module import RECORDING, GraphRecording, Module, Variant, find_modules
-from honed.report import CandidateReport, GraphReport, TuneReport
-from honed.shapes import graph_info, overrides_for, tensor_names
-from honed.sweep import sweep_graph
+from honed.graph_tuner import TARGETS, GraphTuner, TuneContext, capped
+from honed.isolation import new_pool
+from honed.module import Module, Variant, find_modules
+from honed.module import recording as recording_modules
+from honed.pool import WorkerPool
+from honed.report import GraphReport, TuneReport
 from honed.tune_strategy import MaxThroughputStrategy, TuneStrategy
 
 log = logging.getLogger("honed")
@@ -60,6 +50,7 @@ def tune(
     clear_cache: bool = False,
     isolation: str | None = None,
     target: str = "python",
+    time_budget_s: float | None = None,
 ) -> TuneReport:
     """Tune every honed.Module that ``func`` calls, on the inputs it really receives.
 
@@ -84,18 +75,21 @@ def tune(
             reuses earlier outcomes instead of rebuilding and re-measuring. HONED_CACHE=0 (or
             ``honed.config.patch(cache_enabled=False)``) turns the cache off.
         clear_cache: ignore the cached outcomes this tune would use, and overwrite them.
-        isolation: "process" (default, from HONED_ISOLATION): each candidate is built, checked
-            and measured in a worker process, so a crash, hang or runaway allocation fails only
-            that candidate; "none": in this process (faster to start, not crash-proof).
+        isolation: "process" (default, from HONED_ISOLATION): candidates are built, checked
+            and measured in a pool of worker processes (several builds at once, one measurement
+            per device at a time), so a crash, hang or runaway allocation fails only that
+            candidate; "none": one by one in this process (no start-up, not crash-proof).
         target: where the tuned model will run. "python" (default): any backend, eager
             included. "cpp": only backends the C++ runtime (honed::Model, honed-run) can run
             (TorchInductorAotBackend); eager is measured as the reference but never selected,
             and the report says so.
+        time_budget_s: stop trying candidates after this many seconds (from the start of the
+            tune): the best correct candidate so far wins and the others are reported as "not
+            tried" (budget). The eager baseline and the re-measure of the finalists always run.
 
     Returns:
         A TuneReport; each module also keeps its own part in ``module.report``.
     """
-    started = time.perf_counter()
     if func is None:
         raise InputError("honed.tune needs a honed.Module or an inference function as `func`")
     if not callable(func):
@@ -109,103 +103,194 @@ def tune(
         raise InputError("honed.tune: pass either strategy= or backends=, not both")
     if target not in TARGETS:
         raise InputError(f"honed.tune: target must be one of {TARGETS}, got {target!r}")
-    default_strategy = strategy or MaxThroughputStrategy(backends)
-    samples = _normalize_dataset(dataset)
-    sizes = _validate_batch_sizes(batch_sizes)
+    isolation = isolation or config.isolation
+    if isolation not in ("process", "none"):
+        raise InputError(f"honed.tune: isolation must be 'process' or 'none', got {isolation!r}")
     if max_batch < 1:
         raise InputError(f"honed.tune: max_batch must be positive, got {max_batch}")
-
-    with progress.tracking():  # the live display (progress.py)
-        progress.current().phase("record")
-        modules = _record(func, samples, sizes)
-        if not modules:
-            raise InputError(
-                "honed.tune: no honed.Module was called while running the dataset; wrap the model "
-                "with honed.Module(model, 'name') and call it inside func"
-            )
-        guidance.at_tune_start(modules, sizes, batch_sweep)  # .eval(), fixed shapes
-        run_device = _resolve_device(device, modules)
-        machine_section = machine.start_of_tune(run_device)  # names a busy machine
-        isolation = isolation or config.isolation
-        if isolation not in ("process", "none"):
-            raise InputError(
-                f"honed.tune: isolation must be 'process' or 'none', got {isolation!r}"
-            )
-        cache, run_dir = open_for_tune(  # a read-only cache folder: one warning, cache off
-            Path(cache_dir) if cache_dir is not None else config.cache_dir, config.cache_enabled
-        )
-        ctx = _Context(
-            isolation=isolation,
-            device=run_device,
-            sweep_to=max_batch if batch_sweep else 0,
-            cache=cache,
-            refresh=clear_cache,
-            run_dir=run_dir,
-            target=target,
-        )
-        graphs: list[GraphReport] = []
-        with _dynamo_limits():
-            for module in modules:
-                module_strategy = module.strategy or default_strategy
-                variants: list[Variant] = []
-                module_graphs: list[GraphReport] = []
-                for index, recording in enumerate(module.graphs.values()):
-                    graph_strategy = module.strategy_for(index, recording.key) or module_strategy
-                    progress.current().at_graph(module.name, f"graph {index}")
-                    report, variant = _tune_graph(module, recording, graph_strategy, ctx, index)
-                    module_graphs.append(report)
-                    if variant is not None:
-                        variants.append(variant)
-                progress.current().candidate("")
-                progress.current().phase("install")
-                module.install(variants)
-                module.graphs = {}
-                module.report = TuneReport(
-                    module_graphs,
-                    str(run_device),
-                    module_strategy.describe(),
-                    0.0,
-                    fingerprint(run_device),
-                    ctx.target,
-                    machine_section,
-                )
-                graphs += module_graphs
-        overall = TuneReport(
-            graphs,
-            str(run_device),
-            default_strategy.describe(),
-            time.perf_counter() - started,
-            fingerprint(run_device),
-            ctx.target,
-            machine_section,
-        )
-        for module in modules:
-            module.report.wall_s = overall.wall_s
-        return overall
-
-
-TARGETS = ("python", "cpp")
-
-
-def _for_target(backends: list[Backend], target: str, module: str) -> tuple[list[Backend], str]:
-    """The candidates a target can run, and the note the report's decision carries."""
-    if target == "python":
-        return backends, ""
-    runnable = [b for b in backends if b.cpp_runnable]
-    dropped = sorted({b.name for b in backends if not b.cpp_runnable})
-    if not runnable:
+    if time_budget_s is not None and not (
+        isinstance(time_budget_s, int | float) and 0 < time_budget_s < math.inf
+    ):
         raise InputError(
-            f"honed.tune(target='cpp'): module {module!r}: none of the candidates "
-            f"({', '.join(dropped) or 'none'}) can run in the C++ runtime; include "
-            "honed.backend.TorchInductorAotBackend() (or leave backends unset)"
+            f"honed.tune: time_budget_s must be a positive number of seconds, got {time_budget_s!r}"
         )
-    note = (
-        " · target cpp: only backends the C++ runtime runs were candidates "
-        f"({', '.join(sorted({b.name for b in runnable}))}); eager is the reference only"
+    samples = _normalize_dataset(dataset)
+    tuner = Tuner(
+        strategy or MaxThroughputStrategy(backends),
+        device=device,
+        cache_dir=Path(cache_dir) if cache_dir is not None else config.cache_dir,
+        clear_cache=clear_cache,
+        isolation=isolation,
+        target=target,
+        sweep_to=max_batch if batch_sweep else 0,
+        time_budget_s=time_budget_s,
     )
-    if dropped:
-        note += f"; left out: {', '.join(dropped)}"
-    return runnable, note
+    return tuner.run(func, samples, _validate_batch_sizes(batch_sizes))
+
+
+class Tuner:
+    """One tune: its settings, its progress display, its worker pool and its time budget.
+
+    ``run`` records the modules ``func`` calls, tunes each recorded graph with a GraphTuner
+    (honed.graph_tuner) and installs the winners. Nothing of a tune lives in module globals, so
+    tunes in several threads (a JIT tune beside the program) do not see each other.
+    """
+
+    def __init__(
+        self,
+        strategy: TuneStrategy,
+        *,
+        device: str | torch.device | None = None,
+        cache_dir: Path | None = None,
+        clear_cache: bool = False,
+        isolation: str = "process",
+        target: str = "python",
+        sweep_to: int = 0,
+        time_budget_s: float | None = None,
+        tracker: progress.Tracker | None = None,
+    ) -> None:
+        self.strategy = strategy
+        self.device = device
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else config.cache_dir
+        self.clear_cache = clear_cache
+        self.isolation = isolation
+        self.target = target
+        self.sweep_to = sweep_to
+        self.time_budget_s = time_budget_s
+        self.tracker = tracker or progress.requested() or progress.Tracker()
+        self.pool: WorkerPool | None = None
+        self.ctx: TuneContext | None = None
+        self._cancelled = False
+        self.machine_section: dict[str, Any] = {}
+
+    def start(
+        self, func: Callable[..., Any], samples: list[Any], sizes: list[int] | None = None
+    ) -> concurrent.futures.Future[TuneReport]:
+        """Run the tune on a thread of its own and return at once (JIT tunes beside the program).
+
+        The future's result is the TuneReport (or the tune's exception); ``cancel()`` stops it
+        early, the best candidate so far winning as when a time budget runs out.
+        """
+        future: concurrent.futures.Future[TuneReport] = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(self.run(func, samples, list(sizes or [])))
+            except BaseException as e:
+                future.set_exception(e)
+
+        threading.Thread(target=work, name="honed-tune", daemon=True).start()
+        return future
+
+    def cancel(self) -> None:
+        """Stop trying candidates: queued ones are dropped, running ones ended ("not tried")."""
+        self._cancelled = True
+        if self.ctx is not None:
+            self.ctx.stop("cancelled")
+
+    def run(self, func: Callable[..., Any], samples: list[Any], sizes: list[int]) -> TuneReport:
+        """Record, tune every graph, install; the pool is closed whatever happens."""
+        started = time.perf_counter()
+        with signals.terminate_like_interrupt(), self.tracker, contextlib.ExitStack() as stack:
+            stack.push(self._close_pool)
+            self.tracker.phase("record")
+            modules = _record(func, samples, sizes)
+            if not modules:
+                raise InputError(
+                    "honed.tune: no honed.Module was called while running the dataset; wrap the "
+                    "model with honed.Module(model, 'name') and call it inside func"
+                )
+            guidance.at_tune_start(modules, sizes, self.sweep_to > 0)  # .eval(), fixed shapes
+            device = _resolve_device(self.device, modules)
+            self.machine_section = machine.start_of_tune(device)  # names a busy machine
+            ctx = self.ctx = self._context(device, started)
+            if self._cancelled:
+                ctx.stop("cancelled")
+            graphs: list[GraphReport] = []
+            with _dynamo_limits():
+                for module in modules:
+                    graphs += self._tune_module(module, ctx)
+            wall_s = time.perf_counter() - started
+            for module in modules:
+                module.report.wall_s = wall_s
+            return TuneReport(
+                graphs,
+                str(ctx.device),
+                self.strategy.describe(),
+                wall_s,
+                fingerprint(ctx.device),
+                self.target,
+                self.machine_section,
+            )
+
+    def _context(self, device: torch.device, started: float) -> TuneContext:
+        deadline = None if self.time_budget_s is None else started + self.time_budget_s
+        self.tracker.budget_end = deadline
+        # a read-only cache folder: one warning, cache off, build logs in a temporary folder
+        cache, run_dir = open_for_tune(self.cache_dir, config.cache_enabled)
+        return TuneContext(
+            device=device,
+            tracker=self.tracker,
+            sweep_to=self.sweep_to,
+            cache=cache,
+            refresh=self.clear_cache,
+            isolation=self.isolation,
+            run_dir=run_dir,
+            target=self.target,
+            deadline=deadline,
+            budget_s=self.time_budget_s,
+            pool=(lambda jobs: self._pool(jobs, device)) if self.isolation == "process" else None,
+        )
+
+    def _pool(self, jobs: int, device: torch.device) -> WorkerPool:
+        """The tune's worker pool, started on first use and kept for every graph."""
+        if self.pool is None:
+            self.pool = new_pool(jobs, _measuring_gpus(device))
+        return self.pool
+
+    def _close_pool(self, exc_type: object, *rest: object) -> None:
+        if self.pool is not None:
+            # An exception (Ctrl-C, SIGTERM) ends running jobs at once; otherwise they are done.
+            self.pool.close(cancel=exc_type is not None)
+            self.pool = None
+
+    def _tune_module(self, module: Module, ctx: TuneContext) -> list[GraphReport]:
+        module_strategy = module.strategy or self.strategy
+        variants: list[Variant] = []
+        reports: list[GraphReport] = []
+        for index, recording in enumerate(module.graphs.values()):
+            graph_strategy = module.strategy_for(index, recording.key) or module_strategy
+            report, variant = GraphTuner(ctx, module, recording, graph_strategy, index).run()
+            reports.append(report)
+            if variant is not None:
+                variants.append(variant)
+        self.tracker.candidate("")
+        self.tracker.phase("install")
+        module.install(variants)
+        module.graphs = {}
+        module.report = TuneReport(
+            reports,
+            str(ctx.device),
+            module_strategy.describe(),
+            0.0,
+            fingerprint(ctx.device),
+            ctx.target,
+            self.machine_section,
+        )
+        return reports
+
+
+def _measuring_gpus(device: torch.device) -> list[str]:
+    """GPUs of the target's model on this host, the target first (config.spread_gpus)."""
+    if device.type != "cuda" or not config.spread_gpus or torch.cuda.device_count() < 2:
+        return []
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    name = torch.cuda.get_device_name(index)
+    same = [i for i in range(torch.cuda.device_count()) if torch.cuda.get_device_name(i) == name]
+    ordered = [index] + [i for i in same if i != index]
+    return [f"cuda:{i}" for i in ordered] if len(ordered) > 1 else []
 
 
 # -- dataset and recording ---------------------------------------------------------------------
@@ -260,24 +345,18 @@ def _record(func: Callable[..., Any], samples: list[Any], sizes: list[int]) -> l
     known = find_modules(func)
     for m in known:
         m.reset()
-    RECORDING.active = True
-    RECORDING.modules = []
     try:
-        with torch.no_grad():
+        with torch.no_grad(), recording_modules() as recorded:
             for sample in samples:
                 _call(func, sample)
                 for b in sizes:
                     _call(func, _resize_batch(sample, b))
-        recorded = list(RECORDING.modules)
     except Exception as e:
         raise InputError(
             f"honed.tune: running the dataset through the model failed before any tuning: "
             f"{type(e).__name__}: {e}. Check that each sample matches the model's forward()"
         ) from e
-    finally:
-        RECORDING.active = False
-        RECORDING.modules = []
-    return recorded
+    return list(recorded)
 
 
 def _resolve_device(device: str | torch.device | None, modules: list[Module]) -> torch.device:
@@ -334,329 +413,8 @@ def _dynamo_limits() -> Iterator[None]:
         yield
 
 
-# -- one graph ---------------------------------------------------------------------------------
-@dataclasses.dataclass
-class _Context:
-    """What every graph of one tune shares."""
-
-    device: torch.device
-    sweep_to: int  # 0: no batch sweep
-    cache: TuneCache | None
-    refresh: bool  # clear_cache: re-evaluate and overwrite instead of reading the cache
-    isolation: str = "process"
-    run_dir: Path | None = None  # where the candidates' build.log files go (buildlog.py)
-    target: str = "python"  # "cpp": only candidates the C++ runtime can run (see tune())
-    fingerprints: dict[int, str] = dataclasses.field(default_factory=dict)
-    warned: set[str] = dataclasses.field(default_factory=set)
-
-    def model_fingerprint(self, module: torch.nn.Module) -> str:
-        if id(module) not in self.fingerprints:
-            self.fingerprints[id(module)] = model_fingerprint(module)
-        return self.fingerprints[id(module)]
-
-
-def _graph_profile(module: Module, recording: GraphRecording, ctx: _Context) -> tuple[Any, str]:
-    """The engine's shape profile of one graph (after the batch sweep, when asked for)."""
-    first = recording.samples[0]
-    names = tensor_names(first.args, first.kwargs, module.module.forward)
-    overrides = overrides_for(module.dynamic_shapes, recording.signatures[0], names)
-    profile = _core.infer_profile(recording.signatures, overrides)
-    if not ctx.sweep_to:
-        return profile, ""
-    result = sweep_graph(module.module, recording, profile, ctx.device, ctx.sweep_to)
-    if result is None:
-        return profile, "no batch axis: nothing to sweep"
-    profile = _core.infer_profile(recording.signatures, overrides)
-    points = ", ".join(f"{b}: {t:,.0f}/s" for b, t in result.points)
-    return profile, f"knee at batch {result.knee} ({result.stop_reason}; {points})"
-
-
-def _tune_graph(
-    module: Module,
-    recording: GraphRecording,
-    strategy: TuneStrategy,
-    ctx: _Context,
-    index: int = 0,
-) -> tuple[GraphReport, Variant | None]:
-    profile, swept = _graph_profile(module, recording, ctx)
-    info = graph_info(profile, ctx.device)
-    samples = recording.samples
-    inner = module.module
-    with torch.no_grad():
-        references = [inner(*s.args, **s.kwargs) for s in samples]
-    measure_at = _measure_index(profile, recording.signatures)
-    batch = _batch_size(profile, recording.signatures[measure_at])
-    key_parts = _cache_key_parts(ctx, inner, samples, profile, measure_at) if ctx.cache else None
-
-    def run(backend: Backend, is_baseline: bool = False) -> Outcome:
-        progress.current().candidate(backend.name)
-        key = None
-        if ctx.cache is not None and key_parts is not None:
-            key = TuneCache.key(
-                **key_parts, candidate=_backend_identity(backend), baseline=is_baseline
-            )
-            record = None if ctx.refresh else ctx.cache.get(key)
-            if record is not None:
-                progress.current().finished("cached")
-                return Outcome.from_record(backend, record, is_baseline, key)
-        outcome = _evaluate(
-            ctx,
-            backend=backend,
-            module=inner,
-            samples=samples,
-            references=references,
-            graph=info,
-            measure_at=measure_at,
-            batch_size=batch,
-            is_baseline=is_baseline,
-        )
-        if ctx.run_dir is not None:
-            outcome.build_log = buildlog.write(
-                ctx.run_dir, module.name, index, backend.name, outcome.output
-            )
-        progress.current().finished(outcome.status, outcome.reason)
-        if ctx.cache is not None and key is not None:
-            outcome.cache_key = key
-            ctx.cache.put(key, outcome.to_record(), _payload(outcome))
-        return outcome
-
-    baseline = run(TorchEagerBackend(), is_baseline=True)
-    candidates, target_note = _for_target(
-        strategy.backends(ctx.device, info), ctx.target, module.name
-    )
-    # Eager competes (and is the fallback) unless the tuned graph must run from C++.
-    uses_baseline = strategy.uses_baseline and ctx.target == "python"
-    outcomes: list[Outcome] = []
-    for backend in candidates:
-        if uses_baseline and backend.name == baseline.backend.name:
-            continue  # eager with default config is the baseline itself
-        outcomes.append(run(backend))
-    competing = ([baseline] if uses_baseline else []) + outcomes
-    if not all(o.cached for o in competing):  # all cached: their figures are the final ones
-        _interleave(competing, ctx, inner, samples, info, measure_at, batch)
-    decision, chosen = _select(strategy, competing, inner, samples, info, measure_at, ctx)
-    if chosen is None:
-        log.warning(
-            "honed: %s: no candidate selected (%s); running eager", module.name, decision.reason
-        )
-    everything = [baseline, *outcomes]
-    figure = str(getattr(decision, "figure", ""))  # what the strategy ranked by
-    rows = [_row(o, baseline, o is chosen, figure) for o in everything]
-    report = GraphReport(
-        module=module.name,
-        graph=recording.key,
-        samples=len(samples),
-        **fig.graph_fields(profile, recording.signatures[measure_at]),
-        ranked_by=figure,
-        profile=_describe_profile(profile),
-        candidates=rows,
-        selected=chosen.backend.name if chosen is not None else None,
-        decision=decision.reason + target_note,
-        sweep=swept,
-        install_s=chosen.install_s if chosen is not None else 0.0,
-    )
-    variant = None
-    if chosen is not None and chosen.fn is not None:
-        figures = dataclasses.asdict(rows[everything.index(chosen)])
-        variant = Variant(profile, chosen.backend, chosen.fn, figures, samples[measure_at])
-    for o in everything:
-        if o is not chosen:
-            o.fn = None  # let the losers' compiled code go
-    return report, variant
-
-
-def _interleave(
-    competing: list[Outcome],
-    ctx: _Context,
-    module: torch.nn.Module,
-    samples: list[Sample],
-    info: GraphInfo,
-    measure_at: int,
-    batch: int,
-) -> None:
-    """Re-measure the finalists side by side; the cache keeps these final figures."""
-    progress.current().candidate("finalists")
-    progress.current().phase("interleave")
-    if ctx.isolation == "process":
-        job = dict(
-            module=module, samples=samples, graph=info, measure_at=measure_at, batch_size=batch
-        )
-        interleave_isolated(finalists(competing), job)
-    else:
-        measure_interleaved(competing, samples[measure_at], ctx.device, batch)
-    if ctx.cache is None:
-        return
-    for o in competing:
-        record = ctx.cache.get(o.cache_key) if o.cache_key else None
-        if o.cache_key and record is not None and o.measurement is not None:
-            ctx.cache.put(o.cache_key, dict(record, measurement=measurement_record(o.measurement)))
-
-
-def _evaluate(ctx: _Context, **job: Any) -> Outcome:
-    """Evaluate one candidate in a worker process, or here when isolation is off or impossible."""
-    if ctx.isolation == "process":
-        progress.current().phase(progress.WORKER_PHASE)
-        try:
-            return evaluate_isolated(job)
-        except NotIsolatable as e:
-            if "isolation" not in ctx.warned:
-                ctx.warned.add("isolation")
-                log.warning(
-                    "honed: %s cannot be sent to a worker process (%s); evaluating candidates in "
-                    "this process (a crashing backend would take it down). Pass isolation='none' "
-                    "to silence this.",
-                    job["backend"].name,
-                    e,
-                )
-    with buildlog.capture() as lines, watch_phases(progress.current().phase):
-        outcome = evaluate(**job)
-    outcome.output = "\n".join(lines)
-    return outcome
-
-
-def _select(
-    strategy: TuneStrategy,
-    competing: list[Outcome],
-    module: torch.nn.Module,
-    samples: list[Sample],
-    info: GraphInfo,
-    measure_at: int,
-    ctx: _Context,
-) -> tuple[Any, Outcome | None]:
-    """The strategy's pick; a cached winner is built here (if that fails, pick again)."""
-    while True:
-        decision = strategy.select([o.result() for o in competing])
-        if decision.index < 0:
-            return decision, None
-        chosen = competing[decision.index]
-        if chosen.fn is not None:
-            return decision, chosen
-        files = chosen.payload_files
-        if files is None and ctx.cache is not None and chosen.cache_key is not None:
-            record = ctx.cache.get(chosen.cache_key)
-            files = ctx.cache.files(chosen.cache_key, record) if record else None
-        progress.current().candidate(chosen.backend.name)
-        progress.current().phase("install")
-        started = time.perf_counter()
-        try:
-            chosen.fn = build_for_install(chosen.backend, module, samples, info, measure_at, files)
-            chosen.install_s = time.perf_counter() - started
-            return decision, chosen
-        except Exception as e:
-            log.warning(
-                "honed: rebuilding cached winner %s failed (%s: %s); choosing again",
-                chosen.backend.name,
-                type(e).__name__,
-                e,
-            )
-            chosen.status, chosen.reason = "failed", f"rebuild from cache failed: {e}"
-
-
-def _cache_key_parts(
-    ctx: _Context, module: torch.nn.Module, samples: list[Sample], profile: Any, measure_at: int
-) -> dict[str, Any]:
-    return {
-        "model": ctx.model_fingerprint(module),
-        "inputs": inputs_fingerprint(samples),
-        "profile": profile.to_json(),
-        "measure_at": measure_at,
-        "environment": fingerprint(ctx.device),
-        "measurement": {
-            name: getattr(config, name)
-            for name in (
-                "warmup_calls",
-                "warmup_ms",
-                "window_calls",
-                "window_ms",
-                "stable_windows",
-                "stability_tolerance",
-                "max_windows",
-                "injected_latencies",
-            )
-        },
-    }
-
-
-def _backend_identity(backend: Backend) -> dict[str, Any]:
-    """The recipe plus where the class lives and a hash of its source (custom backends change)."""
-    cls = type(backend)
-    try:
-        source = hashlib.sha256(inspect.getsource(cls).encode()).hexdigest()
-    except (OSError, TypeError):
-        source = ""
-    return {
-        "recipe": backend.recipe(),
-        "class": f"{cls.__module__}.{cls.__qualname__}",
-        "source": source,
-    }
-
-
-def _payload(outcome: Outcome) -> dict[str, bytes] | None:
-    if outcome.payload_files is not None:
-        return outcome.payload_files
-    if outcome.status != "ok" or outcome.fn is None or not outcome.backend.saves_payload:
-        return None
-    try:
-        return outcome.backend.export_payload(outcome.fn)
-    except Exception as e:
-        log.warning("honed: could not store %s in the cache (%s)", outcome.backend.name, e)
-        return None
-
-
-def _measure_index(profile: Any, signatures: list[Any]) -> int:
-    """Measure at the sample whose shapes are the profile's opt shapes (else the last one)."""
-    opt = [list(s) for s in profile.opt_shapes()]
-    for i, sig in enumerate(signatures):
-        if [list(s) for s in sig.tensor_shapes] == opt:
-            return i
-    return len(signatures) - 1
-
-
-def _batch_size(profile: Any, signature: Any) -> int:
-    return fig.batch_of(profile, signature).size
-
-
-def _describe_profile(profile: Any) -> str:
-    parts = []
-    for leaf, axes in enumerate(profile.axes):
-        dims = []
-        for a in axes:
-            dims.append(str(a.opt) if a.kind == "static" else f"{a.name}[{a.min}..{a.max}]")
-        parts.append(f"in{leaf}({', '.join(dims)})")
-    return " ".join(parts)
-
-
-def _row(outcome: Outcome, baseline: Outcome, selected: bool, figure: str = "") -> CandidateReport:
-    m = outcome.measurement
-    speedup = fig.speedup(m, baseline.measurement, figure)
-    check = outcome.check
-    return CandidateReport(
-        name=outcome.backend.name,
-        backend=type(outcome.backend).__name__,
-        status=outcome.status,
-        reason=outcome.reason,
-        is_baseline=outcome.is_baseline,
-        selected=selected,
-        cached=outcome.cached,
-        build_s=outcome.build_s,
-        median_ms=m.median_ms if m is not None else None,
-        p99_ms=m.p99_ms if m is not None else None,
-        throughput=m.throughput if m is not None else None,
-        cv=m.cv if m is not None else None,
-        stable=m.stable if m is not None else None,
-        speedup=speedup,
-        max_abs_error=check.max_abs_error if check is not None else None,
-        max_rel_error=check.max_rel_error if check is not None else None,
-        cosine=check.min_cosine if check is not None else None,
-        build_log=outcome.build_log,
-        samples_ms=_capped(list(m.samples_ms)) if m is not None else None,
-    )
-
-
 def _capped(samples: list[float], cap: int = 2000) -> list[float]:
-    """At most ``cap`` samples, taken evenly across the run (the report's distribution plots)."""
-    stride = -(-len(samples) // cap)
-    return samples[::stride] if stride > 1 else samples
+    return capped(samples, cap)
 
 
 __all__ = ["Sample", "tune"]

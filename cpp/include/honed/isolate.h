@@ -69,8 +69,11 @@ struct IsolateResult {
 // - Every poll_ms: the timeout, the memory of the group and should_cancel() are checked.
 //   Memory is the sum of resident pages (/proc/<pid>/statm) of every process whose process
 //   group is the child's: the child and the descendants that stay in its group, including
-//   orphans reparented away from it. A descendant that calls setsid/setpgid leaves both the
-//   measurement and the kill.
+//   orphans reparented away from it. A descendant that calls setsid/setpgid leaves the
+//   measurement, not the kill: the child's environment carries a marker (HONED_WORKER_TREE=...)
+//   every descendant inherits, and once the child has been reaped every process still holding
+//   it is SIGKILLed. The child is a child subreaper (PR_SET_CHILD_SUBREAPER), so orphans of its
+//   tree stay below it while it lives.
 // - Timeout or cancel: SIGTERM to the group, up to kill_grace_s for the child to exit, then
 //   SIGKILL to the group. Memory ceiling: SIGKILL to the group at once (it may still be growing).
 //   When the child exits on its own, whatever it left running in its group is SIGKILLed too.

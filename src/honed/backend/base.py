@@ -150,6 +150,10 @@ class Backend:
     # Import names of the optional libraries available() imports (the doctor probes those in a
     # subprocess first, so a library that crashes on import cannot take it down).
     requires: ClassVar[tuple[str, ...]] = ()
+    # Expected cost of build_graph, for the tuner's cheap-first order (docs/tuning.md): 0 none
+    # (the module runs as it is), 1 seconds (a trace or a capture), 2 a compile, 3 a long one
+    # (autotuning, an AOT package, an engine). A config may change it: expected_build_cost().
+    build_cost: ClassVar[int] = 2
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -205,6 +209,24 @@ class Backend:
         that needs a newer GPU). ``available()`` says whether the library works at all."""
         del device
         return Availability(True)
+
+    def expected_build_cost(self) -> int:
+        """This candidate's build cost on the ``build_cost`` scale (configs may raise it)."""
+        return type(self).build_cost
+
+    def precision(self) -> str:
+        """What it computes in: "fp32", or the autocast dtype of its config ("bf16", "fp16")."""
+        config = getattr(self, "config", None)
+        if not getattr(config, "autocast_enabled", False):
+            return "fp32"
+        dtype = getattr(config, "autocast_dtype", None) or torch.bfloat16
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+    def build_identity(self, graph: GraphInfo) -> dict[str, Any]:
+        """What it builds for ``graph``: candidates with equal identities build the same thing
+        (the tuner tries one of them). Configs whose defaults resolve per graph override it."""
+        del graph
+        return self.recipe()
 
     def tolerance(self) -> Tolerance | None:
         """The correctness tolerance for this backend's outputs; None uses the per-dtype default.

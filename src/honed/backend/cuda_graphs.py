@@ -84,6 +84,7 @@ class CudaGraphsBackend(Backend):
 
     config_class = CudaGraphsBackendConfig
     portability = 1
+    build_cost = 1
     jit = True  # a new signature is captured on its first call
     config: CudaGraphsBackendConfig
 

@@ -186,6 +186,7 @@ class ONNXRuntimeBackend(Backend):
     portability = 3
     saves_payload = True
     native_payload = False  # an ONNX graph: operators, no code
+    build_cost = 1  # an export (a trace) and a session: no code generation
     config: ONNXRuntimeBackendConfig
 
     @classmethod

@@ -508,6 +508,7 @@ class TensorRTBackend(Backend):
     portability = 6
     saves_payload = True
     native_payload = True  # a serialized TensorRT engine
+    build_cost = 3
     requires = ("tensorrt",)
     config: TensorRTBackendConfig
 

@@ -49,6 +49,7 @@ class TorchEagerBackend(Backend):
     config_class = TorchEagerBackendConfig
     portability = 0
     keeps_autograd = True  # the module itself: autograd and .train() work as they do
+    build_cost = 0
     config: TorchEagerBackendConfig
 
     @property

@@ -108,6 +108,16 @@ class TorchInductorBackend(Backend):
     def available(cls) -> Availability:
         return inductor_available()
 
+    def expected_build_cost(self) -> int:
+        return 3 if (self.config.mode or "").startswith("max-autotune") else 2
+
+    def build_identity(self, graph: GraphInfo) -> dict[str, Any]:
+        # dynamic=None means dynamic exactly when the graph has a dynamic axis.
+        recipe = self.recipe()
+        if recipe["config"]["dynamic"] is None:
+            recipe["config"]["dynamic"] = graph.has_dynamic_axes
+        return recipe
+
     @property
     def uses_cudagraphs(self) -> bool:
         """Whether this config replays CUDA graphs (their outputs live in reused buffers)."""

@@ -162,6 +162,7 @@ class TorchInductorAotBackend(Backend):
 
     config_class = TorchInductorAotBackendConfig
     portability = 2
+    build_cost = 3
     saves_payload = True
     native_payload = True  # model.pt2 holds the compiled .so
     cpp_runnable = True  # cpp/runtime loads model.pt2 + calling.json with libtorch

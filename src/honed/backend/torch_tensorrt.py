@@ -228,6 +228,7 @@ class TorchTensorRTJitBackend(_TorchTensorRTBackend):
     config_class = TorchTensorRTJitBackendConfig
     portability = 6
     jit = True
+    build_cost = 3
     config: TorchTensorRTJitBackendConfig
 
     def build_graph(
@@ -316,6 +317,7 @@ class TorchTensorRTAotBackend(_TorchTensorRTBackend):
     portability = 6
     saves_payload = True
     native_payload = True  # TensorRT engines inside an exported program
+    build_cost = 3
     config: TorchTensorRTAotBackendConfig
 
     def build_graph(

@@ -1,0 +1,628 @@
+"""src/honed/graph_tuner.py: one graph's tune: cache, plan, evaluate, re-measure, select, install.
+
+A GraphTuner is made per recorded graph by the tune loop (honed.tuning.Tuner) and holds only
+what it was given: the tune's TuneContext (device, cache, tracker, worker pool, time budget)
+and the graph's recording. ``run()`` returns the graph's report and the variant to install.
+
+Candidates are evaluated in the pool's worker processes (several at once, honed.pool), or here
+one by one (``isolation="none"``, or when the graph cannot be pickled). The baseline (eager)
+always runs; then the plan (honed.planning) cheapest first; when the time budget runs out the
+rest are "not tried". The finalists are re-measured side by side in one worker, from what
+their workers shipped (honed.shipping), and the winner is installed from the same, checked once
+against eager here first.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from honed import _core, buildlog, config
+from honed import figures as fig
+from honed.backend.base import Backend, Sample
+from honed.backend.torch_eager import TorchEagerBackend
+from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint
+from honed.candidate import (
+    Outcome,
+    check,
+    evaluate,
+    finalists,
+    measure_interleaved,
+    measurement_record,
+)
+from honed.environment import fingerprint
+from honed.errors import InputError
+from honed.isolation import GraphJobs, NotIsolatable, pool_size
+from honed.module import GraphRecording, Module, Variant
+from honed.planning import Planned, plan, precision_skip, waits_for
+from honed.pool import JobResult, WorkerPool, wait_all
+from honed.progress import Tracker
+from honed.report import CandidateReport, GraphReport
+from honed.shapes import graph_info, overrides_for, tensor_names
+from honed.shipping import from_cache_files, install_outcome, to_cache_files
+from honed.sweep import sweep_graph
+from honed.tune_strategy import TuneStrategy
+
+log = logging.getLogger("honed")
+
+TARGETS = ("python", "cpp")
+
+
+@dataclasses.dataclass
+class TuneContext:
+    """What every graph of one tune shares; owned by the Tuner."""
+
+    device: torch.device
+    tracker: Tracker
+    sweep_to: int = 0  # 0: no batch sweep
+    cache: TuneCache | None = None
+    refresh: bool = False  # clear_cache: re-evaluate and overwrite instead of reading the cache
+    isolation: str = "process"
+    run_dir: Path | None = None  # where the candidates' build.log files go (buildlog.py)
+    target: str = "python"  # "cpp": only candidates the C++ runtime can run
+    deadline: float | None = None  # perf_counter time the time budget runs out
+    budget_s: float | None = None
+    pool: Callable[[int], WorkerPool] | None = None  # the tune's pool, started on first use
+    fingerprints: dict[int, str] = dataclasses.field(default_factory=dict)
+    warned: set[str] = dataclasses.field(default_factory=set)
+    stopped: str = ""  # why the tune stopped trying candidates early (Tuner.cancel)
+
+    def model_fingerprint(self, module: torch.nn.Module) -> str:
+        if id(module) not in self.fingerprints:
+            self.fingerprints[id(module)] = model_fingerprint(module)
+        return self.fingerprints[id(module)]
+
+    def out_of_time(self) -> bool:
+        """Whether candidates not evaluated yet are left out (budget spent, or stopped)."""
+        if self.stopped:
+            return True
+        return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    def budget_reason(self) -> str:
+        if self.stopped:
+            return self.stopped
+        return f"budget: the {self.budget_s:g} s time budget was spent"
+
+    def stop(self, reason: str) -> None:
+        """Leave every candidate not evaluated yet out, with ``reason`` (from any thread)."""
+        self.stopped = reason
+
+
+def for_target(backends: list[Backend], target: str, module: str) -> tuple[list[Backend], str]:
+    """The candidates a target can run, and the note the report's decision carries."""
+    if target == "python":
+        return backends, ""
+    runnable = [b for b in backends if b.cpp_runnable]
+    dropped = sorted({b.name for b in backends if not b.cpp_runnable})
+    if not runnable:
+        raise InputError(
+            f"honed.tune(target='cpp'): module {module!r}: none of the candidates "
+            f"({', '.join(dropped) or 'none'}) can run in the C++ runtime; include "
+            "honed.backend.TorchInductorAotBackend() (or leave backends unset)"
+        )
+    note = (
+        " · target cpp: only backends the C++ runtime runs were candidates "
+        f"({', '.join(sorted({b.name for b in runnable}))}); eager is the reference only"
+    )
+    if dropped:
+        note += f"; left out: {', '.join(dropped)}"
+    return runnable, note
+
+
+class GraphTuner:
+    """Tunes one recorded graph of one module (see the module docstring)."""
+
+    def __init__(
+        self,
+        ctx: TuneContext,
+        module: Module,
+        recording: GraphRecording,
+        strategy: TuneStrategy,
+        index: int,
+    ) -> None:
+        self.ctx = ctx
+        self.module = module
+        self.recording = recording
+        self.strategy = strategy
+        self.index = index
+        self.inner = module.module
+        self.samples: list[Sample] = recording.samples
+        self.tracker = ctx.tracker
+        self.jobs: GraphJobs | None = None
+        self.key_parts: dict[str, Any] | None = None
+        self.not_tried: list[Outcome] = []
+
+    # -- the whole graph -----------------------------------------------------------------------
+    def run(self) -> tuple[GraphReport, Variant | None]:
+        profile, swept = self._profile()
+        self.profile = profile
+        self.info = graph_info(profile, self.ctx.device)
+        with torch.no_grad():
+            self.references = [self.inner(*s.args, **s.kwargs) for s in self.samples]
+        self.measure_at = _measure_index(profile, self.recording.signatures)
+        self.batch = _batch_size(profile, self.recording.signatures[self.measure_at])
+        if self.ctx.cache is not None:
+            self.key_parts = self._cache_key_parts()
+        candidates, target_note = for_target(
+            self.strategy.backends(self.ctx.device, self.info), self.ctx.target, self.module.name
+        )
+        # Eager competes (and is the fallback) unless the tuned graph must run from C++.
+        uses_baseline = self.strategy.uses_baseline and self.ctx.target == "python"
+        baseline_backend = TorchEagerBackend()
+        items = plan(candidates, self.info, baseline_backend if uses_baseline else None)
+        costs = [0] + [p.cost for p in items]
+        self.tracker.at_graph(
+            self.module.name, f"graph {self.index}", costs, self._parallel(len(costs))
+        )
+        baseline, outcomes = self._evaluate_all(baseline_backend, items)
+        competing = ([baseline] if uses_baseline else []) + outcomes
+        if not all(o.cached for o in competing):  # all cached: their figures are the final ones
+            self._interleave(competing)
+        decision, chosen = self._select(competing)
+        if chosen is None:
+            log.warning(
+                "honed: %s: no candidate selected (%s); running eager",
+                self.module.name,
+                decision.reason,
+            )
+        everything = [baseline, *outcomes, *self.not_tried]
+        figure = str(getattr(decision, "figure", ""))  # what the strategy ranked by
+        rows = [_row(o, baseline, o is chosen, figure) for o in everything]
+        report = GraphReport(
+            module=self.module.name,
+            graph=self.recording.key,
+            samples=len(self.samples),
+            **fig.graph_fields(profile, self.recording.signatures[self.measure_at]),
+            ranked_by=figure,
+            profile=_describe_profile(profile),
+            candidates=rows,
+            selected=chosen.backend.name if chosen is not None else None,
+            decision=decision.reason + target_note,
+            sweep=swept,
+            install_s=chosen.install_s if chosen is not None else 0.0,
+        )
+        variant = None
+        if chosen is not None and chosen.fn is not None:
+            figures = dataclasses.asdict(rows[everything.index(chosen)])
+            variant = Variant(
+                profile, chosen.backend, chosen.fn, figures, self.samples[self.measure_at]
+            )
+        for o in everything:
+            if o is not chosen:
+                o.fn = None  # let the losers' compiled code go
+        return report, variant
+
+    def _profile(self) -> tuple[Any, str]:
+        """The engine's shape profile of the graph (after the batch sweep, when asked for)."""
+        first = self.samples[0]
+        names = tensor_names(first.args, first.kwargs, self.inner.forward)
+        overrides = overrides_for(self.module.dynamic_shapes, self.recording.signatures[0], names)
+        profile = _core.infer_profile(self.recording.signatures, overrides)
+        if not self.ctx.sweep_to:
+            return profile, ""
+        result = sweep_graph(
+            self.inner, self.recording, profile, self.ctx.device, self.ctx.sweep_to
+        )
+        if result is None:
+            return profile, "no batch axis: nothing to sweep"
+        profile = _core.infer_profile(self.recording.signatures, overrides)
+        points = ", ".join(f"{b}: {t:,.0f}/s" for b, t in result.points)
+        return profile, f"knee at batch {result.knee} ({result.stop_reason}; {points})"
+
+    # -- evaluating the candidates ---------------------------------------------------------------
+    def _parallel(self, jobs: int) -> int:
+        """How many candidates run at once (for the progress estimate)."""
+        if self.ctx.isolation != "process" or self.ctx.pool is None:
+            return 1
+        return pool_size(jobs)
+
+    def _evaluate_all(self, baseline_backend: Backend, items: list[Planned]) -> Any:
+        """The baseline's outcome and each planned candidate's (skipped ones go to not_tried)."""
+        outcomes: dict[int, Outcome] = {}
+        baseline = self._cached(baseline_backend, True)
+        pending = []
+        for i, item in enumerate(items):
+            if item.skip:
+                self._skip(item, item.skip)
+                continue
+            cached = self._cached(item.backend, False)
+            if cached is not None:
+                outcomes[i] = cached
+            else:
+                pending.append(i)
+        if (baseline is None or pending) and self._use_pool():
+            baseline = self._run_in_pool(baseline, baseline_backend, items, pending, outcomes)
+        else:
+            if baseline is None:
+                baseline = self._evaluate_here(baseline_backend, True)
+            self._run_here(items, pending, outcomes)
+        return baseline, [outcomes[i] for i in sorted(outcomes)]
+
+    def _cached(self, backend: Backend, is_baseline: bool) -> Outcome | None:
+        """The cached outcome of ``backend``, or None (no cache, a miss, or a malformed entry)."""
+        key = self._key_of(backend, is_baseline)
+        if self.ctx.cache is None or key is None or self.ctx.refresh:
+            return None
+        record = self.ctx.cache.get(key)
+        if record is None:
+            return None
+        try:
+            outcome = Outcome.from_record(backend, record, is_baseline, key)
+        except ValueError as e:
+            log.warning(
+                "honed: malformed tuning-cache entry for %s (%s); evaluating it again",
+                backend.name,
+                e,
+            )
+            return None
+        from_cache_files(outcome, self.ctx.cache.files(key, record))
+        self.tracker.finished(
+            "cached", candidate=backend.name, seconds=0.0, cost=backend.expected_build_cost()
+        )
+        return outcome
+
+    def _skip(self, item: Planned, reason: str) -> None:
+        outcome = Outcome(item.backend, status="not tried", reason=reason)
+        self.not_tried.append(outcome)
+        self.tracker.skipped(item.backend.name, reason, item.cost)
+
+    def _finish(self, outcome: Outcome, key: str | None) -> Outcome:
+        """Log, report and cache one evaluated candidate."""
+        if self.ctx.run_dir is not None:
+            outcome.build_log = buildlog.write(
+                self.ctx.run_dir, self.module.name, self.index, outcome.backend.name, outcome.output
+            )
+        self.tracker.finished(
+            outcome.status,
+            outcome.reason,
+            candidate=outcome.backend.name,
+            cost=outcome.backend.expected_build_cost(),
+            seconds=outcome.seconds,
+        )
+        if self.ctx.cache is not None and key is not None:
+            outcome.cache_key = key
+            self.ctx.cache.put(key, outcome.to_record(), to_cache_files(outcome))
+        return outcome
+
+    def _job_fields(self) -> dict[str, Any]:
+        return dict(
+            module=self.inner,
+            samples=self.samples,
+            references=self.references,
+            graph=self.info,
+            measure_at=self.measure_at,
+            batch_size=self.batch,
+        )
+
+    def _evaluate_here(self, backend: Backend, is_baseline: bool) -> Outcome:
+        """Evaluate one candidate in this process, its compiler output kept for its build.log."""
+        name = backend.name
+        self.tracker.candidate(name)
+        started = time.perf_counter()
+        with buildlog.capture() as lines:
+            outcome = evaluate(
+                backend,
+                is_baseline=is_baseline,
+                on_phase=lambda phase: self.tracker.phase(phase, name),
+                **self._job_fields(),
+            )
+        outcome.output = "\n".join(lines)
+        outcome.seconds = time.perf_counter() - started
+        return self._finish(outcome, self._key_of(backend, is_baseline))
+
+    def _run_here(
+        self, items: list[Planned], pending: list[int], outcomes: dict[int, Outcome]
+    ) -> None:
+        for i in pending:
+            item = items[i]
+            if self.ctx.out_of_time():
+                self._skip(item, self.ctx.budget_reason())
+                continue
+            why = self._precision_skip(item, items, outcomes)
+            if why:
+                self._skip(item, why)
+                continue
+            outcomes[i] = self._evaluate_here(item.backend, False)
+
+    def _key_of(self, backend: Backend, is_baseline: bool = False) -> str | None:
+        if self.key_parts is None:
+            return None
+        return TuneCache.key(
+            **self.key_parts, candidate=_backend_identity(backend), baseline=is_baseline
+        )
+
+    def _precision_skip(
+        self, item: Planned, items: list[Planned], outcomes: dict[int, Outcome]
+    ) -> str:
+        probes = []
+        for probe in waits_for(item, items):
+            j = items.index(probe)
+            if j in outcomes:
+                probes.append((probe, outcomes[j].status, outcomes[j].reason))
+        return precision_skip(item, probes)
+
+    def _use_pool(self) -> bool:
+        if self.ctx.isolation != "process" or self.ctx.pool is None:
+            return False
+        if self.jobs is None:
+            try:
+                self.jobs = GraphJobs(self._job_fields(), str(self.ctx.device))
+            except NotIsolatable as e:
+                self._warn_not_isolatable(self.module.name, e)
+                return False
+        return True
+
+    def _warn_not_isolatable(self, what: str, e: Exception) -> None:
+        if "isolation" in self.ctx.warned:
+            return
+        self.ctx.warned.add("isolation")
+        log.warning(
+            "honed: %s cannot be sent to a worker process (%s); evaluating candidates in this "
+            "process (a crashing backend would take it down). Pass isolation='none' to silence "
+            "this.",
+            what,
+            e,
+        )
+
+    def _run_in_pool(
+        self,
+        baseline: Outcome | None,
+        baseline_backend: Backend,
+        items: list[Planned],
+        pending: list[int],
+        outcomes: dict[int, Outcome],
+    ) -> Outcome:
+        """Evaluate the baseline (unless cached) and the pending candidates in the pool."""
+        assert self.ctx.pool is not None and self.jobs is not None
+        pool = self.ctx.pool(len(pending) + (baseline is None))
+        running: dict[concurrent.futures.Future[Any], tuple[int, Backend, bool]] = {}
+        results: dict[int, Outcome] = {}
+
+        def submit(i: int, backend: Backend, is_baseline: bool, cost: int) -> None:
+            name = backend.name
+            try:
+                future = self.jobs.evaluate(  # type: ignore[union-attr]
+                    pool,
+                    backend,
+                    is_baseline,
+                    priority=float(cost),
+                    on_phase=lambda phase: self.tracker.phase(phase, name),
+                )
+            except NotIsolatable as e:
+                self._warn_not_isolatable(name, e)
+                results[i] = self._evaluate_here(backend, is_baseline)
+                return
+            running[future] = (i, backend, is_baseline)
+
+        if baseline is None:
+            submit(-1, baseline_backend, True, -1)
+        held = []
+        for i in pending:
+            if waits_for(items[i], items):
+                held.append(i)
+            else:
+                submit(i, items[i].backend, False, items[i].cost)
+        while running or held:
+            held = self._release_held(items, held, {**outcomes, **results}, submit)
+            if not running:
+                continue
+            for future in wait_all(list(running), 0.5):  # back here twice a second: budget, stop
+                i, backend, is_baseline = running.pop(future)
+                results[i] = self._pool_outcome(backend, is_baseline, _result_of(future))
+                if results[i].status == "not tried":
+                    self.not_tried.append(results.pop(i))
+                held = self._release_held(items, held, {**outcomes, **results}, submit)
+            if self.ctx.out_of_time():
+                for future, (_, _, is_baseline) in running.items():
+                    if not is_baseline:
+                        pool.cancel(future)
+                for i in held:
+                    self._skip(items[i], self.ctx.budget_reason())
+                held = []
+        baseline = baseline or results.pop(-1)
+        outcomes.update(results)
+        return baseline
+
+    def _release_held(
+        self,
+        items: list[Planned],
+        held: list[int],
+        known: dict[int, Outcome],
+        submit: Callable[[int, Backend, bool, int], None],
+    ) -> list[int]:
+        """Submit (or skip) the held candidates whose precision probes have all finished."""
+        still = []
+        for i in held:
+            probes = waits_for(items[i], items)
+            if not all(items.index(p) in known for p in probes):
+                still.append(i)
+                continue
+            why = self._precision_skip(items[i], items, known)
+            if why:
+                self._skip(items[i], why)
+            elif self.ctx.out_of_time():
+                self._skip(items[i], self.ctx.budget_reason())
+            else:
+                submit(i, items[i].backend, False, items[i].cost)
+        return still
+
+    def _pool_outcome(self, backend: Backend, is_baseline: bool, result: Any) -> Outcome:
+        assert self.jobs is not None
+        if result.cancelled:
+            outcome = Outcome(backend, is_baseline, status="not tried")
+            outcome.reason = self.ctx.budget_reason() if self.ctx.out_of_time() else "cancelled"
+            self.tracker.skipped(backend.name, outcome.reason, backend.expected_build_cost())
+            return outcome
+        outcome = self.jobs.outcome(backend, is_baseline, result)
+        return self._finish(outcome, self._key_of(backend, is_baseline))
+
+    # -- the finalists and the winner ------------------------------------------------------------
+    def _interleave(self, competing: list[Outcome]) -> None:
+        """Re-measure the finalists side by side; the cache keeps these final figures."""
+        self.tracker.candidate("finalists")
+        self.tracker.phase("interleave")
+        chosen = finalists(competing)
+        if self.jobs is not None and any(o.fn is None for o in chosen):
+            assert self.ctx.pool is not None
+            pool = self.ctx.pool(1)
+            self.jobs.interleave(pool, chosen, on_phase=self.tracker.phase)
+        else:
+            sample = self.samples[self.measure_at]
+            measure_interleaved(competing, sample, self.ctx.device, self.batch)
+        if self.ctx.cache is None:
+            return
+        for o in competing:
+            record = self.ctx.cache.get(o.cache_key) if o.cache_key else None
+            if o.cache_key and record is not None and o.measurement is not None:
+                self.ctx.cache.put(
+                    o.cache_key, dict(record, measurement=measurement_record(o.measurement))
+                )
+
+    def _select(self, competing: list[Outcome]) -> tuple[Any, Outcome | None]:
+        """The strategy's pick, installed here from what was shipped and checked against eager;
+        a pick that fails either is marked so and the strategy picks again."""
+        while True:
+            decision = self.strategy.select([o.result() for o in competing])
+            if decision.index < 0:
+                return decision, None
+            chosen = competing[decision.index]
+            if chosen.fn is not None and chosen.checked_here:
+                return decision, chosen
+            self.tracker.candidate(chosen.backend.name)
+            self.tracker.phase("install")
+            started = time.perf_counter()
+            problem = self._install(chosen)
+            if not problem:
+                chosen.install_s = time.perf_counter() - started
+                return decision, chosen
+            log.warning(
+                "honed: %s: %s %s; choosing again", self.module.name, chosen.backend.name, problem
+            )
+
+    def _install(self, chosen: Outcome) -> str:
+        """Install ``chosen`` here and check it against eager; "" or what went wrong."""
+        try:
+            fn = install_outcome(chosen, self.inner, self.samples, self.info, self.measure_at)
+            result = check(fn, self.samples, self.references, chosen.backend)
+        except Exception as e:
+            log.debug("honed: installing %s failed", chosen.backend.name, exc_info=True)
+            chosen.status = "failed"
+            chosen.reason = f"installing it in this process failed: {type(e).__name__}: {e}"
+            return f"could not be installed here ({type(e).__name__}: {e})"
+        if not result.ok:
+            chosen.status = "rejected"
+            chosen.reason = f"{result.reason} (checked in this process before installing)"
+            if self.ctx.cache is not None and chosen.cache_key:
+                self.ctx.cache.put(chosen.cache_key, chosen.to_record())
+            return f"failed the check against eager before installing ({result.reason})"
+        chosen.fn, chosen.checked_here = fn, True
+        return ""
+
+    def _cache_key_parts(self) -> dict[str, Any]:
+        return {
+            "model": self.ctx.model_fingerprint(self.inner),
+            "inputs": inputs_fingerprint(self.samples),
+            "profile": self.profile.to_json(),
+            "measure_at": self.measure_at,
+            "environment": fingerprint(self.ctx.device),
+            "measurement": {
+                name: getattr(config, name)
+                for name in (
+                    "warmup_calls",
+                    "warmup_ms",
+                    "window_calls",
+                    "window_ms",
+                    "stable_windows",
+                    "stability_tolerance",
+                    "max_windows",
+                    "injected_latencies",
+                )
+            },
+        }
+
+
+def _result_of(future: concurrent.futures.Future[Any]) -> JobResult:
+    """A job's result; a job cancelled before it started is a cancelled result too."""
+    if future.cancelled():
+        return JobResult(failure="cancelled", cancelled=True)
+    result: JobResult = future.result()
+    return result
+
+
+def _backend_identity(backend: Backend) -> dict[str, Any]:
+    """The recipe plus where the class lives and a hash of its source (custom backends change)."""
+    cls = type(backend)
+    try:
+        source = hashlib.sha256(inspect.getsource(cls).encode()).hexdigest()
+    except (OSError, TypeError):
+        source = ""
+    return {
+        "recipe": backend.recipe(),
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "source": source,
+    }
+
+
+def _measure_index(profile: Any, signatures: list[Any]) -> int:
+    """Measure at the sample whose shapes are the profile's opt shapes (else the last one)."""
+    opt = [list(s) for s in profile.opt_shapes()]
+    for i, sig in enumerate(signatures):
+        if [list(s) for s in sig.tensor_shapes] == opt:
+            return i
+    return len(signatures) - 1
+
+
+def _batch_size(profile: Any, signature: Any) -> int:
+    return fig.batch_of(profile, signature).size
+
+
+def _describe_profile(profile: Any) -> str:
+    parts = []
+    for leaf, axes in enumerate(profile.axes):
+        dims = []
+        for a in axes:
+            dims.append(str(a.opt) if a.kind == "static" else f"{a.name}[{a.min}..{a.max}]")
+        parts.append(f"in{leaf}({', '.join(dims)})")
+    return " ".join(parts)
+
+
+def _row(outcome: Outcome, baseline: Outcome, selected: bool, figure: str = "") -> CandidateReport:
+    m = outcome.measurement
+    speedup = fig.speedup(m, baseline.measurement, figure)
+    c = outcome.check
+    return CandidateReport(
+        name=outcome.backend.name,
+        backend=type(outcome.backend).__name__,
+        status=outcome.status,
+        reason=outcome.reason,
+        is_baseline=outcome.is_baseline,
+        selected=selected,
+        cached=outcome.cached,
+        build_s=outcome.build_s,
+        median_ms=m.median_ms if m is not None else None,
+        p99_ms=m.p99_ms if m is not None else None,
+        throughput=m.throughput if m is not None else None,
+        cv=m.cv if m is not None else None,
+        stable=m.stable if m is not None else None,
+        speedup=speedup,
+        max_abs_error=c.max_abs_error if c is not None else None,
+        max_rel_error=c.max_rel_error if c is not None else None,
+        cosine=c.min_cosine if c is not None else None,
+        build_log=outcome.build_log,
+        samples_ms=capped(list(m.samples_ms)) if m is not None else None,
+    )
+
+
+def capped(samples: list[float], cap: int = 2000) -> list[float]:
+    """At most ``cap`` samples, taken evenly across the run (the report's distribution plots)."""
+    stride = -(-len(samples) // cap)
+    return samples[::stride] if stride > 1 else samples

@@ -1,0 +1,146 @@
+"""tests/test_planning.py: the cheap-first plan: order by cost, same-build and precision rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+import honed
+from honed import planning, progress
+from honed.backend import Backend, GraphInfo, Sample
+from honed.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
+
+from conftest import TinyMLP, batches
+
+
+class Costly(Backend):
+    build_cost = 3
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return module
+
+
+class Cheap(Backend):
+    build_cost = 1
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return module
+
+
+class Middling(Backend):
+    build_cost = 2
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return module
+
+
+class CheapHalf(Backend):
+    """A capture in bf16 whose outputs are far off (as a model that bf16 breaks)."""
+
+    build_cost = 1
+
+    def precision(self) -> str:
+        return "bf16"
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return lambda *a, **k: module(*a, **k) + 1.0
+
+
+class CompiledHalf(Backend):
+    build_cost = 2
+    builds: ClassVar[int] = 0
+
+    def precision(self) -> str:
+        return "bf16"
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        CompiledHalf.builds += 1
+        return module
+
+
+def _tune(backends: list[Backend]) -> tuple[honed.TuneReport, progress.Tracker]:
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    tracker = progress.Tracker(show=False)
+    with progress.tracking(tracker):
+        report = honed.tune(model, batches(2, 4), strategy=honed.MaxThroughputStrategy(backends))
+    return report, tracker
+
+
+def test_candidates_run_cheapest_first() -> None:
+    _, tracker = _tune([Costly(), Middling(), Cheap()])
+    built = [e.candidate for e in tracker.events if e.phase == "build"]
+    assert built == ["TorchEagerBackend", "Cheap", "Middling", "Costly"]
+
+
+def test_inductor_default_and_static_are_one_build_on_a_static_graph() -> None:
+    static = GraphInfo(device=torch.device("cpu"), has_dynamic_axes=False)
+    dynamic = GraphInfo(device=torch.device("cpu"), has_dynamic_axes=True)
+    default = TorchInductorBackend()
+    specialized = TorchInductorBackend(TorchInductorBackendConfig(dynamic=False))
+    items = planning.plan([default, specialized], static)
+    assert [p.skip for p in items] == ["", "same build as TorchInductorBackend for this graph"]
+    assert [p.skip for p in planning.plan([default, specialized], dynamic)] == ["", ""]
+
+
+def test_a_same_build_candidate_is_reported_not_tried() -> None:
+    report, tracker = _tune([Middling(), Middling()])
+    rows = [(c.name, c.status, c.reason) for c in report.graphs[0].candidates]
+    assert ("Middling", "not tried", "same build as Middling for this graph") in rows
+    assert [c.status for c in report.graphs[0].candidates].count("ok") == 2  # eager, Middling
+    assert ("m", "graph 0", "Middling", "not tried") in {
+        (f.module, f.graph, f.candidate, f.status) for f in tracker.done
+    }
+
+
+def test_precision_rule_skips_compiling_a_precision_its_cheap_probe_failed() -> None:
+    CompiledHalf.builds = 0
+    report, _ = _tune([CompiledHalf(), CheapHalf()])
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert rows["CheapHalf"].status == "rejected"
+    assert rows["CompiledHalf"].status == "not tried"
+    assert rows["CompiledHalf"].reason.startswith(
+        "bf16: CheapHalf in the same precision was rejected (wrong outputs"
+    ), rows["CompiledHalf"].reason
+    assert CompiledHalf.builds == 0
+
+
+def test_precision_rule_lets_the_compile_run_when_the_probe_passes() -> None:
+    class CheapHalfFine(CheapHalf):
+        def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Any:
+            return module
+
+    CompiledHalf.builds = 0
+    report, _ = _tune([CompiledHalf(), CheapHalfFine()])
+    assert {c.name: c.status for c in report.graphs[0].candidates}["CompiledHalf"] == "ok"
+    assert CompiledHalf.builds == 1
+
+
+@pytest.mark.parametrize(
+    ("backend", "cost", "precision"),
+    [
+        (honed.backend.TorchEagerBackend(), 0, "fp32"),
+        (honed.backend.CudaGraphsBackend(), 1, "fp32"),
+        (TorchInductorBackend(), 2, "fp32"),
+        (
+            TorchInductorBackend(TorchInductorBackendConfig(mode="max-autotune-no-cudagraphs")),
+            3,
+            "fp32",
+        ),
+        (
+            TorchInductorBackend(
+                TorchInductorBackendConfig(autocast_enabled=True, autocast_dtype=torch.bfloat16)
+            ),
+            2,
+            "bf16",
+        ),
+        (honed.backend.TorchInductorAotBackend(), 3, "fp32"),
+    ],
+)
+def test_builtin_backends_declare_cost_and_precision(
+    backend: Backend, cost: int, precision: str
+) -> None:
+    assert (backend.expected_build_cost(), backend.precision()) == (cost, precision)

@@ -1,0 +1,410 @@
+"""tests/test_pool.py: the worker pool: replacement after faults, cancel, side-by-side builds, the
+measurement gate, stale folders and what a tune leaves behind (SIGTERM, setsid)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import honed
+from honed import pool as pool_module
+from honed.backend import Backend, Sample
+from honed.isolation import GraphJobs, new_pool
+from honed.pool import JobResult, WorkerPool, clean_stale_folders
+
+from conftest import TinyMLP, batches
+
+
+def _wait_for(path: Path, within_s: float) -> bool:
+    """Whether ``path`` appears within the time given (a file another process writes)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return path.exists()
+
+
+class Good(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return module
+
+
+class ExitsZero(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        os._exit(0)
+
+
+class Crashes(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        import ctypes
+
+        ctypes.string_at(0)
+        return module
+
+
+class Hangs(Backend):
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        time.sleep(3600)
+        return module
+
+
+class Rendezvous(Backend):
+    """Builds only once its partner has started building too (so both build at once)."""
+
+    def __init__(self, mine: Path, theirs: Path) -> None:
+        super().__init__()
+        self.mine, self.theirs = str(mine), str(theirs)
+
+    @property
+    def name(self) -> str:
+        return f"Rendezvous({Path(self.mine).name})"
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        Path(self.mine).write_text(str(os.getpid()))
+        if not _wait_for(Path(self.theirs), 120):
+            raise RuntimeError("the partner never built beside me")
+        return module
+
+
+class BuildsUntilSeenPaused(Backend):
+    """Keeps building until another worker has seen this one stopped while it measured."""
+
+    def __init__(self, pid_file: Path, seen: Path) -> None:
+        super().__init__()
+        self.pid_file, self.seen = str(pid_file), str(seen)
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        Path(self.pid_file).write_text(str(os.getpid()))
+        if not _wait_for(Path(self.seen), 120):
+            raise RuntimeError("never paused")
+        return module
+
+
+class LooksForAPausedBuilder(Backend):
+    """Its callable notes when the builder's process is stopped (state T) during a call."""
+
+    def __init__(self, pid_file: Path, seen: Path) -> None:
+        super().__init__()
+        self.pid_file, self.seen = str(pid_file), str(seen)
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        _wait_for(Path(self.pid_file), 120)
+        pid_file, seen = Path(self.pid_file), Path(self.seen)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            stat = Path(f"/proc/{pid_file.read_text()}/stat").read_text()
+            if stat[stat.rindex(")") + 2] == "T":
+                seen.write_text("stopped while I measured")
+            return module(*args, **kwargs)
+
+        return run
+
+
+@pytest.fixture
+def graph() -> GraphJobs:
+    torch.manual_seed(0)
+    module = TinyMLP().eval()
+    samples = [Sample((x,), {}) for x in batches(2, 4)]
+    with torch.no_grad():
+        references = [module(*s.args) for s in samples]
+    info = honed.backend.GraphInfo(device=torch.device("cpu"))
+    fields = dict(
+        module=module,
+        samples=samples,
+        references=references,
+        graph=info,
+        measure_at=1,
+        batch_size=4,
+    )
+    return GraphJobs(fields, "cpu")
+
+
+@pytest.fixture
+def short_limits() -> Iterator[None]:
+    with honed.config.patch(build_timeout_s=60.0, worker_memory_gb=2.0):
+        yield
+
+
+def _run(pool: WorkerPool, graph: GraphJobs, backend: Backend) -> JobResult:
+    return graph.evaluate(pool, backend, False).result(timeout=600)
+
+
+def test_a_failed_job_fails_alone_and_its_worker_is_replaced(
+    graph: GraphJobs, short_limits: None
+) -> None:
+    with new_pool(1) as pool:
+        assert pool.size == 1
+        crashed = _run(pool, graph, Crashes())
+        exited = _run(pool, graph, ExitsZero())
+        good = _run(pool, graph, Good())
+    assert crashed.failure.startswith("crashed: segmentation fault (SIGSEGV)"), crashed.failure
+    assert exited.failure == ("the worker exited without a result (exit status 0) during build"), (
+        exited.failure
+    )
+    assert good.ok and good.reply["outcome"]["status"] == "ok"
+    outcome = GraphJobs.outcome(ExitsZero(), False, exited)
+    assert (outcome.status, outcome.reason) == ("failed", exited.failure)
+
+
+def test_cancel_ends_a_running_job_and_the_pool_goes_on(
+    graph: GraphJobs, short_limits: None
+) -> None:
+    phases: list[str] = []
+    with new_pool(1) as pool:
+        job = graph.evaluate(pool, Hangs(), False, on_phase=phases.append)
+        queued = graph.evaluate(pool, Good(), False)
+        assert pool.cancel(queued)  # not started yet: it never runs
+        deadline = time.monotonic() + 300
+        while "build" not in phases and time.monotonic() < deadline:
+            time.sleep(0.05)  # wait for the worker to report its build (a phase, not a timing)
+        assert pool.cancel(job)
+        result = job.result(timeout=60)
+        after = _run(pool, graph, Good())
+    assert queued.cancelled()
+    assert result.cancelled and result.failure == "cancelled"
+    assert after.ok
+
+
+def test_builds_run_side_by_side(graph: GraphJobs, short_limits: None, tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    with new_pool(2) as pool:
+        first = graph.evaluate(pool, Rendezvous(a, b), False)
+        second = graph.evaluate(pool, Rendezvous(b, a), False)
+        results = [first.result(timeout=600), second.result(timeout=600)]
+    assert all(r.ok and r.reply["outcome"]["status"] == "ok" for r in results), results
+    assert a.read_text() != b.read_text()  # two worker processes
+
+
+def test_on_a_cpu_a_measurement_pauses_the_builds(
+    graph: GraphJobs, short_limits: None, tmp_path: Path
+) -> None:
+    pid_file, seen = tmp_path / "builder.pid", tmp_path / "seen"
+    with new_pool(2) as pool:
+        builder = graph.evaluate(pool, BuildsUntilSeenPaused(pid_file, seen), False)
+        measurer = graph.evaluate(pool, LooksForAPausedBuilder(pid_file, seen), False)
+        results = [builder.result(timeout=600), measurer.result(timeout=600)]
+    assert seen.read_text() == "stopped while I measured"
+    assert [r.reply["outcome"]["status"] for r in results] == ["ok", "ok"], results
+
+
+class FakeSlot:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+
+
+@pytest.mark.parametrize(("device", "paused"), [("cpu", True), ("cuda:0", False)])
+def test_gate_pauses_builders_only_on_a_cpu(device: str, paused: bool) -> None:
+    g = pool_module._Gate(pause_builders=not device.startswith("cuda"))
+    builder, measurer = FakeSlot(), FakeSlot()
+    g.enter_build(builder)  # type: ignore[arg-type]
+    g.enter_measure(measurer)  # type: ignore[arg-type]
+    g.leave_measure(measurer)  # type: ignore[arg-type]
+    assert builder.calls == (["pause", "resume"] if paused else [])
+    assert measurer.calls == []
+
+
+def test_stale_worker_folders_of_ended_processes_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    stale = tmp_path / f"honed-worker-{dead.stdout.strip()}-0-abc"
+    live = tmp_path / f"honed-worker-{os.getpid()}-0-def"
+    other = tmp_path / "honed-worker-notapid"
+    for folder in (stale, live, other):
+        folder.mkdir()
+        (folder / "job.pkl").write_bytes(b"x")
+    assert clean_stale_folders(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and other.exists()
+
+
+class LeavesADaemon(Backend):
+    """Starts a process in a session of its own (setsid) and leaves it running."""
+
+    def __init__(self, pid_file: Path) -> None:
+        super().__init__()
+        self.pid_file = str(pid_file)
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        Path(self.pid_file).write_text(str(proc.pid))
+        return module
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+def test_a_backend_that_calls_setsid_leaves_no_process_after_a_tune(tmp_path: Path) -> None:
+    pid_file = tmp_path / "daemon.pid"
+    model = honed.Module(TinyMLP().eval(), "m")
+    with honed.config.patch(isolation="process"):
+        honed.tune(model, batches(2), strategy=honed.OneBackendStrategy(LeavesADaemon(pid_file)))
+    assert _gone(int(pid_file.read_text())), "the setsid process outlived the tune"
+
+
+TERM_SCRIPT = """
+import os, sys, time, torch, honed
+from pathlib import Path
+from honed.backend import Backend
+
+PID_FILE = sys.argv[2]  # travels with the class to the worker
+
+class Hang(Backend):
+    def build(self, module, example_inputs):
+        Path(PID_FILE).write_text(str(os.getpid()))
+        time.sleep(3600)
+
+model = honed.Module(torch.nn.Linear(4, 4).eval(), "m")
+with honed.config.patch(cache_enabled=False):
+    honed.tune(model, [torch.randn(2, 4)], strategy=honed.OneBackendStrategy(Hang()))
+honed.save(model, sys.argv[1])
+"""
+
+
+def test_sigterm_ends_the_tune_like_ctrl_c_leaving_nothing_behind(tmp_path: Path) -> None:
+    script, worker_pid = tmp_path / "term.py", tmp_path / "worker.pid"
+    script.write_text(TERM_SCRIPT)
+    env = dict(os.environ, TMPDIR=str(tmp_path), TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp())
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "never.honed"), str(worker_pid)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert _wait_for(worker_pid, 300), "no worker reached its build"
+    os.kill(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, stderr[-2000:]
+    assert _gone(int(worker_pid.read_text())), "a worker outlived the tune"
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert not [n for n in left if n.startswith("honed-worker-") or "never.honed" in n], left
+
+
+SAVE_SCRIPT = """
+import sys, torch, honed
+from honed.backend import Backend
+
+class Plain(Backend):
+    def build(self, module, example_inputs):
+        return module
+
+model = honed.Module(torch.nn.Linear(16384, 8192).eval(), "m")  # 512 MB of weights to write
+with honed.config.patch(cache_enabled=False, isolation="none"):
+    honed.tune(model, [torch.randn(2, 16384)], strategy=honed.OneBackendStrategy(Plain()))
+honed.save(model, sys.argv[1])
+"""
+
+
+def test_sigterm_during_a_save_leaves_no_partial_file(tmp_path: Path) -> None:
+    script, out = tmp_path / "save.py", tmp_path / "out"
+    script.write_text(SAVE_SCRIPT)
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(out / "model.honed")])
+    partial: list[Path] = []
+    deadline = time.monotonic() + 600
+    while not partial and proc.poll() is None and time.monotonic() < deadline:
+        partial = list(out.glob(".model.honed.*.tmp"))  # the save's hidden file, being written
+        time.sleep(0.002)
+    if not partial:
+        proc.wait(timeout=60)
+        pytest.skip("the save ended before its partial file could be seen")
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=300)
+    assert proc.returncode == -signal.SIGTERM
+    left = [p.name for p in out.iterdir()]
+    assert not [n for n in left if n.endswith(".tmp")], left  # no hidden .model.honed.*.tmp
+
+
+def test_pool_closes_its_workers_and_folders(graph: GraphJobs, short_limits: None) -> None:
+    with new_pool(1) as pool:
+        assert _run(pool, graph, Good()).ok
+        slot = pool.slots[0]
+        worker_pid, folder = slot.worker.pid, slot.folder
+        assert folder is not None and folder.name.startswith(f"honed-worker-{os.getpid()}-")
+    assert _gone(worker_pid)
+    assert not folder.exists()
+
+
+class Spreads(Rendezvous):
+    """A cheap build (so it may run on any GPU of the host) that notes where it ran."""
+
+    build_cost = 1
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        device = next(module.parameters()).device
+        assert example_inputs[0].args[0].device == device  # the whole graph moved there
+        super().build(module, example_inputs)
+        return module
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_measure_side_by_side_and_finalists_meet_on_the_target(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = TinyMLP().cuda().eval()
+    samples = [Sample((x.cuda(),), {}) for x in batches(2, 4)]
+    with torch.no_grad():
+        references = [module(*s.args) for s in samples]
+    fields = dict(
+        module=module,
+        samples=samples,
+        references=references,
+        graph=honed.backend.GraphInfo(device=torch.device("cuda:0")),
+        measure_at=1,
+        batch_size=4,
+    )
+    graph = GraphJobs(fields, "cuda:0")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with new_pool(2, gpus=["cuda:0", "cuda:1"]) as pool:
+        jobs = [
+            graph.evaluate(pool, Spreads(a, b), False),
+            graph.evaluate(pool, Spreads(b, a), False),
+        ]
+        results = [j.result(timeout=600) for j in jobs]
+        outcomes = [GraphJobs.outcome(Spreads(a, b), False, r) for r in results]
+        assert all(o.status == "ok" for o in outcomes), [o.reason for o in outcomes]
+        assert sorted(r.device for r in results) == ["cuda:0", "cuda:1"]
+        phases: list[str] = []
+        graph.interleave(pool, outcomes, on_phase=phases.append)
+    assert phases == ["load 0", "load 1", "measure"]
+    assert all(o.measurement is not None and o.status == "ok" for o in outcomes)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_tune_on_a_host_with_two_gpus_selects_on_the_target() -> None:
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().cuda().eval(), "two-gpus")
+    strategy = honed.MaxThroughputStrategy(
+        [honed.backend.CudaGraphsBackend(), honed.backend.TorchInductorBackend()]
+    )
+    data = [x.cuda() for x in batches(2, 4)]
+    report = honed.tune(model, data, strategy=strategy, isolation="process")
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert all(c.status == "ok" for c in rows.values()), rows
+    x = batches(3, seed=1)[0].cuda()
+    torch.testing.assert_close(model(x), model.module(x))
