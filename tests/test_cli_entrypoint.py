@@ -235,7 +235,7 @@ def test_export_writes_the_payload_or_names_what_the_artifact_has(tmp_path: Path
         honed_cli("export", str(art), "--format", "plan", "--out", str(tmp_path / "m.plan")),
         2,
         "no plan payload",
-        "module 'lin' graph 0: FakeOnnx (onnx)",
+        "module 'lin' graph 0: test_cli_entrypoint.FakeOnnx (onnx)",
     )
     untuned = _untuned_artifact(tmp_path / "plain.honed")
     one_line(

@@ -79,7 +79,7 @@ def test_throughput_comes_from_the_same_calls_as_the_latencies() -> None:
 
 def test_the_speedup_is_on_the_figure_ranked_by() -> None:
     timings = {"TorchEagerBackend": [3.0], "SameWork": [1.0, 1.0, 1.0, 5.0]}  # median 1, mean 2
-    windows = dict(warmup_calls=4, window_calls=4, window_ms=0.0)  # whole cycles per window
+    windows = dict(warmup_calls=4, window_calls=4, window_ms=1e-6)  # whole cycles per window
     assert _rows(_tune(batches(8), timings, **windows))["SameWork"].speedup == pytest.approx(1.5)
     model = honed.Module(TinyMLP().eval(), "m")
     strategy = honed.MinLatencyStrategy([honed.backend.TorchEagerBackend(), SameWork()])

@@ -91,7 +91,7 @@ def test_a_busy_machine_is_named_at_the_start_and_in_every_format(
     # Thresholds no machine passes: the calibration is never faster than its fastest chunk.
     timings = {"TorchEagerBackend": [2.0], "SameWork": [2.0]}
     with caplog.at_level(logging.WARNING, logger="honed"):
-        _, report = _tune(busy_slowdown=0.5, busy_load_per_cpu=-1.0, injected_latencies=timings)
+        _, report = _tune(busy_slowdown=0.5, busy_load_per_cpu=0.0, injected_latencies=timings)
     starts = [r.getMessage() for r in caplog.records if "this machine is busy" in r.getMessage()]
     assert len(starts) == 1 and "CPU calibration" in starts[0]
     assert report.machine["busy"] is True

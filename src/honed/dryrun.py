@@ -55,7 +55,7 @@ def dry_run(model: Any, kwargs: dict[str, Any], device: str | None) -> str:
 
 
 def _dry_run(model: Any, kwargs: dict[str, Any], device: str | None) -> str:
-    from honed.tuning import _for_target
+    from honed.graph_tuner import for_target
 
     modules = find_modules(model)
     names = ", ".join(repr(m.name) for m in modules) or "the honed.Modules the function calls"
@@ -63,7 +63,7 @@ def _dry_run(model: Any, kwargs: dict[str, Any], device: str | None) -> str:
     strategy = _strategy(modules, kwargs)
     target = kwargs.get("target", "python")
     listed = strategy.backends(run_on)
-    candidates, note = _for_target(listed, target, names)
+    candidates, note = for_target(listed, target, names)
     lines = [
         f"honed tune --dry-run: {names} on {run_on}, {strategy.describe()}"
         + (f", target {target}" if target != "python" else "")

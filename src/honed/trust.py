@@ -100,7 +100,7 @@ def signing_key() -> str | None:
     path = Path(config.signing_key) if config.signing_key else config.config_dir / PRIVATE_KEY
     try:
         pem = path.read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         if config.signing_key:
             raise ConfigError(
                 f"HONED_SIGNING_KEY={config.signing_key}: no such file; give the private key "
