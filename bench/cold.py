@@ -136,11 +136,20 @@ def light_backends(device: Any) -> list[Any]:
     ]
 
 
-def recipes(options: dict[str, Any], device: Any) -> dict[str, dict[str, Any]]:
-    """Each candidate's recipe by name, so the parent can rebuild every candidate honed tried."""
-    from honed.backend import TorchEagerBackend, default_backends
+def recipes(options: dict[str, Any], device: Any, x: Any) -> dict[str, dict[str, Any]]:
+    """Each candidate's recipe by name, so the parent can rebuild every candidate honed tried.
 
-    backends = [TorchEagerBackend(), *(options.get("backends") or default_backends(device))]
+    The default list depends on the graph (a 4-D input adds channels_last candidates), so it is
+    asked for with the input's shape, as the tuner asks for it.
+    """
+    from honed.backend import GraphInfo, TorchEagerBackend, default_backends
+
+    leaves = list(x.values()) if isinstance(x, dict) else x if isinstance(x, list | tuple) else [x]
+    tensors = [t for t in leaves if hasattr(t, "shape")]
+    shapes = tuple(tuple(t.shape) for t in tensors)
+    graph = GraphInfo(device, min_shapes=shapes, opt_shapes=shapes, max_shapes=shapes)
+    defaults = default_backends(device, graph)
+    backends = [TorchEagerBackend(), *(options.get("backends") or defaults)]
     return {b.name: b.recipe() for b in backends}
 
 
@@ -183,7 +192,7 @@ def job_honed(args: argparse.Namespace, target: str = "python") -> dict[str, Any
     tune_s = time.perf_counter() - started
     out: dict[str, Any] = {"tune_s": tune_s, "api_lacks": lacking}
     out["time_budget_s"] = options.get("time_budget_s")
-    out["report"] = report_record(report, recipes(options, device))
+    out["report"] = report_record(report, recipes(options, device, x))
     if args.artifact:
         started = time.perf_counter()
         honed.save(module, args.artifact)

@@ -279,7 +279,7 @@ window_ms: float = _flag(
 )
 stable_windows: int = _flag("stable_windows", "HONED_STABLE_WINDOWS", 3, _Number(1, 1000, True))
 stability_tolerance: float = _flag(
-    "stability_tolerance", "HONED_STABILITY_TOLERANCE", 0.05, _Number(0, 1, lo_open=True)
+    "stability_tolerance", "HONED_STABILITY_TOLERANCE", 0.05, _Number(0, 1e9, lo_open=True)
 )
 max_windows: int = _flag("max_windows", "HONED_MAX_WINDOWS", 10, _Number(1, 10_000, True))
 
