@@ -296,7 +296,9 @@ cpu_threads: int = _flag("cpu_threads", "HONED_CPU_THREADS", 0, _Number(0, 4096,
 # takes more than busy_slowdown times its fastest one, or the 1-minute load average exceeds
 # busy_load_per_cpu per CPU, or another process holds the GPU. A busy machine is named in the log
 # and the report; wait_for_quiet_s > 0 first waits up to that many seconds for a quiet one.
-busy_slowdown: float = _flag("busy_slowdown", "HONED_BUSY_SLOWDOWN", 1.5, _Number(0, 1e9, lo_open=True))
+busy_slowdown: float = _flag(
+    "busy_slowdown", "HONED_BUSY_SLOWDOWN", 1.5, _Number(0, 1e9, lo_open=True)
+)
 busy_load_per_cpu: float = _flag(
     "busy_load_per_cpu", "HONED_BUSY_LOAD_PER_CPU", 1.0, _Number(0, 1e9)
 )

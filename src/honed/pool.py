@@ -381,7 +381,12 @@ class _Slot:
                     result.paused_build_s = in_build_phase if phase == "build" else build_paused
                     return result
                 if message[0] == "error":
-                    return JobResult(failure=message[1], phase=phase, output=self._output())
+                    result = JobResult(failure=message[1], phase=phase, output=self._output())
+                    if device.startswith("cuda"):
+                        # A CUDA error (a device-side assert, an illegal access) is sticky: every
+                        # later call in that process fails, so the next job gets a new worker.
+                        self._stop(0.0)
+                    return result
                 if message[0] != "phase":
                     continue
                 if phase == "build":  # leaving it: what it spent paused is not build time
