@@ -174,18 +174,35 @@ std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& f
 
   std::vector<Block> measured(fns.size());
   std::vector<std::vector<double>> medians(fns.size());
-  for (int r = 0; r < rounds; ++r) {
+  auto run_round = [&](int calls) {
     for (size_t i = 0; i < fns.size(); ++i) {
-      const Block block = run_block(fns[i], timer, calls_per_round, 0);
+      const Block block = run_block(fns[i], timer, calls, 0);
       medians[i].push_back(median_of(block.samples));
       append(measured[i], block);
     }
+  };
+  auto all_stable = [&] {
+    for (const auto& m : medians) {
+      const int last = std::min(static_cast<int>(m.size()), kStableRounds);
+      if (!last_medians_agree(m, last, tolerance)) return false;
+    }
+    return true;
+  };
+  for (int r = 0; r < rounds; ++r) run_round(calls_per_round);
+  // The protocol's retries: while a finalist's last rounds disagree, more rounds, each longer
+  // (longer blocks average out short disturbances), up to the planned rounds again.
+  int done = rounds;
+  for (int extra = 0, calls = calls_per_round; extra < rounds && !all_stable(); ++extra) {
+    calls = std::min(calls * 2, calls_per_round * 4);
+    run_round(calls);
+    ++done;
   }
   std::vector<Measurement> out;
   out.reserve(fns.size());
   for (size_t i = 0; i < fns.size(); ++i) {
-    const bool stable = last_medians_agree(medians[i], std::min(rounds, kStableRounds), tolerance);
-    out.push_back(assemble(measured[i], rounds, stable, batch_size));
+    const int last = std::min(static_cast<int>(medians[i].size()), kStableRounds);
+    const bool stable = last_medians_agree(medians[i], last, tolerance);
+    out.push_back(assemble(measured[i], done, stable, batch_size));
     out.back().warmup_calls = static_cast<int64_t>(warm[i].samples.size());
     out.back().warmup_ms = warm[i].wall_ms;
   }

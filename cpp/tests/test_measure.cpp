@@ -223,16 +223,36 @@ TEST(Interleaved, RunsBlocksInRoundRobinOrderAfterWarmup) {
   EXPECT_TRUE(ms[0].stable);
 }
 
-TEST(Interleaved, FlagsDriftAsUnstable) {
-  // Calls 0-3 warm up; A's rounds see 1 ms, then 2 ms, then 3 ms: not within 5 %.
-  InjectedTimer timer({1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3});
+TEST(Interleaved, FlagsDriftAsUnstableAfterItsRetries) {
+  // Every call slower than the last: no three rounds agree within 5 %, however long; the rounds
+  // go on to 3 + 3, each retry twice as long as the one before (up to 4x).
+  std::vector<double> growing;
+  for (int i = 1; i <= 400; ++i) growing.push_back(i);
+  InjectedTimer timer(growing);
   const auto ms = honed::interleaved({[] {}, [] {}}, timer, 3, 2);
   EXPECT_FALSE(ms[0].stable);
   EXPECT_FALSE(ms[1].stable);
+  EXPECT_EQ(ms[0].windows, 6);
+  EXPECT_EQ(ms[0].calls, 3 * 2 + 4 + 8 + 8);
   EXPECT_THROW(honed::interleaved({}, timer, 1, 1), std::invalid_argument);
   // The tolerance is the protocol's: at 300 % the same drift is stable.
   InjectedTimer again({1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3});
   EXPECT_TRUE(honed::interleaved({[] {}, [] {}}, again, 3, 2, 1, 3.0)[0].stable);
+}
+
+TEST(Interleaved, RetriesUntilTheLastRoundsAgree) {
+  // Warm-up 1 ms (4 calls); rounds of 2 calls: 1, 2, 3 ms (drift), then 3 ms from there on. The
+  // first retry (4 calls each) still disagrees with round 2; the second (8 calls) settles it.
+  std::vector<double> script(4 + 4, 1.0);
+  script.insert(script.end(), 4, 2.0);
+  script.insert(script.end(), 200, 3.0);
+  InjectedTimer timer(script);
+  const auto ms = honed::interleaved({[] {}, [] {}}, timer, 3, 2);
+  for (const auto& m : ms) {
+    EXPECT_TRUE(m.stable);
+    EXPECT_EQ(m.windows, 5);
+    EXPECT_EQ(m.calls, 3 * 2 + 4 + 8);
+  }
 }
 
 TEST(CudaTimer, UnavailableHereGivesAReasonAndThrows) {

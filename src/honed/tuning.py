@@ -35,6 +35,10 @@ from honed.tune_strategy import MaxThroughputStrategy, TuneStrategy
 
 log = logging.getLogger("honed")
 
+# Of a time budget, what is kept for the finish after the last candidate (at most _FINISH_MAX_S).
+_FINISH_SHARE = 0.05
+_FINISH_MAX_S = 10.0
+
 
 def tune(
     func: Callable[..., Any] | None = None,
@@ -83,9 +87,10 @@ def tune(
             included. "cpp": only backends the C++ runtime (honed::Model, honed-run) can run
             (TorchInductorAotBackend); eager is measured as the reference but never selected,
             and the report says so.
-        time_budget_s: stop trying candidates after this many seconds (from the start of the
-            tune): the best correct candidate so far wins and the others are reported as "not
-            tried" (budget). The eager baseline and the re-measure of the finalists always run.
+        time_budget_s: the tune's wall time, from its start: candidates stop early enough
+            (5 % of the budget, at most 10 s) for the finish to fit; the best correct candidate
+            so far wins and the others are reported as "not tried" (budget). The eager baseline
+            and the re-measure of the finalists always run.
 
     Returns:
         A TuneReport; each module also keeps its own part in ``module.report``.
@@ -226,7 +231,12 @@ class Tuner:
             )
 
     def _context(self, device: torch.device, started: float) -> TuneContext:
-        deadline = None if self.time_budget_s is None else started + self.time_budget_s
+        deadline = None
+        if self.time_budget_s is not None:
+            # Candidates stop early enough for the finish (the finalists' re-measure, the
+            # install) to end inside the budget too.
+            finish_s = min(_FINISH_SHARE * self.time_budget_s, _FINISH_MAX_S)
+            deadline = started + self.time_budget_s - finish_s
         self.tracker.budget_end = deadline
         # a read-only cache folder: one warning, cache off, build logs in a temporary folder
         cache, run_dir = open_for_tune(self.cache_dir, config.cache_enabled)

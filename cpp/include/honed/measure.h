@@ -128,8 +128,10 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
 // Interleaved rounds for finalists: warm-up of calls_per_round calls of each fn (in order), then
 // `rounds` rounds, each running calls_per_round calls of fns[0], then of fns[1], ... (A B C A B C),
 // so drift hits all alike. One Measurement per fn, in order; its wall_ms is the sum of its blocks,
-// windows = rounds, stable = the medians of its last 3 rounds (all rounds when fewer) agree
-// within `tolerance` (the protocol's, MeasureConfig::tolerance).
+// windows = rounds run, stable = the medians of its last 3 rounds (all rounds when fewer) agree
+// within `tolerance` (the protocol's, MeasureConfig::tolerance). While some finalist is unstable
+// after `rounds`, further rounds follow (each twice as long, up to 4x calls_per_round), at most
+// `rounds` more: the protocol's retries with longer windows.
 std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& fns, Timer& timer,
                                      int rounds, int calls_per_round, int64_t batch_size = 1,
                                      double tolerance = 0.05);
