@@ -86,13 +86,29 @@ class OneBackendStrategy(TuneStrategy):
 
 
 class FirstWinsStrategy(TuneStrategy):
-    """Try backends in order; take the first that is correct and beats eager by min_speedup."""
+    """Try backends in order; take the first that is correct and beats eager by min_speedup
+    (when not given: honed.config.first_wins_min_speedup, read when the strategy selects)."""
 
-    def __init__(self, backends: Sequence[Backend] | None = None, min_speedup: float = 1.0) -> None:
+    def __init__(
+        self, backends: Sequence[Backend] | None = None, min_speedup: float | None = None
+    ) -> None:
         super().__init__(backends)
-        if min_speedup <= 0:
+        if min_speedup is not None and not min_speedup > 0:
             raise ConfigError(f"FirstWinsStrategy: min_speedup must be > 0, got {min_speedup}")
-        self.min_speedup = float(min_speedup)
+        self._min_speedup = None if min_speedup is None else float(min_speedup)
+
+    @property
+    def min_speedup(self) -> float:
+        """The factor a candidate must beat eager by: the one given, else the config's."""
+        if self._min_speedup is not None:
+            return self._min_speedup
+        value = float(config.first_wins_min_speedup)
+        if not value > 0:
+            raise ConfigError(
+                "HONED_FIRST_WINS_MIN_SPEEDUP (honed.config.first_wins_min_speedup) must be > 0, "
+                f"got {value}; e.g. 1.1 for a 10 % speed-up over eager"
+            )
+        return value
 
     def select(self, candidates: list[Any]) -> Any:
         return _core.select_first_wins(candidates, self.min_speedup, _margin())
