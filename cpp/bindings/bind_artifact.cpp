@@ -231,13 +231,10 @@ void bind_keys(nb::module_& m) {
 }  // namespace
 
 void bind_artifact(nb::module_& m) {
-  // Python translators run newest first: the subclasses are registered after their base.
+  // ArtifactError and its subclasses become honed.errors' classes (bind_errors.cpp).
   m.attr("ARTIFACT_FORMAT_VERSION") = kArtifactFormatVersion;
   m.attr("MANIFEST_ENTRY") = kManifestEntry;
   m.attr("SIGNATURE_ENTRY") = kSignatureEntry;
-  nb::object base = nb::exception<ArtifactError>(m, "ArtifactError");
-  nb::exception<IncompatibleArtifactError>(m, "IncompatibleArtifactError", base);
-  nb::exception<UntrustedArtifactError>(m, "UntrustedArtifactError", base);
   bind_manifest(m);
   bind_reader(m);
   bind_keys(m);
