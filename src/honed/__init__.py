@@ -9,7 +9,7 @@ honed.load(model, "resnet.honed")
 
 from __future__ import annotations
 
-from honed import _core, backend, config, tune_strategy
+from honed import backend, config, tune_strategy
 from honed._version import __version__
 from honed.artifact import load, save
 from honed.errors import (

@@ -7,7 +7,6 @@ pure C++ function over the candidates' results (status, correctness, figures, me
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -58,7 +57,7 @@ class TuneStrategy:
             return list(self._backends)
         return default_backends(device, graph)
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -81,7 +80,7 @@ class OneBackendStrategy(TuneStrategy):
             )
         super().__init__([backend])
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         return _core.select_one_backend(candidates)
 
 
@@ -110,7 +109,7 @@ class FirstWinsStrategy(TuneStrategy):
             )
         return value
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         return _core.select_first_wins(candidates, self.min_speedup, _margin())
 
 
@@ -118,14 +117,14 @@ class MaxThroughputStrategy(TuneStrategy):
     """Measure every correct candidate and keep the highest throughput (samples per second);
     a candidate beats a simpler one only with evidence (honed.config.decision_margin)."""
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         return _core.select_max_throughput(candidates, _margin())
 
 
 class MinLatencyStrategy(TuneStrategy):
     """Measure every correct candidate and keep the lowest median latency (with evidence)."""
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         return _core.select_min_latency(candidates, _margin())
 
 
@@ -140,7 +139,7 @@ class LatencyBudgetStrategy(TuneStrategy):
             )
         self.latency_budget_ms = float(latency_budget_ms)
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         return _core.select_latency_budget(candidates, self.latency_budget_ms, _margin())
 
     def describe(self) -> str:
