@@ -98,7 +98,7 @@ lint: $(STAMP)/package stub-check
 	$(VENV)/bin/ruff check src tests bench scripts/wheel_smoke.py
 	$(VENV)/bin/ruff format --check src tests bench scripts/wheel_smoke.py
 	$(VENV)/bin/mypy
-	$(VENV)/bin/clang-format --dry-run -Werror $(shell git ls-files 'cpp/*.cpp' 'cpp/*.h')
+	$(VENV)/bin/clang-format --dry-run -Werror $(shell git ls-files 'cpp/*.cpp' 'cpp/*.h' 'bench/*.cpp')
 
 # On the GPU machine: no network; builds against the preinstalled torch and runs everything with CUDA.
 gpu-test:  ## tests + benchmarks on a CUDA machine (scripts/gpu-test.sh [tests|bench|runtime|all])
