@@ -19,8 +19,8 @@ FRESH_MACHINE ?= ../shared/tools/fresh-machine.sh
 FRESH_COMMANDS ?= "make demo" "make test" "make wheel-check"
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-cpp test-py lint gpu-test bench-gpu bench-report clean setup \
-        wheel wheel-check fresh-check
+.PHONY: demo test test-fast test-cpp test-py lint stub stub-check gpu-test bench-gpu bench-report \
+        clean setup wheel wheel-check fresh-check
 
 demo: $(STAMP)/package
 	$(VENV)/bin/honed demo
@@ -63,8 +63,19 @@ $(STAMP)/torchao: $(STAMP)/venv scripts/fetch-device-wheels.sh
 # --no-build-isolation: build against the torch already installed, never pull another one.
 $(STAMP)/package: $(STAMP)/venv $(STAMP)/torchao $(ENGINE_SOURCES)
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
-	$(VPY) -m nanobind.stubgen -q -m honed._core -o src/honed/_core.pyi
 	@touch $@
+
+# The type stub of honed._core is committed (src/honed/_core.pyi, what mypy checks the package
+# against): after a binding change, `make stub` regenerates it; lint fails while it is stale.
+STUBGEN = $(VPY) -m nanobind.stubgen -q -m honed._core
+stub: $(STAMP)/package
+	$(STUBGEN) -o src/honed/_core.pyi
+
+stub-check: $(STAMP)/package
+	@fresh=$$(mktemp -d) && $(STUBGEN) -o $$fresh/_core.pyi && \
+	  if ! diff -u src/honed/_core.pyi $$fresh/_core.pyi; then rm -rf $$fresh; \
+	    echo "src/honed/_core.pyi differs from the bindings: run make stub and commit it"; exit 1; fi; \
+	  rm -rf $$fresh
 
 $(CPP_BUILD)/build.ninja: $(STAMP)/venv CMakeLists.txt
 	$(VENV)/bin/cmake -S . -B $(CPP_BUILD) -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=ON \
@@ -83,11 +94,11 @@ test-py: $(STAMP)/package $(STAMP)/bench-deps
 test-fast: $(STAMP)/package $(STAMP)/bench-deps
 	$(VPY) -m pytest -q -m "not integration and not gpu" $(PYTEST_ARGS)
 
-lint: $(STAMP)/package
+lint: $(STAMP)/package stub-check
 	$(VENV)/bin/ruff check src tests bench scripts/wheel_smoke.py
 	$(VENV)/bin/ruff format --check src tests bench scripts/wheel_smoke.py
 	$(VENV)/bin/mypy
-	$(VENV)/bin/clang-format --dry-run -Werror $(shell git ls-files 'cpp/*.cpp' 'cpp/*.h')
+	$(VENV)/bin/clang-format --dry-run -Werror $(shell git ls-files 'cpp/*.cpp' 'cpp/*.h' 'bench/*.cpp')
 
 # On the GPU machine: no network; builds against the preinstalled torch and runs everything with CUDA.
 gpu-test:  ## tests + benchmarks on a CUDA machine (scripts/gpu-test.sh [tests|bench|runtime|all])

@@ -2,9 +2,9 @@
 # scripts/gpu-session.sh: the CUDA checks of one short device session, each step under its own
 # time limit so one slow step cannot starve the rest (the device allows 600 s per command):
 #   CUDA graphs vs reduce-overhead, AOTInductor on CUDA, the C++ runtime with CUDA (tests and
-#   honed-run vs honed.load), TorchAO on the GPU, JIT cold/warm. Logs go to $OUT. On the H100
-#   the first two steps took longer than 150 s / 100 s from a cold compile cache: give the
-#   session a call of its own (SESSION_WALL), or pick steps: STEPS="cuda torchao runtime jit".
+#   honed-run vs honed.load), TorchAO on the GPU, JIT cold/warm. Logs go to $OUT. The first two
+#   steps compile from a cold cache, the slowest part of a session: give the session a call of
+#   its own (SESSION_WALL), or pick steps: STEPS="cuda torchao runtime jit".
 # The full stages (slower) are in scripts/gpu-test.sh.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}

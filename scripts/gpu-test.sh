@@ -7,7 +7,7 @@
 #   runtime: the C++ runtime (libhoned_runtime, honed-run) built against the device's torch with
 #     CUDA, its tests on CPU and CUDA (tune, save, honed-run --check, GoogleTest, examples/cpp),
 #     honed-run against honed.load on the same artifacts (bench/cpp_vs_python.py), and the
-#     per-call cost of honed::Model::run over libtorch's loader (scripts/diag/run_overhead.sh).
+#     per-call cost of honed::Model::run over libtorch's loader (bench/profile/run_overhead.sh).
 # libzip: the machine has none; run scripts/fetch-device-deps.sh where apt works and carry .deps/.
 # Logs go to $OUT (or ./gpu-out) so they come back from the device.
 set -uo pipefail
@@ -190,7 +190,7 @@ if [ "$STAGE" = runtime ] || [ "$STAGE" = all ]; then
         | tee "$OUT/cpp-vs-python.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       step "what honed::Model::run adds to libtorch's loader (cuda)"
-      run env PY="$PY" bash scripts/diag/run_overhead.sh $RT cuda 1x16
+      run env PY="$PY" bash bench/profile/run_overhead.sh $RT cuda 1x16
     fi
   fi
 fi

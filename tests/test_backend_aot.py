@@ -272,7 +272,8 @@ def test_payload_round_trip_loads_without_compiling(
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="needs binutils' readelf")
 def test_the_wrapper_links_the_shared_cxx_runtime(dynamic_fn: AotCompiled, tmp_path: Path) -> None:
-    """A wrapper.so with a private static libstdc++ segfaults on load (seen on the H100 machine)."""
+    """A wrapper.so with a private static libstdc++ can segfault on load: two C++ runtimes in one
+    process disagree about their shared state."""
     assert ":libstdc++.so.6" in link_options(None)["aot_inductor.custom_op_libs"]
     assert link_options({"aot_inductor.custom_op_libs": ["x"]})["aot_inductor.custom_op_libs"] == [
         "x",
@@ -429,7 +430,8 @@ def test_loading_skips_torchs_device_information_probe(
     dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch's aoti_load_package probes the CPU's vector ISA by compiling and loading test
-    programs in child processes (43 s of a 50 s load on the H100); honed loads without it."""
+    programs in child processes, which dominates a load; honed checks the environment itself and
+    loads without it."""
     import torch._inductor.codecache
 
     def probing(device_type: str) -> dict[str, str]:
@@ -456,8 +458,8 @@ def test_a_passed_vector_isa_check_is_remembered_and_a_failed_one_is_not(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """torch's CPU vector-ISA check builds and imports a test program per ISA in every new
-    process (17.8 s of an AOTInductor build on the H100 machine); once every ISA the CPU names
-    has passed, later compiles tell torch so instead."""
+    process, a large part of an AOTInductor build; once every ISA the CPU names has passed, later
+    compiles tell torch so instead."""
     from torch._inductor import cpu_vec_isa
 
     from honed.backend import _aoti_env as aot

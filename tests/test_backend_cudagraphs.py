@@ -209,8 +209,8 @@ class TestOnCuda:
 
     def test_replays_survive_reduce_overhead_recording_after_the_capture(self) -> None:
         """torch.compile(mode="reduce-overhead") clears cuBLAS workspaces when it warms up and
-        records; our graph must not have captured a workspace it does not own (on the H100 this
-        was an illegal memory access in the replay after such a recording)."""
+        records; our graph must not have captured a workspace it does not own (a replay would read
+        freed memory: an illegal memory access)."""
         torch.manual_seed(0)
 
         def mlp() -> nn.Module:  # GEMMs big enough for cuBLAS to use its workspace

@@ -151,6 +151,25 @@ def test_first_wins_takes_the_first_backend_that_beats_eager() -> None:
     assert report.selected() == ["FastBackend"]  # SlowBackend is only 1.2x: below 1.5x
 
 
+def test_first_wins_reads_min_speedup_from_config() -> None:
+    model = honed.Module(TinyMLP().eval(), "m")
+    strategy = honed.FirstWinsStrategy([SlowBackend(), FastBackend()])
+    timings = {"TorchEagerBackend": [3.0], "SlowBackend": [2.5], "FastBackend": [1.0]}
+    with honed.config.patch(injected_latencies=timings, first_wins_min_speedup=1.5):
+        assert strategy.min_speedup == 1.5
+        report = honed.tune(model, batches(4), strategy=strategy)
+    assert report.selected() == ["FastBackend"]  # SlowBackend's 1.2x is below the config's 1.5x
+    assert strategy.min_speedup == 1.0  # the default again once the patch ends
+
+
+def test_first_wins_given_min_speedup_overrides_config() -> None:
+    strategy = honed.FirstWinsStrategy([SlowBackend()], min_speedup=2.0)
+    with honed.config.patch(first_wins_min_speedup=1.5):
+        assert strategy.min_speedup == 2.0
+    with pytest.raises(honed.ConfigError, match="min_speedup must be > 0"):
+        honed.FirstWinsStrategy(min_speedup=0)
+
+
 def test_inductor_tune_matches_eager(inductor_tuned: honed.Module) -> None:
     assert inductor_tuned.is_tuned
     report = inductor_tuned.report

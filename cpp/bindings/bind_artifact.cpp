@@ -88,7 +88,10 @@ const char* trust_name(Trust t) {
 // A JSON-valued field as a read-write property (def_rw would refuse None).
 template <typename C>
 auto json_getter(nlohmann::json C::* field) {
-  return [field](const C& self) { return json_to_python(self.*field); };
+  // typed: the stub says Any (a JSON value of any shape), not object
+  return [field](const C& self) -> nb::typed<nb::object, nb::any> {
+    return json_to_python(self.*field);
+  };
 }
 template <typename C>
 auto json_setter(nlohmann::json C::* field) {
@@ -185,7 +188,8 @@ void bind_reader(nb::module_& m) {
       "ArtifactError or IncompatibleArtifactError");
   m.def(
       "write_artifact",
-      [](const std::string& path, Manifest manifest, const nb::dict& entries,
+      [](const std::string& path, Manifest manifest,
+         const nb::typed<nb::dict, nb::str, nb::bytes>& entries,
          const std::string& signing_key_pem) {
         std::vector<nb::bytes> held;  // references kept while the GIL is released
         std::vector<EntryData> data;
@@ -231,13 +235,10 @@ void bind_keys(nb::module_& m) {
 }  // namespace
 
 void bind_artifact(nb::module_& m) {
-  // Python translators run newest first: the subclasses are registered after their base.
+  // ArtifactError and its subclasses become honed.errors' classes (bind_errors.cpp).
   m.attr("ARTIFACT_FORMAT_VERSION") = kArtifactFormatVersion;
   m.attr("MANIFEST_ENTRY") = kManifestEntry;
   m.attr("SIGNATURE_ENTRY") = kSignatureEntry;
-  nb::object base = nb::exception<ArtifactError>(m, "ArtifactError");
-  nb::exception<IncompatibleArtifactError>(m, "IncompatibleArtifactError", base);
-  nb::exception<UntrustedArtifactError>(m, "UntrustedArtifactError", base);
   bind_manifest(m);
   bind_reader(m);
   bind_keys(m);

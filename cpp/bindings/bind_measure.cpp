@@ -19,7 +19,9 @@ namespace honed::py {
 
 namespace {
 
-nb::dict stats_dict(const Stats& s) {
+using StrDict = nb::typed<nb::dict, nb::str, nb::any>;  // dict[str, Any] in the stub
+
+StrDict stats_dict(const Stats& s) {
   nb::dict d;
   d["n"] = s.n;
   d["median_ms"] = s.median_ms;
@@ -34,7 +36,7 @@ nb::dict stats_dict(const Stats& s) {
   return d;
 }
 
-nb::dict measurement_dict(const Measurement& m) {
+StrDict measurement_dict(const Measurement& m) {
   nb::dict d = stats_dict(m.stats);
   d["throughput"] = m.throughput;
   d["stable"] = m.stable;

@@ -6,6 +6,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <charconv>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -172,7 +173,7 @@ void walk_sequence(PyObject* o, SignatureBuilder& b, int depth, char open, char 
 
 void walk(PyObject* o, SignatureBuilder& b, int depth) {
   const Converter& c = conv();
-  if (depth > 64) throw nb::value_error("inputs are nested more than 64 levels deep");
+  if (depth > 64) throw std::invalid_argument("inputs are nested more than 64 levels deep");
   PyTypeObject* t = Py_TYPE(o);
   if (reinterpret_cast<PyObject*>(t) == c.tensor_type) return add_tensor(o, b);
   if (o == Py_None) return b.constant("None");
@@ -263,24 +264,23 @@ AxisOverride to_override(nb::handle key, nb::handle value) {
   if (PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr())) return nb::cast<int64_t>(value);
   if (nb::isinstance<DynamicDim>(value)) return nb::cast<DynamicDim>(value);
   if (nb::isinstance<BatchDim>(value)) return nb::cast<BatchDim>(value);
-  throw nb::value_error(("dynamic_shapes[" + repr_of(key) + "] is " + repr_of(value) +
-                         ": use an int (fixed size), DynamicDim(name, min, max) or BatchDim()")
-                            .c_str());
+  throw std::invalid_argument(
+      "dynamic_shapes[" + repr_of(key) + "] is " + repr_of(value) +
+      ": use an int (fixed size), DynamicDim(name, min, max) or BatchDim()");
 }
 
 Overrides to_overrides(nb::handle overrides) {
   Overrides out;
   if (overrides.is_none()) return out;
   if (!PyDict_Check(overrides.ptr())) {
-    throw nb::value_error(
+    throw std::invalid_argument(
         "overrides must be a dict {(input index, axis): int | DynamicDim | BatchDim}");
   }
   for (auto [key, value] : nb::borrow<nb::dict>(overrides)) {
     std::pair<int, int> where;
     if (!nb::try_cast(key, where)) {
-      throw nb::value_error(
-          ("dynamic_shapes key " + repr_of(key) + " must be a tuple (tensor input index, axis)")
-              .c_str());
+      throw std::invalid_argument("dynamic_shapes key " + repr_of(key) +
+                                  " must be a tuple (tensor input index, axis)");
     }
     out[where] = to_override(key, value);
   }

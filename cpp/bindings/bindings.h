@@ -3,6 +3,8 @@
 #include <nanobind/nanobind.h>
 
 namespace honed::py {
+// First: every bind_* below throws C++ exceptions that it translates into honed.errors.
+void bind_errors(nanobind::module_& m);
 void bind_shapes(nanobind::module_& m);
 void bind_measure(nanobind::module_& m);
 void bind_select(nanobind::module_& m);

@@ -7,6 +7,7 @@ NB_MODULE(_core, m) {
   m.attr("__version__") = honed::version();
   // Objects still referenced at interpreter exit (e.g. by torch's caches) are not leaks of ours.
   nanobind::set_leak_warnings(false);
+  honed::py::bind_errors(m);
   honed::py::bind_shapes(m);
   honed::py::bind_measure(m);
   honed::py::bind_select(m);

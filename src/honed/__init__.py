@@ -9,13 +9,14 @@ honed.load(model, "resnet.honed")
 
 from __future__ import annotations
 
-from honed import _core, backend, config, tune_strategy
+from honed import backend, config, tune_strategy
 from honed._version import __version__
 from honed.artifact import load, save
 from honed.errors import (
     ArtifactError,
     BackendUnavailableError,
     ConfigError,
+    EngineError,
     HonedError,
     IncompatibleArtifactError,
     InputError,
@@ -42,6 +43,7 @@ __all__ = [
     "BatchDim",
     "ConfigError",
     "DynamicDim",
+    "EngineError",
     "FirstWinsStrategy",
     "HonedError",
     "IncompatibleArtifactError",
@@ -57,7 +59,6 @@ __all__ = [
     "TuneStrategy",
     "UntrustedArtifactError",
     "__version__",
-    "_core",
     "backend",
     "config",
     "inspect",

@@ -233,7 +233,7 @@ def load(
     return obj
 
 
-def open_artifact(path: str | os.PathLike[str], who: str = "honed.load") -> Any:
+def open_artifact(path: str | os.PathLike[str], who: str = "honed.load") -> _core.Artifact:
     """The verified ``_core.Artifact`` at ``path``; ArtifactError (prefixed ``who``) otherwise."""
     try:
         return _core.read_artifact(os.fspath(path))
@@ -246,7 +246,7 @@ def open_artifact(path: str | os.PathLike[str], who: str = "honed.load") -> Any:
 class _Entries(Mapping[str, bytes]):
     """An artifact's verified entries, each read (copied out of the mapping) when asked for."""
 
-    def __init__(self, artifact: Any) -> None:
+    def __init__(self, artifact: _core.Artifact) -> None:
         self._artifact = artifact
         self._names = list(artifact.entries)
 
@@ -282,7 +282,7 @@ def _native_backend(graph: Any) -> Backend | None:
     return backend if type(backend).native_payload else None
 
 
-def _check_native_code(artifact: Any, trust_native_code: bool) -> None:
+def _check_native_code(artifact: _core.Artifact, trust_native_code: bool) -> None:
     """Refuse native payloads that no trusted key signed, before anything is written or loaded."""
     native = [
         (graph, backend)
@@ -310,7 +310,7 @@ def _check_native_code(artifact: Any, trust_native_code: bool) -> None:
     raise UntrustedArtifactError(f"honed.load: {message}")
 
 
-def _incompatibility(manifest: Any) -> str:
+def _incompatibility(manifest: _core.Manifest) -> str:
     """Why this artifact cannot be loaded as it is here ("" when it can); the engine's rules."""
     gpu, cc = "", ""
     here_cuda = torch.cuda.is_available()
@@ -320,7 +320,9 @@ def _incompatibility(manifest: Any) -> str:
     return str(_core.artifact_incompatibility(manifest, torch.__version__, here_cuda, gpu, cc))
 
 
-def _load_module(module: Module, entry: Any, artifact: Any, mode: str) -> None:
+def _load_module(
+    module: Module, entry: _core.ManifestModule, artifact: _core.Artifact, mode: str
+) -> None:
     """Weights, then each graph: "load" payloads, "rebuild" from recipes, or "eager" (none)."""
     where = artifact.path
     if not entry.weights:
@@ -346,7 +348,9 @@ def _load_module(module: Module, entry: Any, artifact: Any, mode: str) -> None:
     module.install(variants)
 
 
-def _safetensors(artifact: Any, entry: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _safetensors(
+    artifact: _core.Artifact, entry: str
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The tensors and metadata of a safetensors entry; ArtifactError naming it when malformed."""
     data = bytes(artifact.read(entry)) if entry in artifact.entries else None
     if data is None:
@@ -371,7 +375,7 @@ def _safetensors(artifact: Any, entry: str) -> tuple[dict[str, torch.Tensor], di
     return tensors, dict(metadata)
 
 
-def _decode_sample(artifact: Any, entry: str, device: torch.device) -> Sample:
+def _decode_sample(artifact: _core.Artifact, entry: str, device: torch.device) -> Sample:
     """The stored sample of a graph: tensors, constants and the treespec that nests them."""
     tensors, metadata = _safetensors(artifact, entry)
     try:
@@ -396,7 +400,11 @@ def _first_line(e: BaseException) -> str:
 
 
 def _rebuild(
-    module: Module, graph: Any, artifact: Any, device: torch.device, use_payload: bool
+    module: Module,
+    graph: _core.ManifestGraph,
+    artifact: _core.Artifact,
+    device: torch.device,
+    use_payload: bool,
 ) -> Variant | None:
     """A graph's variant: its stored payload loaded as it is, or rebuilt from its recipe, then
     run once at every batch size of its profile."""
@@ -442,7 +450,7 @@ def _rebuild(
     return Variant(profile, backend, fn, dict(graph.figures or {}), sample)
 
 
-def _warm_samples(sample: Sample | None, profile: Any) -> list[Sample]:
+def _warm_samples(sample: Sample | None, profile: _core.GraphProfile) -> list[Sample]:
     """The stored sample resized to each batch size of the profile (min, opt, max)."""
     if sample is None:
         return []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +40,7 @@ class Outcome:
     fn: Callable[..., Any] | None = None
     build_s: float | None = None
     check: CheckResult | None = None
-    measurement: Any = None  # _core.Measurement
+    measurement: _core.Measurement | None = None
     memory_bytes: int = 0
     injected: bool = False
     cached: bool = False  # figures came from the tuning cache; fn is built only if selected
@@ -143,7 +144,7 @@ def record_problem(record: Any) -> str:
     return ""
 
 
-def measurement_record(m: Any) -> dict[str, Any] | None:
+def measurement_record(m: _core.Measurement | None) -> dict[str, Any] | None:
     """A Measurement as JSON (its samples and how they were taken)."""
     if m is None:
         return None
@@ -325,7 +326,7 @@ def measure(
     device: torch.device,
     backend: Backend,
     batch_size: int,
-) -> tuple[Any, bool]:
+) -> tuple[_core.Measurement, bool]:
     """Measure ``fn`` on ``sample`` with the engine; returns (measurement, injected?)."""
     injected = _injected(backend)
     timer = _core.InjectedTimer(injected) if injected else make_timer(device)
@@ -338,14 +339,20 @@ def measure(
 def finalists(outcomes: list[Outcome]) -> list[Outcome]:
     """The fastest few measured (not injected) candidates, for an interleaved re-measurement."""
     real = [o for o in outcomes if o.passed and not o.injected]
-    real.sort(key=lambda o: o.measurement.median_ms)
+    real.sort(key=_median_ms)
     return real[:_FINALISTS] if len(real) >= 2 else []
 
 
-def per_call_ms(m: Any) -> float:
+def _median_ms(outcome: Outcome) -> float:
+    m = outcome.measurement
+    return m.median_ms if m is not None else math.inf
+
+
+def per_call_ms(m: _core.Measurement | None) -> float:
     """What one call took in a measurement, waits between calls included (the wall time over the
     calls: on a busy machine far more than the median), for sizing the interleaved rounds."""
-    return max(float(m.median_ms), float(m.wall_ms) / max(1, len(m.samples_ms)))
+    assert m is not None, "per_call_ms of a candidate that was never measured"
+    return max(m.median_ms, m.wall_ms / max(1, len(m.samples_ms)))
 
 
 def interleave(
@@ -364,7 +371,7 @@ def interleave(
     args, kwargs = sample.args, sample.kwargs
     bound = [_bind(fn, args, kwargs) for fn in fns]
     with torch.no_grad(), measuring_threads(device):
-        results: list[Any] = _core.interleaved(
+        results = _core.interleaved(
             bound,
             make_timer(device),
             _INTERLEAVED_ROUNDS,

@@ -27,7 +27,8 @@ class Block(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(nn.functional.gelu(self.fc1(self.norm(x))))
+        y: torch.Tensor = self.fc2(nn.functional.gelu(self.fc1(self.norm(x))))
+        return x + y
 
 
 class DemoNet(nn.Module):

@@ -18,6 +18,11 @@ class InputError(HonedError, ValueError):
     """The model, dataset or inputs handed to honed cannot be used as given."""
 
 
+class EngineError(HonedError, RuntimeError):
+    """The C++ engine (honed._core) failed at something other than a bad value or artifact, e.g. a
+    CUDA timer or a worker process it could not start."""
+
+
 class BackendUnavailableError(HonedError):
     """A backend was asked for explicitly but cannot run on this machine."""
 

@@ -29,7 +29,7 @@ class Batch:
     axis: str  # INFERRED, LEADING or NO_AXIS
 
 
-def batch_of(profile: Any, signature: Any) -> Batch:
+def batch_of(profile: _core.GraphProfile, signature: _core.Signature) -> Batch:
     """The batch of one graph's measured call, by the engine's rule (_core.batch_of: the inferred
     batch axis of the first input that has one, else the leading axis of the first input)."""
     shapes = [[int(d) for d in s] for s in signature.tensor_shapes]
@@ -37,7 +37,7 @@ def batch_of(profile: Any, signature: Any) -> Batch:
     return Batch(int(size), str(axis))
 
 
-def shapes_label(signature: Any, limit: int = 4) -> str:
+def shapes_label(signature: _core.Signature, limit: int = 4) -> str:
     """The tensor inputs' shapes, e.g. "8x128, 8x128" ("scalar" for 0-d), at most ``limit``."""
     shapes = [list(s) for s in signature.tensor_shapes]
     parts = ["x".join(str(d) for d in s) if s else "scalar" for s in shapes[:limit]]
@@ -46,7 +46,7 @@ def shapes_label(signature: Any, limit: int = 4) -> str:
     return ", ".join(parts) or "no tensor inputs"
 
 
-def graph_fields(profile: Any, signature: Any) -> dict[str, Any]:
+def graph_fields(profile: _core.GraphProfile, signature: _core.Signature) -> dict[str, Any]:
     """The GraphReport fields that describe what was measured: batch size, its axis, shapes."""
     batch = batch_of(profile, signature)
     return {
@@ -56,7 +56,9 @@ def graph_fields(profile: Any, signature: Any) -> dict[str, Any]:
     }
 
 
-def speedup(m: Any, baseline: Any, figure: str) -> float | None:
+def speedup(
+    m: _core.Measurement | None, baseline: _core.Measurement | None, figure: str
+) -> float | None:
     """How much better than the baseline ``m`` is on the figure the decision ranked by:
     throughput over the baseline's for "throughput", the latency ratio for the latencies."""
     if m is None or baseline is None:

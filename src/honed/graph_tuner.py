@@ -572,7 +572,7 @@ def _backend_identity(backend: Backend) -> dict[str, Any]:
     }
 
 
-def _measure_index(profile: Any, signatures: list[Any]) -> int:
+def _measure_index(profile: _core.GraphProfile, signatures: list[_core.Signature]) -> int:
     """Measure at the sample whose shapes are the profile's opt shapes (else the last one)."""
     opt = [list(s) for s in profile.opt_shapes()]
     for i, sig in enumerate(signatures):
@@ -581,11 +581,11 @@ def _measure_index(profile: Any, signatures: list[Any]) -> int:
     return len(signatures) - 1
 
 
-def _batch_size(profile: Any, signature: Any) -> int:
+def _batch_size(profile: _core.GraphProfile, signature: _core.Signature) -> int:
     return fig.batch_of(profile, signature).size
 
 
-def _describe_profile(profile: Any) -> str:
+def _describe_profile(profile: _core.GraphProfile) -> str:
     parts = []
     for leaf, axes in enumerate(profile.axes):
         dims = []

@@ -74,14 +74,16 @@ def _gpu(device: torch.device | None) -> Any:
     return _core.probe_gpu_details(_gpu_id(device))
 
 
-def _other_gpu_processes(gpu: Any) -> int:
+def _other_gpu_processes(gpu: _core.GpuDetails | None) -> int:
     if gpu is None or not gpu.processes_known:
         return -1
     own_context = torch.cuda.is_initialized()
     return int(_core.other_processes(list(gpu.process_pids), _own_pids(), own_context))
 
 
-def check_load(device: torch.device | None, gpu: Any = None) -> Any:
+def check_load(
+    device: torch.device | None, gpu: _core.GpuDetails | None = None
+) -> _core.LoadVerdict:
     """The engine's LoadVerdict for this machine now: a short CPU calibration on the threads the
     measurement will use (one, the launching thread, for a GPU), the load average, and other
     processes on the GPU."""

@@ -35,7 +35,7 @@ MISS = _MISS  # what Module.dispatch returns for inputs no tuned variant covers
 class Variant:
     """A tuned graph of a module: its shape profile, backend and callable."""
 
-    profile: Any  # _core.GraphProfile
+    profile: _core.GraphProfile
     backend: Backend
     fn: Callable[..., Any]
     figures: dict[str, Any]
@@ -47,12 +47,12 @@ class GraphRecording:
 
     def __init__(self, key: str) -> None:
         self.key = key
-        self.signatures: list[Any] = []
+        self.signatures: list[_core.Signature] = []
         self.samples: list[Sample] = []
         self.shapes_seen: set[tuple[tuple[int, ...], ...]] = set()
         self.calls = 0
 
-    def add(self, sig: Any, sample: Sample) -> None:
+    def add(self, sig: _core.Signature, sample: Sample) -> None:
         self.calls += 1
         shapes = tuple(tuple(s) for s in sig.tensor_shapes)
         cap = config.max_samples_per_graph
@@ -156,7 +156,7 @@ class Module(torch.nn.Module):
         self.graphs: dict[str, GraphRecording] = {}
         self.variants: list[Variant] = []
         self.report: Any = None
-        self._dispatcher: Any = None
+        self._dispatcher: _core.Dispatcher | None = None
         self._warned: set[str] = set()
         self._binder = CallBinder(module.forward)
         self._arity = self._binder.arity
@@ -257,6 +257,7 @@ class Module(torch.nn.Module):
             why = "grad-inputs"
         else:
             return ""
+        assert self._dispatcher is not None  # only reached once tuned
         index = self._dispatcher.lookup(bargs, bkwargs)
         if 0 <= index < len(self.variants) and self.variants[index].backend.keeps_autograd:
             return ""
@@ -310,7 +311,7 @@ class Module(torch.nn.Module):
         return out
 
     def _apply(self, *args: Any, **kwargs: Any) -> Any:
-        out = super()._apply(*args, **kwargs)
+        out = super()._apply(*args, **kwargs)  # type: ignore[no-untyped-call]  # torch: unannotated
         self._refresh_params()
         return out
 
@@ -334,6 +335,7 @@ class Module(torch.nn.Module):
                 why = self._eager_because(args, kwargs)
                 if why:
                     return self._eager(why, args, kwargs)
+            assert self._dispatcher is not None  # only reached once tuned
             try:
                 out = self._dispatcher.call(args, kwargs)
             except Exception as e:
@@ -349,6 +351,7 @@ class Module(torch.nn.Module):
         bargs: tuple[Any, ...],
         bkwargs: dict[str, Any],
     ) -> Any:
+        assert self._dispatcher is not None  # only reached once tuned
         index = self._dispatcher.lookup(bargs, bkwargs)
         why = self._dispatcher.explain(bargs, bkwargs)
         if why not in self._warned:
@@ -377,6 +380,7 @@ class Module(torch.nn.Module):
         (another batch size inside the profile); eager's answer is always correct. If eager
         raises too, the input itself is at fault and that error reaches the caller.
         """
+        assert self._dispatcher is not None  # only reached once tuned
         index = self._dispatcher.lookup(bargs, bkwargs)
         backend = self.variants[index].backend.name if 0 <= index < len(self.variants) else "?"
         first = (str(error).strip().splitlines() or [""])[0]

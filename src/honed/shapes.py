@@ -25,7 +25,7 @@ BatchDim = _core.BatchDim
 
 
 def overrides_for(
-    spec: Any, signature: Any, names: dict[str, int] | None = None
+    spec: Any, signature: _core.Signature, names: dict[str, int] | None = None
 ) -> dict[tuple[int, int], Any] | None:
     """The engine's ``{(tensor_index, axis): int | DynamicDim | BatchDim}`` for ``spec``.
 
@@ -61,7 +61,9 @@ def overrides_for(
     return out
 
 
-def _add_axes(out: dict[tuple[int, int], Any], leaf: int, axes: Any, signature: Any) -> None:
+def _add_axes(
+    out: dict[tuple[int, int], Any], leaf: int, axes: Any, signature: _core.Signature
+) -> None:
     if axes is None:
         return
     if not isinstance(axes, dict):
@@ -73,7 +75,9 @@ def _add_axes(out: dict[tuple[int, int], Any], leaf: int, axes: Any, signature: 
         _add(out, leaf, int(axis), value, signature)
 
 
-def _add(out: dict[tuple[int, int], Any], leaf: int, axis: int, value: Any, signature: Any) -> None:
+def _add(
+    out: dict[tuple[int, int], Any], leaf: int, axis: int, value: Any, signature: _core.Signature
+) -> None:
     if not 0 <= leaf < signature.num_tensors:
         raise ConfigError(
             f"dynamic_shapes refers to tensor input {leaf}, but the module receives "
@@ -113,7 +117,7 @@ def tensor_names(
     return names
 
 
-def graph_info(profile: Any, device: torch.device) -> GraphInfo:
+def graph_info(profile: _core.GraphProfile, device: torch.device) -> GraphInfo:
     """What a backend gets to know about a graph, from the engine's profile."""
 
     def shapes(raw: list[list[int]]) -> tuple[tuple[int, ...], ...]:

@@ -172,6 +172,7 @@ def install_callable(
     Built here only when nothing was shipped; that build runs on a thread and fails after
     ``timeout_s`` (0: no limit) instead of hanging the tune.
     """
+    fn: Callable[..., Any]
     if files and backend.saves_payload:
         fn = _timed(lambda: backend.load_payload(files, module, graph), timeout_s, backend)
     elif pickled is not None:

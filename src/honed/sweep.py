@@ -50,10 +50,10 @@ def resize_sample(sample: Sample, batch_axes: list[int], batch: int) -> Sample:
 def sweep_graph(
     module: torch.nn.Module,
     recording: GraphRecording,
-    profile: Any,
+    profile: _core.GraphProfile,
     device: torch.device,
     max_batch: int,
-) -> Any | None:
+) -> _core.SweepResult | None:
     """Sweep eager throughput over batch sizes; add a sample per size up to the knee.
 
     Returns the engine's SweepResult, or None when the graph has no batch axis.

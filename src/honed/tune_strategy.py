@@ -7,7 +7,6 @@ pure C++ function over the candidates' results (status, correctness, figures, me
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -58,7 +57,7 @@ class TuneStrategy:
             return list(self._backends)
         return default_backends(device, graph)
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -81,20 +80,36 @@ class OneBackendStrategy(TuneStrategy):
             )
         super().__init__([backend])
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         return _core.select_one_backend(candidates)
 
 
 class FirstWinsStrategy(TuneStrategy):
-    """Try backends in order; take the first that is correct and beats eager by min_speedup."""
+    """Try backends in order; take the first that is correct and beats eager by min_speedup
+    (when not given: honed.config.first_wins_min_speedup, read when the strategy selects)."""
 
-    def __init__(self, backends: Sequence[Backend] | None = None, min_speedup: float = 1.0) -> None:
+    def __init__(
+        self, backends: Sequence[Backend] | None = None, min_speedup: float | None = None
+    ) -> None:
         super().__init__(backends)
-        if min_speedup <= 0:
+        if min_speedup is not None and not min_speedup > 0:
             raise ConfigError(f"FirstWinsStrategy: min_speedup must be > 0, got {min_speedup}")
-        self.min_speedup = float(min_speedup)
+        self._min_speedup = None if min_speedup is None else float(min_speedup)
 
-    def select(self, candidates: list[Any]) -> Any:
+    @property
+    def min_speedup(self) -> float:
+        """The factor a candidate must beat eager by: the one given, else the config's."""
+        if self._min_speedup is not None:
+            return self._min_speedup
+        value = float(config.first_wins_min_speedup)
+        if not value > 0:
+            raise ConfigError(
+                "HONED_FIRST_WINS_MIN_SPEEDUP (honed.config.first_wins_min_speedup) must be > 0, "
+                f"got {value}; e.g. 1.1 for a 10 % speed-up over eager"
+            )
+        return value
+
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         return _core.select_first_wins(candidates, self.min_speedup, _margin())
 
 
@@ -102,14 +117,14 @@ class MaxThroughputStrategy(TuneStrategy):
     """Measure every correct candidate and keep the highest throughput (samples per second);
     a candidate beats a simpler one only with evidence (honed.config.decision_margin)."""
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         return _core.select_max_throughput(candidates, _margin())
 
 
 class MinLatencyStrategy(TuneStrategy):
     """Measure every correct candidate and keep the lowest median latency (with evidence)."""
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         return _core.select_min_latency(candidates, _margin())
 
 
@@ -124,7 +139,7 @@ class LatencyBudgetStrategy(TuneStrategy):
             )
         self.latency_budget_ms = float(latency_budget_ms)
 
-    def select(self, candidates: list[Any]) -> Any:
+    def select(self, candidates: list[_core.CandidateResult]) -> _core.Decision:
         return _core.select_latency_budget(candidates, self.latency_budget_ms, _margin())
 
     def describe(self) -> str:

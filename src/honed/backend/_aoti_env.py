@@ -163,7 +163,8 @@ def load_runner(path: str, device_type: str) -> Any:
     import torch._inductor
 
     try:
-        from torch._inductor.package import AOTICompiledModel
+        # torch re-exports it here without listing it in __all__ (its defining module moves)
+        from torch._inductor.package import AOTICompiledModel  # type: ignore[attr-defined]
 
         index = torch.cuda.current_device() if device_type == "cuda" else -1
         loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, index)

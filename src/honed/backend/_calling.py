@@ -34,7 +34,7 @@ class Calling:
     num_leaves: int
     tensor_positions: tuple[int, ...]
     in_spec: str | None  # torch pytree treespec_dumps of (args, kwargs), when serializable
-    guard: Any  # _core.GraphProfile the payload was compiled for
+    guard: _core.GraphProfile  # the profile the payload was compiled for
 
     def to_json(self) -> str:
         return json.dumps(
@@ -133,7 +133,7 @@ class GuardedPayload:
         return [leaves[i] for i in positions]
 
 
-def dispatch_target(fn: Callable[..., Any], profile: Any) -> Callable[..., Any]:
+def dispatch_target(fn: Callable[..., Any], profile: _core.GraphProfile) -> Callable[..., Any]:
     """What the dispatcher calls for a variant tuned under ``profile``: a payload guarded by that
     very profile runs without checking again, anything else as it is."""
     if isinstance(fn, GuardedPayload) and fn.check_inputs and fn.guard.profile == profile:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from honed import _core
 from honed.correctness import Tolerance
 from honed.errors import ConfigError
 
@@ -53,9 +54,9 @@ class GraphInfo:
     # Per tensor input, per axis, the profile's axis name (e.g. "batch"); axes named alike are
     # one dimension (always equal). Empty when unknown; static axes may have any name.
     axis_names: tuple[tuple[str, ...], ...] = ()
-    # The engine's profile of the graph (_core.GraphProfile) when the tuner knows it; payload
-    # backends accept exactly the inputs it allows (see _calling.py).
-    profile: Any = dataclasses.field(default=None, compare=False)
+    # The engine's profile of the graph when the tuner knows it; payload backends accept exactly
+    # the inputs it allows (see _calling.py).
+    profile: _core.GraphProfile | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass

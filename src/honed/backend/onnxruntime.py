@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from honed.backend._calling import CALLING_FILE, GuardedPayload
 from honed.backend._export import FlatForward, plan
@@ -155,7 +156,7 @@ class OnnxCompiled(GuardedPayload):
         if self._bind_device == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         self.session.run_with_iobinding(binding)
-        return [torch.from_dlpack(v) for v in binding.get_outputs()]
+        return [from_dlpack(v) for v in binding.get_outputs()]
 
     def _run_plain(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         feeds = {name: tensors[i].detach().cpu().numpy() for i, name in self._feeds}

@@ -1,4 +1,4 @@
-// scripts/diag/run_overhead.cpp: what honed::Model::run adds to libtorch's AOTInductor loader.
+// bench/profile/run_overhead.cpp: what honed::Model::run adds to libtorch's AOTInductor loader.
 // Loads ARTIFACT with honed::Model and its package (PACKAGE.pt2, written by make_cpp_artifact.py)
 // with libtorch's loader alone, then times, in alternating rounds on the same inputs:
 //   select  honed::Model::select (the per-call dispatch, no inference)
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   std::printf(
       "device %s shape %s: select %.3f us, honed::Model::run %.2f us, raw loader run %.2f us, "
       "difference %+.2f us per call (median of %d rounds of %d calls); outputs equal: %s\n",
-      device.str().c_str(), argv[4], median(sel), median(hon), median(rw),
-      median(hon) - median(rw), rounds, calls, same ? "yes" : "NO");
+      device.str().c_str(), argv[4], median(sel), median(hon), median(rw), median(hon) - median(rw),
+      rounds, calls, same ? "yes" : "NO");
   return same ? 0 : 1;
 }

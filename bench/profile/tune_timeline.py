@@ -1,8 +1,8 @@
-"""Where the time of a default tune goes: tunes an MLP (4 x Linear(512, 512) + GELU) at batch 1
-with honed's default candidates and prints, per candidate, when it started and finished and its
-phases (from honed's progress tracker), then the report.
+"""bench/profile/tune_timeline.py: where the time of a default tune goes: tunes an MLP (4 x
+Linear(512, 512) + GELU) at batch 1 with honed's default candidates and prints, per candidate,
+when it started and finished and its phases (from honed's progress tracker), then the report.
 
-    python scripts/diag/tune_timeline.py [cuda|cpu]
+    python bench/profile/tune_timeline.py [cuda|cpu]
 
 Run it twice in fresh processes to compare empty and warm compile caches (honed's tuning cache
 is off both times, so every candidate is built and measured)."""

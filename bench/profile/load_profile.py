@@ -1,5 +1,6 @@
-"""Where honed.load's time goes in a fresh interpreter: load ARTIFACT (saved by
-scripts/diag/make_cpp_artifact.py) under cProfile; print the wall time and the top entries."""
+"""bench/profile/load_profile.py: where honed.load's time goes in a fresh interpreter: load ARTIFACT
+(saved by bench/profile/make_cpp_artifact.py) under cProfile; print the wall time and the top
+entries."""
 
 import cProfile
 import pstats

@@ -1,5 +1,6 @@
-"""Tune the tests' tiny MLP with AOTInductor for the C++ runtime on DEVICE and save it to PATH;
-also write the graph's .pt2 next to it (PATH.pt2) for scripts/diag/aoti_load.cpp."""
+"""bench/profile/make_cpp_artifact.py: tune the tests' tiny MLP with AOTInductor for the C++
+runtime on DEVICE and save it to PATH; also write the graph's .pt2 next to it (PATH.pt2), which
+bench/profile/run_overhead.cpp loads with libtorch's loader alone."""
 
 import sys
 import zipfile

@@ -1,11 +1,11 @@
-"""Where an AOTInductor build's time goes: tunes the bench MLP at batch 1 with
-TorchInductorAotBackend alone, in this process (no worker, no tuning cache), under cProfile, and
-prints the slowest calls by cumulative time. Run it in fresh processes, with and without
-TORCHINDUCTOR_VEC_ISA_OK=1, to see what torch's CPU vector-ISA probe costs. With "cache",
-honed's cache stays on (its load-probe and vector-ISA verdicts apply) and the weights are new
-each run, so the tuning cache still misses and the package is built.
+"""bench/profile/aot_build_profile.py: where an AOTInductor build's time goes: tunes the bench MLP
+at batch 1 with TorchInductorAotBackend alone, in this process (no worker, no tuning cache),
+under cProfile, and prints the slowest calls by cumulative time. Run it in fresh processes, with
+and without TORCHINDUCTOR_VEC_ISA_OK=1, to see what torch's CPU vector-ISA probe costs. With
+"cache", honed's cache stays on (its load-probe and vector-ISA verdicts apply) and the weights
+are new each run, so the tuning cache still misses and the package is built.
 
-    python scripts/diag/aot_build_profile.py [cuda|cpu] [cache]"""
+    python bench/profile/aot_build_profile.py [cuda|cpu] [cache]"""
 
 import cProfile
 import pstats

@@ -1,7 +1,7 @@
-"""scripts/diag/figures_gpu.py: the issue-18 figures on a real model: a BERT-base encoder at batch 8
-from one sample, tuned with the default candidates; prints the report and checks what it says.
+"""bench/profile/figures_gpu.py: the report's figures on a real model: a BERT-base encoder at batch
+8 from one sample, tuned with the default candidates; prints the report and checks what it says.
 
-    python scripts/diag/figures_gpu.py [--device cuda] [--runs 1] [--out DIR]
+    python bench/profile/figures_gpu.py [--device cuda] [--runs 1] [--out DIR]
 
 Checks (exit 1 when one fails): the graph is titled by its input shapes and counts 8 samples a
 call (the leading axis: one sample gives no batch axis); every measured row's throughput is
