@@ -226,6 +226,45 @@ def test_honed_run_refuses_a_tampered_artifact_and_fails_a_wrong_reference(
     assert "MISMATCH" in done.stdout
 
 
+def test_honed_run_gives_the_packages_the_module_weights(
+    tuned: tuple[honed.TuneReport, Path], tmp_path: Path
+) -> None:
+    """The weights are stored once: the packages take them from the module's weights entry."""
+    from safetensors.torch import load as st_load
+    from safetensors.torch import save as st_save
+
+    _, path = tuned
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        weights = st_load(z.read("weights/tiny.safetensors"))
+        packages = [z.read(n) for n in names if n.endswith("model.pt2")]
+    assert any(n.endswith("/constants.json") for n in names), names
+    assert packages and all(weights["fc1.weight"].numpy().tobytes() not in p for p in packages)
+    done = _run(HONED_RUN, path, "--device", DEVICE, "--iterations", "1", "--json", tmp_path / "r")
+    assert done.returncode == 0, done.stderr
+    phases = [p["phase"] for p in json.loads((tmp_path / "r").read_text())["load_phases"]]
+    assert "give the packages their constants from the weights" in phases
+
+    def shifted(data: bytes) -> bytes:
+        return st_save({k: v + 1 for k, v in st_load(data).items()})
+
+    moved = _rewrite(path, tmp_path / "w.honed", "tiny.safetensors", shifted, rehash=True)
+    done = _run(HONED_RUN, moved, "--device", DEVICE, "--check", "--iterations", "1",
+                "--trust-native-code")  # fmt: skip
+    assert done.returncode == 1 and "MISMATCH" in done.stdout, done.stdout + done.stderr
+
+    def dropped(data: bytes) -> bytes:
+        return st_save({k: v for k, v in st_load(data).items() if k != "fc1.weight"})
+
+    short = _rewrite(path, tmp_path / "d.honed", "tiny.safetensors", dropped, rehash=True)
+    done = _run(HONED_RUN, short, "--device", DEVICE, "--check", "--trust-native-code")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        "package constant 'inner.fc1.weight' is stored as 'fc1.weight' in the weights, which "
+        "holds no such tensor" in done.stderr
+    ), done.stderr
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "constants.h"
 #include "cuda_graphs.h"
 #include "honed/artifact.h"
 #include "honed/dispatch.h"
@@ -249,7 +250,7 @@ void Model::Impl::load(const std::string& artifact_path) {
     phases.push_back({"start CUDA on the device (what is left of it)", since(start)});
   }
   const bool graphed = use_cuda_graphs();
-  double write_s = 0, open_s = 0;
+  double write_s = 0, open_s = 0, constants_s = 0;
   for (const ManifestGraph* g : runnable) {
     Graph graph{*g, key_template(g->profile.graph_key), graph_hash(g->profile.graph_key),
                 read_guard(artifact.entry(g->payload.at(kCalling)), g->profile),
@@ -257,11 +258,22 @@ void Model::Impl::load(const std::string& artifact_path) {
                                                   graphed ? 1 : options.runners, graphed)};
     write_s += graph.package->write_seconds();
     open_s += graph.package->open_seconds();
+    // A package compiled without its weights (backend/_aoti_constants.py) gets them from the
+    // module's weights entry and its own constants file; older packages hold them in the library.
+    if (g->payload.count(detail::kConstantsJson)) {
+      start = std::chrono::steady_clock::now();
+      auto stored = g->payload.find(detail::kConstantsFile);
+      graph.package->give_constants(
+          artifact.entry(g->payload.at(detail::kConstantsJson)), artifact.entry(m.weights),
+          stored == g->payload.end() ? std::string_view() : artifact.entry(stored->second), device);
+      constants_s += since(start);
+    }
     dispatcher.add(g->profile, static_cast<int>(graphs.size()));
     graphs.push_back(std::move(graph));
   }
   phases.push_back({"write the packages' library and kernel files", write_s});
-  phases.push_back({"load the libraries (dlopen, constants to the device)", open_s});
+  phases.push_back({"load the libraries (dlopen, constants held inside)", open_s});
+  phases.push_back({"give the packages their constants from the weights", constants_s});
   if (graphed) cuda_graphs = std::make_unique<detail::CudaGraphs>(device, options.max_cuda_graphs);
 }
 

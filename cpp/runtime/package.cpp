@@ -15,6 +15,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "constants.h"
 #include "honed/runtime.h"
 
 namespace honed::detail {
@@ -215,6 +216,14 @@ void Package::remove_files() {
   for (const std::string& path : kept_) ::unlink(path.c_str());
   for (auto it = subdirs_.rbegin(); it != subdirs_.rend(); ++it) ::rmdir(it->c_str());
   ::rmdir(dir_.c_str());
+}
+
+size_t Package::give_constants(std::string_view listing, std::string_view weights,
+                               std::string_view stored, const c10::Device& device) {
+  constants_ = detail::give_constants(*runner_, listing, weights, stored, device);
+  size_t bytes = 0;
+  for (const at::Tensor& t : constants_) bytes += static_cast<size_t>(t.nbytes());
+  return bytes;
 }
 
 std::vector<at::Tensor> Package::run(const std::vector<at::Tensor>& inputs,

@@ -33,6 +33,11 @@ class Package {
 
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, void* cuda_stream) const;
 
+  // A package compiled without its weights gets them here, before it runs (constants.h; the
+  // views are the artifact's mapping). Returns the bytes placed on the device.
+  size_t give_constants(std::string_view listing, std::string_view weights, std::string_view stored,
+                        const c10::Device& device);
+
   double write_seconds() const { return write_seconds_; }  // writing the package's files
   double open_seconds() const { return open_seconds_; }    // dlopen and the container's set-up
   size_t written_bytes() const { return written_bytes_; }
@@ -41,8 +46,9 @@ class Package {
   void remove_files();
 
   std::string dir_;
-  std::vector<std::string> kept_;     // files in dir_, removed by the destructor
-  std::vector<std::string> subdirs_;  // folders made below dir_, in order of creation
+  std::vector<std::string> kept_;      // files in dir_, removed by the destructor
+  std::vector<std::string> subdirs_;   // folders made below dir_, in order of creation
+  std::vector<at::Tensor> constants_;  // used in place by the runner, so destroyed after it
   std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner_;
   double write_seconds_ = 0, open_seconds_ = 0;
   size_t written_bytes_ = 0;
