@@ -272,7 +272,7 @@ void Model::Impl::load(const std::string& artifact_path) {
     graphs.push_back(std::move(graph));
   }
   phases.push_back({"write the packages' library and kernel files", write_s});
-  phases.push_back({"load the libraries (dlopen, constants held inside)", open_s});
+  phases.push_back({"load the libraries (dlopen, the runner's set-up)", open_s});
   phases.push_back({"give the packages their constants from the weights", constants_s});
   if (graphed) cuda_graphs = std::make_unique<detail::CudaGraphs>(device, options.max_cuda_graphs);
 }
