@@ -1,17 +1,26 @@
 """bench/cpp_vs_python.py: one artifact, two front ends: honed-run (C++) against honed.load.
 
-For each model, tunes it with AOTInductor (``target="cpp"``), saves it, then measures the same
-artifact at each batch size through
-  * C++: ``honed-run ARTIFACT --batch B --json`` (libhoned_runtime; the engine's protocol), and
-  * Python: a fresh interpreter that times ``honed.load`` and measures the loaded honed.Module
-    with the engine's protocol (CUDA events on the current stream on a GPU),
-and prints load time and latency side by side. Each (model, batch) is measured --repeats times,
-the two front ends taking turns to go first (a GPU warming up or a noisy neighbour then hits both
-alike); the table shows the median over the repeats. Every record carries the commit, GPU, driver
-and library versions; raw records go to --json.
+Measures a target="cpp" artifact at each batch size through
+  * C++: ``honed-run ARTIFACT --batch B --json`` (libhoned_runtime, CUDA graphs on by default;
+    on CUDA also with ``--no-cuda-graphs``), with where its load time went, and
+  * Python: a fresh interpreter that times ``honed.load`` of the same artifact and measures the
+    loaded honed.Module with the engine's protocol (CUDA events on the current stream on a GPU),
+  * optionally the best Python selection (``--python-artifact``, an artifact of a target="python"
+    tune of the same model), loaded and measured the same way: issue 22's "C++ within 5 % of the
+    best Python candidate" is the last column,
+and reports the artifact's size against its stored weights. Each (model, batch) is measured
+--repeats times, the sides taking turns to go first (a GPU warming up or a noisy neighbour then
+hits all alike); the table shows medians over the repeats. Every record carries the commit, GPU,
+driver and library versions; raw records go to --json.
+
+Without --artifact it tunes each of --models itself (target="cpp", AOTInductor) and saves it;
+--models takes the built-in "mlp" and "convnet" or the suite's models (bench/models.py: "bert",
+"resnet50", ...). With --artifact it measures that file, built from --models' one model:
 
     python bench/cpp_vs_python.py --honed-run build/cpp/cpp/runtime/honed-run \
         [--device cuda] [--models mlp convnet] [--batches 1 8] [--repeats 3] [--json FILE]
+    python bench/cpp_vs_python.py --honed-run ... --models bert --batches 8 \
+        --artifact bert-cpp.honed [--python-artifact bert-python.honed]
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +44,7 @@ from torch import nn
 import honed
 
 HERE = Path(__file__).resolve().parent
+LOCAL = ("mlp", "convnet")  # built here; any other name comes from bench/models.py
 
 
 def build_model(name: str) -> tuple[nn.Module, list[int]]:
@@ -55,11 +66,27 @@ def build_model(name: str) -> tuple[nn.Module, list[int]]:
     raise SystemExit(f"unknown model {name!r}; choose mlp or convnet")
 
 
+def model_and_input(name: str, batch: int, device: str) -> tuple[nn.Module, torch.Tensor]:
+    """The model (seeded weights, eval) on `device` and one batch of its inputs."""
+    if name in LOCAL:
+        model, shape = build_model(name)
+        g = torch.Generator().manual_seed(batch)
+        return model.to(device), torch.randn(batch, *shape, generator=g).to(device)
+    from models import SPECS  # bench/models.py
+
+    if name not in SPECS:
+        raise SystemExit(f"unknown model {name!r}; choose one of {[*LOCAL, *SPECS]}")
+    spec = SPECS[name]
+    if spec.missing():
+        raise SystemExit(spec.missing())
+    return spec.build().to(device), spec.inputs(batch, torch.device(device))
+
+
 def tune_and_save(name: str, device: str, batches: list[int], path: Path) -> None:
-    model, shape = build_model(name)
-    module = honed.Module(model.to(device), name)
     sizes = sorted({1, *batches, max(batches) * 2})
-    data = [torch.randn(b, *shape, device=device) for b in sizes]
+    model, _ = model_and_input(name, 1, device)
+    module = honed.Module(model, name)
+    data = [model_and_input(name, b, device)[1] for b in sizes]
     honed.tune(
         module,
         data,
@@ -71,6 +98,24 @@ def tune_and_save(name: str, device: str, batches: list[int], path: Path) -> Non
     honed.save(module, path)
 
 
+def sizes(path: Path) -> dict[str, int]:
+    """The artifact's bytes, its modules' stored weights and its compiled packages."""
+    with zipfile.ZipFile(path) as z:
+        manifest = json.loads(z.read("manifest.json"))
+        entry = {i.filename: i.file_size for i in z.infolist()}
+    weights = sum(entry.get(m.get("weights") or "", 0) for m in manifest["modules"])
+    payload = [
+        (file, entry.get(name, 0))
+        for m in manifest["modules"]
+        for g in m["graphs"]
+        for file, name in (g.get("payload") or {}).items()
+    ]
+    # Issue 22's goal: the artifact within 1.05x of the weights plus the compiled code (the .pt2).
+    code = sum(size for file, size in payload if file.endswith(".pt2"))
+    return {"artifact_bytes": path.stat().st_size, "weights_bytes": weights,
+            "payload_bytes": sum(size for _, size in payload), "code_bytes": code}  # fmt: skip
+
+
 # Runs in a fresh interpreter, so the load is timed as a deployment would see it.
 _PYTHON_SIDE = r"""
 import json, sys, time
@@ -79,19 +124,18 @@ sys.path.insert(0, sys.argv[1])
 import honed
 from honed import _core
 from honed.candidate import make_timer
-from cpp_vs_python import build_model
-name, path, device, batch = sys.argv[2], sys.argv[3], torch.device(sys.argv[4]), int(sys.argv[5])
-model, shape = build_model(name)
-module = honed.Module(model.to(device), name)
+from cpp_vs_python import model_and_input
+name, path, device, batch = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+model, x = model_and_input(name, batch, device)
+module = honed.Module(model, name)
 start = time.perf_counter()
-honed.load(module, path, trust_native_code=True)  # the artifact this script just built
+honed.load(module, path, trust_native_code=True)  # an artifact the caller names
 load_s = time.perf_counter() - start
-x = torch.randn(batch, *shape, device=device)
 cfg = _core.MeasureConfig()
 cfg.batch_size = batch
 with torch.no_grad():
     module(x)
-    m = _core.measure(lambda: module(x), make_timer(device), cfg)
+    m = _core.measure(lambda: module(x), make_timer(torch.device(device)), cfg)
 s = m.stats
 print(json.dumps({"load_s": load_s, "median_ms": s.median_ms, "p99_ms": s.p99_ms, "cv": s.cv,
                   "throughput": m.throughput, "stable": m.stable, "tuned": module.is_tuned}))
@@ -106,22 +150,26 @@ def python_side(name: str, path: Path, device: str, batch: int) -> dict[str, Any
         timeout=900,
     )
     if done.returncode != 0:
-        raise SystemExit(f"python side failed for {name} batch {batch}:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"python side failed for {path} batch {batch}:\n{done.stderr[-3000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def cpp_side(honed_run: Path, path: Path, device: str, batch: int, out: Path) -> dict[str, Any]:
-    done = subprocess.run(
-        [str(honed_run), str(path), "--device", device, "--batch", str(batch), "--check",
-         "--trust-native-code", "--json", str(out)],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+def cpp_side(
+    honed_run: Path, path: Path, device: str, batch: int, out: Path, graphs: bool = True
+) -> dict[str, Any]:
+    argv = [str(honed_run), str(path), "--device", device, "--batch", str(batch), "--check",
+            "--trust-native-code", "--json", str(out)]  # fmt: skip
+    if not graphs:
+        argv.append("--no-cuda-graphs")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"honed-run failed for {path} batch {batch}:\n{done.stdout}{done.stderr}")
     r = json.loads(out.read_text())
     lat = r["latency"]
     return {
         "load_s": r["load_s"],
+        "load_phases": {p["phase"]: p["seconds"] for p in r.get("load_phases", [])},
+        "cuda_graphs": r.get("cuda_graphs", ""),
         "median_ms": lat["median_ms"],
         "p99_ms": lat["p99_ms"],
         "cv": lat["cv"],
@@ -147,29 +195,83 @@ def environment(device: str) -> dict[str, Any]:
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """One row per (model, batch): medians over its repeats, and the range of the latency ratio."""
+    """One row per (model, batch): medians over its repeats."""
     lines = [
-        "| model | batch | runs | C++ load s | Python load s | C++ median ms | Python median ms "
-        "| C++ p99 ms | Python p99 ms | Python / C++ median (range) |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| model | batch | runs | C++ load s | Python load s | C++ median ms | C++ no graphs ms "
+        "| Python median ms | best Python ms | C++ / Python (best if given) | C++ samples/s "
+        "| artifact MB | weights MB | code MB | artifact / weights | artifact / (weights + code) |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in records:
         rows.setdefault((r["model"], r["batch"]), []).append(r)
     for (model, batch), runs in rows.items():
 
-        def mid(side: str, field: str, runs: list[dict[str, Any]] = runs) -> float:
-            return statistics.median(r[side][field] for r in runs)
+        def mid(side: str, field: str, runs: list[dict[str, Any]] = runs) -> float | None:
+            values = [r[side][field] for r in runs if side in r]
+            return statistics.median(values) if values else None
 
-        ratios = [r["python"]["median_ms"] / r["cpp"]["median_ms"] for r in runs]
+        def cell(v: float | None, digits: int) -> str:
+            return "—" if v is None else f"{v:.{digits}f}"
+
+        best = mid("python_best", "median_ms") or mid("python", "median_ms")
+        cpp = mid("cpp", "median_ms")
+        size = runs[0]["sizes"]
+        mb = 1e6
+        weights = size["weights_bytes"]
+        ratio = size["artifact_bytes"] / weights if weights else None
+        code = size.get("code_bytes", 0)
+        with_code = size["artifact_bytes"] / (weights + code) if weights + code else None
         lines.append(
-            f"| {model} | {batch} | {len(runs)} | {mid('cpp', 'load_s'):.3f} "
-            f"| {mid('python', 'load_s'):.3f} | {mid('cpp', 'median_ms'):.4f} "
-            f"| {mid('python', 'median_ms'):.4f} | {mid('cpp', 'p99_ms'):.4f} "
-            f"| {mid('python', 'p99_ms'):.4f} | {statistics.median(ratios):.2f} "
-            f"({min(ratios):.2f}-{max(ratios):.2f}) |"
+            f"| {model} | {batch} | {len(runs)} | {cell(mid('cpp', 'load_s'), 3)} "
+            f"| {cell(mid('python', 'load_s'), 3)} | {cell(cpp, 4)} "
+            f"| {cell(mid('cpp_plain', 'median_ms'), 4)} | {cell(mid('python', 'median_ms'), 4)} "
+            f"| {cell(mid('python_best', 'median_ms'), 4)} "
+            f"| {cell(cpp / best if cpp and best else None, 3)} "
+            f"| {cell(mid('cpp', 'throughput'), 1)} | {size['artifact_bytes'] / mb:.1f} "
+            f"| {weights / mb:.1f} | {code / mb:.1f} | {cell(ratio, 3)} | {cell(with_code, 3)} |"
         )
     return "\n".join(lines)
+
+
+def phases_table(records: list[dict[str, Any]]) -> str:
+    """Where honed-run's load time went: the median of each phase over every C++ run."""
+    by_phase: dict[str, list[float]] = {}
+    for r in records:
+        for phase, seconds in r["cpp"].get("load_phases", {}).items():
+            by_phase.setdefault(phase, []).append(seconds)
+    lines = ["| honed-run load phase | median s |", "|---|--:|"]
+    lines += [f"| {p} | {statistics.median(v):.3f} |" for p, v in by_phase.items()]
+    return "\n".join(lines)
+
+
+def measure(args: argparse.Namespace, name: str, path: Path, tmp: Path, env: dict[str, Any],
+            records: list[dict[str, Any]]) -> None:  # fmt: skip
+    """Every batch size of one artifact, --repeats times, the sides taking turns to go first."""
+    sides_of = ["cpp", "python"]
+    if args.device.startswith("cuda"):
+        sides_of.append("cpp_plain")
+    if args.python_artifact:
+        sides_of.append("python_best")
+    size = sizes(path)
+    for batch in args.batches:
+        for repeat in range(args.repeats):
+            order = sides_of[repeat % len(sides_of) :] + sides_of[: repeat % len(sides_of)]
+            sides: dict[str, Any] = {}
+            for side in order:
+                if side.startswith("cpp"):
+                    sides[side] = cpp_side(args.honed_run, path, args.device, batch,
+                                           tmp / "r.json", graphs=side == "cpp")  # fmt: skip
+                else:
+                    which = path if side == "python" else args.python_artifact
+                    sides[side] = python_side(name, which, args.device, batch)
+            record = {**env, "model": name, "batch": batch, "repeat": repeat, "first": order[0]}
+            records.append(record | {"sizes": size} | sides)
+            print(f"{name} batch {batch} run {repeat + 1}/{args.repeats}:", flush=True)
+            for side, r in sides.items():
+                print(f"  {side}: {r}", flush=True)
+            if args.json:  # after every record: a run stopped by a time limit keeps them
+                args.json.write_text(json.dumps(records, indent=2))
 
 
 def main() -> None:
@@ -179,38 +281,31 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["mlp", "convnet"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side per row")
+    parser.add_argument("--artifact", type=Path, help="measure this target='cpp' artifact")
+    parser.add_argument("--python-artifact", type=Path, help="the best Python selection's artifact")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if (args.artifact or args.python_artifact) and len(args.models) != 1:
+        parser.error("--artifact/--python-artifact measure one model: give --models NAME")
+    for given in (args.artifact, args.python_artifact):
+        if given is not None and not given.is_file():
+            parser.error(f"{given} does not exist")
     env = environment(args.device)
-    records = []
+    records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="honed-cpp-vs-py-") as tmp:
         for name in args.models:
-            path = Path(tmp) / f"{name}.honed"
-            started = time.perf_counter()
-            tune_and_save(name, args.device, args.batches, path)
-            print(f"{name}: tuned and saved in {time.perf_counter() - started:.0f} s", flush=True)
-            for batch in args.batches:
-                for repeat in range(args.repeats):
-                    sides = {}
-                    for side in ("cpp", "python") if repeat % 2 == 0 else ("python", "cpp"):
-                        sides[side] = (
-                            cpp_side(args.honed_run, path, args.device, batch, Path(tmp) / "r.json")
-                            if side == "cpp"
-                            else python_side(name, path, args.device, batch)
-                        )
-                    first = next(iter(sides))
-                    records.append(
-                        {**env, "model": name, "batch": batch, "repeat": repeat, "first": first}
-                        | sides
-                    )
-                    run = f"{name} batch {batch} run {repeat + 1}/{args.repeats}"
-                    print(f"{run}: C++ {sides['cpp']}\n  Python {sides['python']}", flush=True)
-                if args.json:  # after every record: a run stopped by a time limit keeps them
-                    args.json.write_text(json.dumps(records, indent=2))
+            path = args.artifact or Path(tmp) / f"{name}.honed"
+            if args.artifact is None:
+                started = time.perf_counter()
+                tune_and_save(name, args.device, args.batches, path)
+                print(f"{name}: tuned and saved in {time.perf_counter() - started:.0f} s")
+            measure(args, name, path, Path(tmp), env, records)
     print(f"\n{env}\n")
     print(table(records))
+    print()
+    print(phases_table(records))
     if args.json:
         args.json.write_text(json.dumps(records, indent=2))
 

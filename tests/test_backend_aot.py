@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import shutil
 import subprocess
 import zipfile
@@ -21,6 +22,7 @@ from torch import nn
 import honed
 from honed import _core
 from honed.backend import GraphInfo, Sample, availability, backend_from_recipe
+from honed.backend._aoti_constants import CONSTANTS_JSON
 from honed.backend._aoti_env import link_options
 from honed.backend._calling import Calling
 from honed.backend._export import plan
@@ -78,6 +80,13 @@ def _profile(lo: int, opt: int, hi: int, names: tuple[str, ...] = ()) -> GraphIn
 def mlp() -> nn.Module:
     torch.manual_seed(0)
     return TinyMLP().eval()
+
+
+def _copy(mlp: nn.Module) -> nn.Module:
+    """A new TinyMLP with ``mlp``'s weights, as honed.load gives a payload its module."""
+    module = TinyMLP().eval()
+    module.load_state_dict(mlp.state_dict())
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -259,15 +268,50 @@ def test_payload_round_trip_loads_without_compiling(
 ) -> None:
     backend = TorchInductorAotBackend()
     files = backend.export_payload(dynamic_fn)
-    assert set(files) == {PAYLOAD_PACKAGE, PAYLOAD_CALLING}
+    assert set(files) == {PAYLOAD_PACKAGE, PAYLOAD_CALLING, CONSTANTS_JSON}
     assert files[PAYLOAD_PACKAGE][:2] == b"PK"  # a .pt2 is a zip archive
     _forbid_compiling(monkeypatch)
-    loaded = backend.load_payload(files, TinyMLP(), _profile(1, 1, 8, ("batch", "")))
+    # As honed.load does: the module gets the artifact's weights before the payload is loaded.
+    loaded = backend.load_payload(files, _copy(mlp), _profile(1, 1, 8, ("batch", "")))
     with torch.no_grad():
         for x in batches(1, 6, 8, seed=3):
             torch.testing.assert_close(loaded(x), mlp(x))
     with pytest.raises(honed.InputError, match=r"outside the tuned range \[1, 8\]"):
         loaded(torch.randn(10, 16))
+
+
+def test_the_package_holds_code_and_takes_the_module_weights(
+    mlp: nn.Module, dynamic_fn: AotCompiled
+) -> None:
+    """The weights are stored once (the module's weights entry), not again inside the package."""
+    backend = TorchInductorAotBackend()
+    files = backend.export_payload(dynamic_fn)
+    listing = json.loads(files[CONSTANTS_JSON])
+    assert listing["format"] == 1
+    assert {(c["fqn"], c["source"], c["key"]) for c in listing["constants"]} <= {
+        (f"inner.{name}", "weights", name) for name in mlp.state_dict()
+    }
+    with zipfile.ZipFile(io.BytesIO(files[PAYLOAD_PACKAGE])) as z:
+        inside = b"".join(z.read(n) for n in z.namelist())
+    assert mlp.state_dict()["fc1.weight"].numpy().tobytes() not in inside
+    # Inductor inlines tiny tensors (fc2's 4 biases) into the code; the rest come from the module.
+    other = _copy(mlp)
+    listed = {c["key"] for c in listing["constants"]}
+    assert {"fc1.weight", "fc2.weight"} <= listed
+    with torch.no_grad():
+        for name, p in other.named_parameters():
+            if name in listed:
+                p.copy_(torch.randn_like(p))
+    loaded = backend.load_payload(files, other, _profile(1, 1, 8, ("batch", "")))
+    with torch.no_grad():
+        x = batches(5, seed=4)[0]
+        torch.testing.assert_close(loaded(x), other(x))
+    bad = {**files, CONSTANTS_JSON: json.dumps({"format": 9, "constants": []}).encode()}
+    with pytest.raises(honed.InputError, match=r"constants\.json has format 9"):
+        backend.load_payload(bad, other, _profile(1, 1, 8, ("batch", "")))
+    missing = r"constant 'inner\.fc1\.bias' should be float32 \[32\].*found nothing"
+    with pytest.raises(honed.InputError, match=missing):
+        backend.load_payload(files, nn.Linear(3, 3), _profile(1, 1, 8, ("batch", "")))
 
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="needs binutils' readelf")
@@ -397,7 +441,7 @@ def test_a_loader_crash_in_the_probe_becomes_an_error(
 
 
 def test_a_successful_probe_is_remembered_across_processes(
-    dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    mlp: nn.Module, dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from honed.backend import _aoti_env as aot
 
@@ -414,20 +458,20 @@ def test_a_successful_probe_is_remembered_across_processes(
     monkeypatch.setattr(subprocess, "run", counting_run)
     with honed.config.patch(cache_dir=tmp_path):
         monkeypatch.setattr(aot, "PROBED", {})  # a new process: nothing known
-        backend.load_payload(files, TinyMLP(), graph)
+        backend.load_payload(files, _copy(mlp), graph)
         assert len(probes) == 1 and list((tmp_path / "aoti-probe").glob("cpu-*.ok"))
         monkeypatch.setattr(aot, "PROBED", {})  # another new process: the verdict is on disk
         x = batches(3)[0]
-        torch.testing.assert_close(backend.load_payload(files, TinyMLP(), graph)(x), dynamic_fn(x))
+        torch.testing.assert_close(backend.load_payload(files, _copy(mlp), graph)(x), dynamic_fn(x))
         assert len(probes) == 1
         with honed.config.patch(cache_enabled=False):  # no cache: probe again
             monkeypatch.setattr(aot, "PROBED", {})
-            backend.load_payload(files, TinyMLP(), graph)
+            backend.load_payload(files, _copy(mlp), graph)
         assert len(probes) == 2
 
 
 def test_loading_skips_torchs_device_information_probe(
-    dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
+    mlp: nn.Module, dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch's aoti_load_package probes the CPU's vector ISA by compiling and loading test
     programs in child processes, which dominates a load; honed checks the environment itself and
@@ -440,7 +484,7 @@ def test_loading_skips_torchs_device_information_probe(
     monkeypatch.setattr(torch._inductor.codecache, "get_device_information", probing)
     backend = TorchInductorAotBackend()
     loaded = backend.load_payload(
-        backend.export_payload(dynamic_fn), TinyMLP(), _profile(1, 1, 8, ("batch", ""))
+        backend.export_payload(dynamic_fn), _copy(mlp), _profile(1, 1, 8, ("batch", ""))
     )
     x = batches(6)[0]
     torch.testing.assert_close(loaded(x), dynamic_fn(x))

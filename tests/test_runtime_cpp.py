@@ -226,6 +226,45 @@ def test_honed_run_refuses_a_tampered_artifact_and_fails_a_wrong_reference(
     assert "MISMATCH" in done.stdout
 
 
+def test_honed_run_gives_the_packages_the_module_weights(
+    tuned: tuple[honed.TuneReport, Path], tmp_path: Path
+) -> None:
+    """The weights are stored once: the packages take them from the module's weights entry."""
+    from safetensors.torch import load as st_load
+    from safetensors.torch import save as st_save
+
+    _, path = tuned
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        weights = st_load(z.read("weights/tiny.safetensors"))
+        packages = [z.read(n) for n in names if n.endswith("model.pt2")]
+    assert any(n.endswith("/constants.json") for n in names), names
+    assert packages and all(weights["fc1.weight"].numpy().tobytes() not in p for p in packages)
+    done = _run(HONED_RUN, path, "--device", DEVICE, "--iterations", "1", "--json", tmp_path / "r")
+    assert done.returncode == 0, done.stderr
+    phases = [p["phase"] for p in json.loads((tmp_path / "r").read_text())["load_phases"]]
+    assert "give the packages their constants from the weights" in phases
+
+    def shifted(data: bytes) -> bytes:
+        return st_save({k: v + 1 for k, v in st_load(data).items()})
+
+    moved = _rewrite(path, tmp_path / "w.honed", "tiny.safetensors", shifted, rehash=True)
+    done = _run(HONED_RUN, moved, "--device", DEVICE, "--check", "--iterations", "1",
+                "--trust-native-code")  # fmt: skip
+    assert done.returncode == 1 and "MISMATCH" in done.stdout, done.stdout + done.stderr
+
+    def dropped(data: bytes) -> bytes:
+        return st_save({k: v for k, v in st_load(data).items() if k != "fc1.weight"})
+
+    short = _rewrite(path, tmp_path / "d.honed", "tiny.safetensors", dropped, rehash=True)
+    done = _run(HONED_RUN, short, "--device", DEVICE, "--check", "--trust-native-code")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        "package constant 'inner.fc1.weight' is stored as 'fc1.weight' in the weights, which "
+        "holds no such tensor" in done.stderr
+    ), done.stderr
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -268,6 +307,49 @@ def test_honed_run_warms_every_batch_size_of_the_profile_at_load(
     assert f"(warm-up, graph:batch: {warmed})" in done.stdout, done.stdout
 
 
+def test_honed_run_says_where_the_load_time_went_and_how_calls_run(
+    tuned: tuple[honed.TuneReport, Path], tmp_path: Path
+) -> None:
+    _, path = tuned
+    out = tmp_path / "r.json"
+    done = _run(HONED_RUN, path, "--device", DEVICE, "--iterations", "2", "--json", out)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    phases = [p["phase"] for p in report["load_phases"]]
+    assert phases[0] == "read and verify the artifact" and phases[-1].startswith("warm up")
+    assert "write the packages' library and kernel files" in phases
+    assert sum(p["seconds"] for p in report["load_phases"]) <= report["load_s"]
+    assert f"read and verify the artifact {report['load_phases'][0]['seconds']:.3f}" in done.stdout
+    if DEVICE == "cpu":
+        assert report["cuda_graphs"] == "off: the model runs on the CPU"
+        assert "cuda graphs off: the model runs on the CPU" in done.stdout
+        return
+    # On CUDA: one graph per batch size warmed at load, e.g. "0:1x16 0:8x16".
+    assert report["cuda_graphs"] == "on", report["cuda_graphs"]
+    p = honed.artifact.open_artifact(path).manifest.modules[0].graphs[0].profile
+    shapes = " ".join(f"0:{b}x16" for b in sorted({p.min_batch, p.opt_batch, p.max_batch}))
+    assert f"cuda graphs on, captured (graph:shapes): {shapes}" in done.stdout, done.stdout
+    plain = _run(HONED_RUN, path, "--device", DEVICE, "--iterations", "2", "--check",
+                 "--no-cuda-graphs")  # fmt: skip
+    assert plain.returncode == 0, plain.stderr
+    assert "cuda graphs off: ModelOptions::cuda_graphs is false" in plain.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="HONED_TEST_DEVICE=cuda runs it")
+def test_cuda_graph_replays_match_eager_at_every_batch_size(
+    tuned: tuple[honed.TuneReport, Path], tmp_path: Path
+) -> None:
+    """honed-run --check through CUDA graphs at batch sizes captured at load and on first call."""
+    _, path = tuned
+    for batch in (1, 3, 8):
+        done = _run(HONED_RUN, path, "--device", DEVICE, "--batch", str(batch), "--check",
+                    "--iterations", "5")  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"0:{batch}x16" in done.stdout, done.stdout
+        assert "cannot be captured" not in done.stderr, done.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_honed_run_without_cuda_says_so_in_one_line(tuned: tuple[honed.TuneReport, Path]) -> None:
     _, path = tuned
@@ -308,11 +390,15 @@ def test_honed_run_loads_native_code_only_when_trusted(
 
 
 def test_runtime_gtest_suite(tuned: tuple[honed.TuneReport, Path]) -> None:
+    """Every RuntimeModel test on the artifact; on CUDA also every CudaGraphsTest, none skipped."""
     _, path = tuned
     env = {"HONED_TEST_ARTIFACT": str(path), "HONED_TEST_DEVICE": DEVICE}
-    done = _run(RUNTIME / "honed_runtime_tests", env=env)
+    suites, count = ("*", 15) if DEVICE == "cuda" else ("RuntimeModel.*", 10)
+    done = _run(RUNTIME / "honed_runtime_tests", f"--gtest_filter={suites}", env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "[  PASSED  ] 5 tests" in done.stdout and "SKIPPED" not in done.stdout
+    assert f"[  PASSED  ] {count} tests" in done.stdout and "SKIPPED" not in done.stdout, (
+        done.stdout[-4000:]
+    )
 
 
 def _doc_blocks() -> list[str]:

@@ -1,6 +1,7 @@
 // bench/profile/run_overhead.cpp: what honed::Model::run adds to libtorch's AOTInductor loader.
 // Loads ARTIFACT with honed::Model and its package (PACKAGE.pt2, written by make_cpp_artifact.py)
-// with libtorch's loader alone, then times, in alternating rounds on the same inputs:
+// with libtorch's loader alone (given PACKAGE.pt2.constants when the package holds code only),
+// then times, in alternating rounds on the same inputs:
 //   select  honed::Model::select (the per-call dispatch, no inference)
 //   honed   honed::Model::run
 //   raw     AOTIModelPackageLoader::run
@@ -10,13 +11,17 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/cuda.h>
+#include <torch/serialize.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "honed/runtime.h"
@@ -57,6 +62,17 @@ int main(int argc, char** argv) {
   honed::Model model(argv[1], device, options);
   torch::inductor::AOTIModelPackageLoader raw(argv[2], "model", false, 1,
                                               cuda ? static_cast<c10::DeviceIndex>(0) : -1);
+  // A package without its weights: give libtorch's loader the constants honed gives its own.
+  std::ifstream stored(std::string(argv[2]) + ".constants", std::ios::binary);
+  if (stored) {
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(stored)),
+                                  std::istreambuf_iterator<char>());
+    std::unordered_map<std::string, at::Tensor> constants;
+    for (const auto& kv : torch::pickle_load(bytes).toGenericDict()) {
+      constants.emplace(kv.key().toStringRef(), kv.value().toTensor().to(device));
+    }
+    raw.load_constants(constants, /*use_inactive=*/false, /*check_full_update=*/true);
+  }
   const std::vector<at::Tensor> inputs{at::randn(shape, at::TensorOptions().device(device))};
   const bool same = at::allclose(model.run(inputs).at(0), raw.run(inputs).at(0));
 

@@ -43,6 +43,7 @@ struct Options {
   double rtol = -1;  // -1: by dtype
   double atol = -1;
   bool trust_native_code = false;
+  bool no_cuda_graphs = false;
   bool batch_given = false;
 };
 
@@ -241,6 +242,27 @@ json stats_json(const honed::Stats& s, const std::vector<double>& samples,
   return out;
 }
 
+// "on, captured (graph:shapes): 0:1x16 0:8x16", or why CUDA graphs are off.
+std::string cuda_graphs_line(const honed::Model& model) {
+  std::string graphs = model.cuda_graphs_status();
+  std::vector<honed::CudaGraphShape> captured = model.cuda_graphs();
+  if (!captured.empty()) {
+    graphs += ", captured (graph:shapes):";
+    for (const honed::CudaGraphShape& c : captured) {
+      std::string shapes;
+      for (const std::vector<int64_t>& shape : c.shapes) {
+        if (!shapes.empty()) shapes += ",";
+        for (size_t d = 0; d < shape.size(); ++d) {
+          if (d > 0) shapes += "x";
+          shapes += std::to_string(shape[d]);
+        }
+      }
+      graphs += " " + std::to_string(c.graph) + ":" + shapes;
+    }
+  }
+  return graphs;
+}
+
 int main_impl(const Options& opt) {
   at::Device device(opt.device);
   if (device.is_cuda() && !torch::cuda::is_available()) {
@@ -251,10 +273,15 @@ int main_impl(const Options& opt) {
   mo.module = opt.module;
   mo.runners = std::max(opt.threads, 1);
   mo.trust_native_code = opt.trust_native_code;
+  mo.cuda_graphs = !opt.no_cuda_graphs;
   honed::Model model(opt.artifact, device, mo);
   json report = {{"artifact", opt.artifact},       {"module", model.module_name()},
                  {"device", model.device().str()}, {"honed", honed::version()},
                  {"torch", HONED_TORCH_VERSION},   {"load_s", model.load_seconds()}};
+  report["load_phases"] = json::array();
+  for (const honed::LoadPhase& p : model.load_phases()) {
+    report["load_phases"].push_back({{"phase", p.name}, {"seconds", p.seconds}});
+  }
   std::printf("honed-run %s · module %s · %d graph(s) on %s\n%s", opt.artifact.c_str(),
               model.module_name().c_str(), model.num_graphs(), model.device().str().c_str(),
               model.describe().c_str());
@@ -265,6 +292,14 @@ int main_impl(const Options& opt) {
   }
   std::printf("load      %.3f s (warm-up, graph:batch: %s)\n", model.load_seconds(),
               warmed.empty() ? "none" : warmed.c_str());
+  std::string phases;
+  for (const honed::LoadPhase& p : model.load_phases()) {
+    char part[160];
+    std::snprintf(part, sizeof part, "%s%s %.3f", phases.empty() ? "" : " · ", p.name.c_str(),
+                  p.seconds);
+    phases += part;
+  }
+  std::printf("          %s\n", phases.c_str());
   bool ok = true;
   if (opt.check) ok = check(model, opt, report);
 
@@ -297,6 +332,7 @@ int main_impl(const Options& opt) {
               r.threads, clock, r.adaptive ? (m.stable ? ", stable" : ", UNSTABLE") : "");
   if (m.has_host) std::printf("host      median %.4f ms\n", m.host_stats.median_ms);
   std::printf("throughput %.1f samples/s\n", m.throughput);
+  std::printf("cuda graphs %s\n", cuda_graphs_line(model).c_str());
 
   std::vector<double> percentiles = parse_percentiles(opt.percentiles);
   report["inputs"] = shapes;
@@ -308,6 +344,7 @@ int main_impl(const Options& opt) {
   report["stable"] = m.stable;
   report["adaptive"] = r.adaptive;
   report["throughput"] = m.throughput;
+  report["cuda_graphs"] = model.cuda_graphs_status();
   report["latency"] = stats_json(s, m.samples_ms, percentiles);
   if (m.has_host) report["host_latency"] = {{"median_ms", m.host_stats.median_ms}};
   if (!opt.json_file.empty()) {
@@ -347,6 +384,8 @@ int main(int argc, char** argv) {
       "compare outputs with the eager outputs stored in the artifact (exit 1 on mismatch)");
   auto* rtol = app.add_option("--rtol", opt.rtol, "--check relative tolerance (default: by dtype)");
   auto* atol = app.add_option("--atol", opt.atol, "--check absolute tolerance (default: by dtype)");
+  app.add_flag("--no-cuda-graphs", opt.no_cuda_graphs,
+               "launch every kernel instead of replaying CUDA graphs (ModelOptions::cuda_graphs)");
   app.add_flag("--trust-native-code", opt.trust_native_code,
                "load the artifact's compiled code even when no trusted key signed it "
                "(docs/trust.md)");

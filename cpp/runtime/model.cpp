@@ -1,23 +1,23 @@
 // cpp/runtime/model.cpp: honed::Model: verify the artifact, load its AOTInductor graphs, dispatch.
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
-#include <stdlib.h>
-#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/cuda.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <fstream>
+#include <cstdio>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "constants.h"
+#include "cuda_graphs.h"
 #include "honed/artifact.h"
 #include "honed/dispatch.h"
 #include "honed/env.h"
 #include "honed/runtime.h"
 #include "honed/shapes.h"
+#include "package.h"
 #include "tensors.h"
 
 namespace honed {
@@ -45,7 +45,7 @@ struct Graph {
   KeyTemplate key;
   uint64_t key_hash = 0;  // graph_hash(stored.profile.graph_key)
   InputGuard guard;       // the profile the package was compiled for (the engine checks it)
-  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
+  std::unique_ptr<detail::Package> package;
 };
 
 KeyTemplate key_template(const std::string& key) {
@@ -105,38 +105,8 @@ HostEnvironment host_environment(const c10::Device& device) {
   return here;
 }
 
-// Writes the package where the loader can read it, and removes it once loaded (the loader
-// extracts what it needs into its own folder). POSIX calls, not std::filesystem: libtorch.so of
-// CUDA wheels may export its own std::filesystem functions, which the dynamic linker then picks
-// over libstdc++'s, and those need not work from here.
-std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(std::string_view data,
-                                                                      const c10::Device& device,
-                                                                      int runners) {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
-  std::string dir = base + "/honed-runtime-XXXXXX";
-  if (mkdtemp(dir.data()) == nullptr) {
-    throw RuntimeError("honed runtime: cannot create a temporary folder in " + base +
-                       "; set TMPDIR to a writable folder");
-  }
-  const std::string file = dir + "/" + kPackage;
-  auto clean = [&] {
-    ::unlink(file.c_str());
-    ::rmdir(dir.c_str());
-  };
-  std::ofstream(file, std::ios::binary)
-      .write(data.data(), static_cast<std::streamsize>(data.size()));
-  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
-  try {
-    c10::DeviceIndex index = device.is_cuda() ? (device.has_index() ? device.index() : 0) : -1;
-    loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
-        file, "model", false, static_cast<size_t>(std::max(runners, 1)), index);
-  } catch (...) {
-    clean();
-    throw;
-  }
-  clean();
-  return loader;
+double since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 std::string describe_profile(const GraphProfile& p) {
@@ -166,7 +136,13 @@ struct Model::Impl {
   Dispatcher dispatcher;
   Artifact artifact;  // the verified file, mapped: payload, sample and output entries
   double load_seconds = 0;
-  std::vector<std::pair<int, int64_t>> warmed;  // (graph, batch size; 0: as stored) run at load
+  std::vector<LoadPhase> phases;
+  std::vector<std::pair<int, int64_t>> warmed;      // (graph, batch size; 0: as stored) run at load
+  std::unique_ptr<detail::CudaGraphs> cuda_graphs;  // null: plain calls
+  std::string cuda_graphs_status = "off: the model runs on the CPU";
+
+  // Whether calls go through CUDA graphs; says why not once when they were asked for.
+  bool use_cuda_graphs();
 
   void load(const std::string& artifact_path);
   void check_trust(const std::vector<const ManifestGraph*>& runnable) const;
@@ -203,8 +179,36 @@ void Model::Impl::check_trust(const std::vector<const ManifestGraph*>& runnable)
       "honed-run --trust-native-code (C++: ModelOptions::trust_native_code)"));
 }
 
+bool Model::Impl::use_cuda_graphs() {
+  if (!device.is_cuda()) return false;
+  if (!options.cuda_graphs) {
+    cuda_graphs_status = "off: ModelOptions::cuda_graphs is false";
+    return false;
+  }
+  const std::string why = detail::cuda_graphs_unavailable();
+  if (!why.empty()) {
+    cuda_graphs_status = "off: " + why;
+    std::fprintf(stderr, "honed runtime: CUDA graphs are off: %s\n", why.c_str());
+    return false;
+  }
+  cuda_graphs_status = "on";
+  return true;
+}
+
 void Model::Impl::load(const std::string& artifact_path) {
+  // CUDA's start-up (driver, context, allocator) needs nothing from the file: it runs beside the
+  // reading and verifying, the two longest steps of a load.
+  std::future<void> cuda_started;
+  if (device.is_cuda() && torch::cuda::is_available()) {
+    cuda_started = std::async(std::launch::async, [where = device] {
+      c10::OptionalDeviceGuard on(where);
+      at::empty({1}, at::TensorOptions().device(where));
+    });
+  }
+  auto start = std::chrono::steady_clock::now();
   artifact = read_artifact(artifact_path);
+  phases.push_back({"read and verify the artifact", since(start)});
+  start = std::chrono::steady_clock::now();
   const Manifest& manifest = artifact.manifest;
   std::string why =
       incompatibility(manifest.env(), manifest.has_payload(), host_environment(device));
@@ -237,15 +241,40 @@ void Model::Impl::load(const std::string& artifact_path) {
                        "); tune it with honed.tune(..., target='cpp') and save it again");
   }
   check_trust(runnable);
+  phases.push_back({"check the environment, manifest and signature", since(start)});
   c10::OptionalDeviceGuard guard;  // load the packages with the model's GPU current
-  if (device.is_cuda()) guard.reset_device(device);
+  if (device.is_cuda()) {
+    start = std::chrono::steady_clock::now();
+    if (cuda_started.valid()) cuda_started.get();  // rethrows what starting CUDA threw
+    guard.reset_device(device);
+    phases.push_back({"start CUDA on the device (what is left of it)", since(start)});
+  }
+  const bool graphed = use_cuda_graphs();
+  double write_s = 0, open_s = 0, constants_s = 0;
   for (const ManifestGraph* g : runnable) {
     Graph graph{*g, key_template(g->profile.graph_key), graph_hash(g->profile.graph_key),
                 read_guard(artifact.entry(g->payload.at(kCalling)), g->profile),
-                load_package(artifact.entry(g->payload.at(kPackage)), device, options.runners)};
+                std::make_unique<detail::Package>(artifact.entry(g->payload.at(kPackage)), device,
+                                                  graphed ? 1 : options.runners, graphed)};
+    write_s += graph.package->write_seconds();
+    open_s += graph.package->open_seconds();
+    // A package compiled without its weights (backend/_aoti_constants.py) gets them from the
+    // module's weights entry and its own constants file; older packages hold them in the library.
+    if (g->payload.count(detail::kConstantsJson)) {
+      start = std::chrono::steady_clock::now();
+      auto stored = g->payload.find(detail::kConstantsFile);
+      graph.package->give_constants(
+          artifact.entry(g->payload.at(detail::kConstantsJson)), artifact.entry(m.weights),
+          stored == g->payload.end() ? std::string_view() : artifact.entry(stored->second), device);
+      constants_s += since(start);
+    }
     dispatcher.add(g->profile, static_cast<int>(graphs.size()));
     graphs.push_back(std::move(graph));
   }
+  phases.push_back({"write the packages' library and kernel files", write_s});
+  phases.push_back({"load the libraries (dlopen, the runner's set-up)", open_s});
+  phases.push_back({"give the packages their constants from the weights", constants_s});
+  if (graphed) cuda_graphs = std::make_unique<detail::CudaGraphs>(device, options.max_cuda_graphs);
 }
 
 std::string Model::Impl::profiles() const {
@@ -265,9 +294,13 @@ Model::Model(const std::string& path, const c10::Device& device, const ModelOpti
   impl_->options = options;
   impl_->path = path;
   impl_->load(path);
-  if (options.warm_up) warm_up();
-  impl_->load_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (options.warm_up) {
+    auto warm_start = std::chrono::steady_clock::now();
+    warm_up();
+    impl_->phases.push_back(
+        {impl_->cuda_graphs ? "warm up and capture CUDA graphs" : "warm up", since(warm_start)});
+  }
+  impl_->load_seconds = since(start);
 }
 
 // Runs each graph's stored sample once at every batch size of its profile (min, opt, max), so
@@ -303,6 +336,12 @@ std::vector<at::Tensor> resize_batch(const std::vector<at::Tensor>& inputs,
 }
 
 const std::vector<std::pair<int, int64_t>>& Model::warmed() const { return impl_->warmed; }
+const std::vector<LoadPhase>& Model::load_phases() const { return impl_->phases; }
+std::string Model::cuda_graphs_status() const { return impl_->cuda_graphs_status; }
+
+std::vector<CudaGraphShape> Model::cuda_graphs() const {
+  return impl_->cuda_graphs ? impl_->cuda_graphs->captured() : std::vector<CudaGraphShape>{};
+}
 
 Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;
@@ -379,7 +418,8 @@ void Model::Impl::no_graph_for(const std::vector<at::Tensor>& inputs) const {
 }
 
 std::vector<at::Tensor> Model::run(const std::vector<at::Tensor>& inputs, void* cuda_stream) const {
-  const Graph& g = impl_->graphs[static_cast<size_t>(select(inputs))];
+  const int index = select(inputs);
+  const Graph& g = impl_->graphs[static_cast<size_t>(index)];
   // The model's GPU current on this thread (a thread that never touched CUDA has no context, and
   // cuBLAS needs one); restored on return.
   c10::OptionalDeviceGuard guard;
@@ -396,11 +436,18 @@ std::vector<at::Tensor> Model::run(const std::vector<at::Tensor>& inputs, void* 
   }
   const bool all_contiguous = std::all_of(inputs.begin(), inputs.end(),
                                           [](const at::Tensor& t) { return t.is_contiguous(); });
-  if (all_contiguous) return g.loader->run(inputs, cuda_stream);
   std::vector<at::Tensor> contiguous;
-  contiguous.reserve(inputs.size());
-  for (const at::Tensor& t : inputs) contiguous.push_back(t.contiguous());
-  return g.loader->run(contiguous, cuda_stream);
+  if (!all_contiguous) {
+    contiguous.reserve(inputs.size());
+    for (const at::Tensor& t : inputs) contiguous.push_back(t.contiguous());
+  }
+  const std::vector<at::Tensor>& args = all_contiguous ? inputs : contiguous;
+  if (!impl_->cuda_graphs) return g.package->run(args, cuda_stream);
+  const detail::Package& package = *g.package;
+  return impl_->cuda_graphs->run(index, args, cuda_stream,
+                                 [&package](const std::vector<at::Tensor>& in, void* stream) {
+                                   return package.run(in, stream);
+                                 });
 }
 
 const c10::Device& Model::device() const { return impl_->device; }

@@ -66,6 +66,22 @@ at::Tensor to_tensor(const RawTensor& raw) {
   throw RuntimeError("honed runtime: safetensors dtype " + raw.dtype + " is not supported");
 }
 
+at::Tensor view_tensor(const RawTensor& raw) {
+  for (const DtypeNames& d : kDtypes) {
+    if (raw.dtype != d.safetensors) continue;
+    // The mapping is read-only: the view is only ever read (copied from).
+    at::Tensor t = at::from_blob(const_cast<char*>(raw.data.data()), raw.shape,
+                                 at::TensorOptions().dtype(d.type));
+    if (static_cast<size_t>(t.nbytes()) != raw.data.size()) {
+      throw ArtifactError("safetensors tensor of shape and dtype " + raw.dtype + " holds " +
+                          std::to_string(raw.data.size()) + " bytes, expected " +
+                          std::to_string(t.nbytes()));
+    }
+    return t;
+  }
+  throw RuntimeError("honed runtime: safetensors dtype " + raw.dtype + " is not supported");
+}
+
 std::vector<at::Tensor> tensors_with_prefix(std::string_view buffer, const std::string& prefix) {
   SafeTensors st = parse_safetensors(buffer);
   std::vector<std::pair<long, at::Tensor>> found;

@@ -13,6 +13,10 @@ namespace honed::detail {
 // A copy of a safetensors tensor as an owning CPU at::Tensor.
 at::Tensor to_tensor(const RawTensor& raw);
 
+// A CPU at::Tensor over the safetensors tensor's bytes (no copy): valid while they are, and
+// never to be written (they are the artifact's read-only mapping).
+at::Tensor view_tensor(const RawTensor& raw);
+
 // The tensor leaves of a sample written by honed.save ("leaf<i>", in flatten order of
 // (args, kwargs)), or of an outputs entry ("out<i>", in flatten order of the outputs).
 std::vector<at::Tensor> tensors_with_prefix(std::string_view buffer, const std::string& prefix);

@@ -12,6 +12,14 @@
 // package loaded once, holding ModelOptions::runners model instances (AOTInductor's own pool,
 // which shares the weights); a call takes a free instance and waits when all are busy. So set
 // runners to the number of threads that call at once.
+//
+// CUDA graphs (ModelOptions::cuda_graphs, on by default on CUDA): each call's exact input shapes
+// get a CUDA graph, captured the first time they are seen (loading warms every batch size of the
+// profile, so those are captured while loading) and replayed afterwards: the inputs are copied
+// into the graph's own buffers, and the outputs come back as fresh tensors that no later call
+// overwrites. The graphs share those buffers and one memory pool, so calls then run one at a
+// time per Model (runners does not apply). A graph that cannot be captured (it synchronizes with
+// the host, say) runs as a plain call, with one message on stderr.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -45,6 +53,22 @@ struct ModelOptions {
   // Public keys (PEM) whose signatures are trusted; empty: those `honed trust` added
   // ($XDG_CONFIG_HOME/honed/trusted or ~/.config/honed/trusted).
   std::vector<std::string> trusted_keys;
+  // On CUDA: replay a CUDA graph per input shape instead of launching every kernel (see above).
+  bool cuda_graphs = true;
+  // At most this many captured shapes per model; calls of further shapes run plain (one message).
+  int max_cuda_graphs = 64;
+};
+
+// Where the constructor's time went, in order ("read and verify", "write package files", ...).
+struct LoadPhase {
+  std::string name;
+  double seconds = 0;
+};
+
+// One captured CUDA graph: the graph (index into the model's graphs) and its input shapes.
+struct CudaGraphShape {
+  int graph = 0;
+  std::vector<std::vector<int64_t>> shapes;
 };
 
 // A sample stored in the artifact: the inputs a graph was tuned on and eager PyTorch's outputs
@@ -85,6 +109,11 @@ class Model {
   std::vector<int> batch_axes(int graph) const;
   // (graph, batch size) of every warm-up call made while loading (batch 0: the sample as stored).
   const std::vector<std::pair<int, int64_t>>& warmed() const;
+  const std::vector<LoadPhase>& load_phases() const;
+  // Whether calls go through CUDA graphs ("on"), or why not ("off: ..."); and the graphs captured
+  // so far (empty when off).
+  std::string cuda_graphs_status() const;
+  std::vector<CudaGraphShape> cuda_graphs() const;
 
  private:
   void warm_up();

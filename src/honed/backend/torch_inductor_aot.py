@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from honed.backend import _aoti_env
+from honed.backend import _aoti_constants, _aoti_env
 from honed.backend._calling import CALLING_FILE, Calling, GuardedPayload
 from honed.backend._export import FlatForward, export_program, plan
 from honed.backend._inductor_env import cpu_available
@@ -84,6 +84,7 @@ class TorchInductorAotBackendConfig(BackendConfig):
     def inductor_configs(self) -> dict[str, Any]:
         """What aoti_compile_and_package gets as ``inductor_configs``."""
         configs = dict(self.options or {})
+        configs.update(_aoti_constants.NO_CONSTANTS_IN_SO)  # weights stored once (see there)
         if self.max_autotune:
             configs["max_autotune"] = True
         return _aoti_env.link_options(configs)
@@ -128,13 +129,19 @@ class AotCompiled(GuardedPayload):
     what = "AOTInductor package"
 
     def __init__(
-        self, runner: Any, package: bytes, calling: Calling, check_inputs: bool = True
+        self,
+        runner: Any,
+        package: bytes,
+        calling: Calling,
+        check_inputs: bool = True,
+        constants: dict[str, bytes] | None = None,
     ) -> None:
         from torch.utils._pytree import treespec_loads
 
         super().__init__(calling, check_inputs)
         self.runner = runner
         self.package = package
+        self.constants = constants or {}  # constants.json (+ .safetensors) for the payload
         # The fast path skips AOTICompiledModel.__call__, which parses its call spec as JSON on
         # every call; its inputs are exactly our flat tensors.
         loader: Any = getattr(runner, "loader", None)
@@ -203,7 +210,11 @@ class TorchInductorAotBackend(Backend):
         )
         package = _compile(exported, cfg.inductor_configs())
         runner = _aoti_env.load_package(package, graph.device.type)
-        return AotCompiled(runner, package, exported_plan.calling, cfg.check_inputs)
+        constants = _aoti_constants.plan(runner.loader, exported, module)
+        _aoti_constants.give(runner.loader, constants.live)
+        return AotCompiled(
+            runner, package, exported_plan.calling, cfg.check_inputs, constants.files()
+        )
 
     def export_payload(self, fn: Callable[..., Any]) -> dict[str, bytes]:
         if not isinstance(fn, AotCompiled):
@@ -211,12 +222,15 @@ class TorchInductorAotBackend(Backend):
                 f"TorchInductorAotBackend.export_payload takes what its build returned, got "
                 f"{type(fn).__name__}"
             )
-        return {PAYLOAD_PACKAGE: fn.package, PAYLOAD_CALLING: fn.calling.to_json().encode()}
+        return {
+            PAYLOAD_PACKAGE: fn.package,
+            PAYLOAD_CALLING: fn.calling.to_json().encode(),
+            **fn.constants,
+        }
 
     def load_payload(
         self, files: dict[str, bytes], module: torch.nn.Module, graph: GraphInfo
     ) -> Callable[..., Any]:
-        del module  # the package holds the weights and the shapes it serves
         missing = [n for n in (PAYLOAD_PACKAGE, PAYLOAD_CALLING) if n not in files]
         if missing:
             raise InputError(
@@ -226,7 +240,12 @@ class TorchInductorAotBackend(Backend):
         package = files[PAYLOAD_PACKAGE]
         calling = Calling.from_json(files[PAYLOAD_CALLING].decode(), graph.profile)
         runner = _aoti_env.load_package(package, graph.device.type)
-        return AotCompiled(runner, package, calling, self.config.check_inputs)
+        # Packages saved before the weights were stored apart hold their constants themselves.
+        constants = _aoti_constants.tensors(files, module, graph.device)
+        if constants is not None:
+            _aoti_constants.give(runner.loader, constants)
+        kept = {n: files[n] for n in _aoti_constants.FILES if n in files}
+        return AotCompiled(runner, package, calling, self.config.check_inputs, kept)
 
 
 def _compile(exported: Any, inductor_configs: dict[str, Any]) -> bytes:

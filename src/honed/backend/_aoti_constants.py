@@ -1,0 +1,138 @@
+"""src/honed/backend/_aoti_constants.py: AOTInductor packages that hold code, not weights.
+
+Packages are compiled with ``aot_inductor.package_constants_in_so=False``: the library holds
+the compiled code only, and the constants it names (by the FQN they had in the exported module)
+are handed to it when it is loaded (``load_constants``). A constant that is one of the tuned
+module's own tensors, unchanged, is stored once, in the module's weights
+(``weights/<module>.safetensors``), and referred to by its key there; anything else (the module
+cast to bf16 or re-laid out by a precision or memory-format candidate, a tensor constant of the
+program) goes into the payload's ``constants.safetensors``. ``constants.json`` lists every
+constant with where it comes from, its dtype, shape and strides (the package's kernels index
+constants with the strides they were compiled for), so that Python (here) and the C++ runtime
+(cpp/runtime/constants.cpp) give the package the same tensors. Format:
+
+    {"format": 1, "constants": [{"fqn": "inner.0.weight", "source": "weights", "key": "0.weight",
+      "dtype": "float32", "shape": [32, 16], "stride": [16, 1]}, ...]}
+
+("source": "payload" names a key of constants.safetensors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import torch
+
+from honed.errors import InputError, TuneError
+
+CONSTANTS_JSON = "constants.json"
+CONSTANTS_FILE = "constants.safetensors"
+FILES = (CONSTANTS_JSON, CONSTANTS_FILE)
+FORMAT = 1
+# The inductor setting that leaves the weights out of the compiled library.
+NO_CONSTANTS_IN_SO = {"aot_inductor.package_constants_in_so": False}
+# FlatForward (_export.py) holds the tuned module as this attribute: the exported FQNs of the
+# module's own tensors start with it.
+_ROOT = "inner."
+
+
+@dataclasses.dataclass
+class Constants:
+    """What a package needs besides its code: the list, and the tensors the weights lack."""
+
+    entries: list[dict[str, Any]]
+    payload: dict[str, torch.Tensor]  # key -> contiguous CPU tensor
+    live: dict[str, torch.Tensor]  # FQN -> the compiled tensor itself (where it was compiled)
+
+    def files(self) -> dict[str, bytes]:
+        from safetensors.torch import save
+
+        out = {CONSTANTS_JSON: json.dumps({"format": FORMAT, "constants": self.entries}).encode()}
+        if self.payload:
+            out[CONSTANTS_FILE] = save(self.payload)
+        return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.to(b.device), b)
+
+
+def plan(loader: Any, exported: Any, module: torch.nn.Module) -> Constants:
+    """Where each constant of the package comes from: ``module``'s state dict when the exported
+    program holds it unchanged, else the payload. ``exported``: the ExportedProgram compiled."""
+    tensors: dict[str, torch.Tensor] = {**exported.constants, **exported.state_dict}
+    weights = module.state_dict()
+    entries: list[dict[str, Any]] = []
+    payload: dict[str, torch.Tensor] = {}
+    live: dict[str, torch.Tensor] = {}
+    for fqn in sorted(loader.get_constant_fqns()):
+        t = tensors.get(fqn)
+        if not isinstance(t, torch.Tensor):
+            raise TuneError(
+                f"AOTInductor package names constant {fqn!r}, which the exported program does "
+                "not hold; honed cannot store its weights apart from the code"
+            )
+        t = t.detach()
+        live[fqn] = t
+        key = fqn.removeprefix(_ROOT)
+        entry: dict[str, Any] = {
+            "fqn": fqn,
+            "dtype": _dtype_name(t.dtype),
+            "shape": list(t.shape),
+            "stride": list(t.stride()),
+        }
+        if fqn.startswith(_ROOT) and key in weights and _same(weights[key], t):
+            entry.update(source="weights", key=key)
+        else:
+            entry.update(source="payload", key=fqn)
+            payload[fqn] = t.to("cpu", copy=True).contiguous()
+        entries.append(entry)
+    return Constants(entries, payload, live)
+
+
+def tensors(
+    files: dict[str, bytes], module: torch.nn.Module, device: torch.device
+) -> dict[str, torch.Tensor] | None:
+    """The constants ``constants.json`` names, FQN -> tensor on ``device`` with the strides the
+    package was compiled for; None for a package that holds its constants itself."""
+    if CONSTANTS_JSON not in files:
+        return None
+    listing = json.loads(files[CONSTANTS_JSON].decode())
+    if listing.get("format") != FORMAT:
+        raise InputError(
+            f"{CONSTANTS_JSON} has format {listing.get('format')!r}; this honed reads format "
+            f"{FORMAT}: save the artifact again with this honed"
+        )
+    stored: dict[str, torch.Tensor] = {}
+    if CONSTANTS_FILE in files:
+        from safetensors.torch import load
+
+        stored = load(files[CONSTANTS_FILE])
+    weights = module.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for c in listing["constants"]:
+        source = weights if c["source"] == "weights" else stored
+        t = source.get(c["key"])
+        dtype = getattr(torch, c["dtype"])
+        if t is None or t.dtype != dtype or list(t.shape) != c["shape"]:
+            got = "nothing" if t is None else f"{t.dtype} {list(t.shape)}"
+            raise InputError(
+                f"AOTInductor package constant {c['fqn']!r} should be {c['dtype']} {c['shape']} "
+                f"from the {c['source']} entry {c['key']!r}, found {got}; the artifact does not "
+                "belong to this module: save it again"
+            )
+        laid_out = torch.empty_strided(c["shape"], c["stride"], dtype=dtype, device=device)
+        laid_out.copy_(t)
+        out[c["fqn"]] = laid_out
+    return out
+
+
+def give(loader: Any, constants: dict[str, torch.Tensor]) -> None:
+    """Hand the package its constants (every one, checked by the package)."""
+    loader.load_constants(constants, False, True, False)
