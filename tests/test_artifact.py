@@ -30,7 +30,9 @@ def test_manifest_lists_every_entry_with_its_hash(saved: Path) -> None:
         manifest = json.loads(zf.read("manifest.json"))
     assert all(i.compress_type == zipfile.ZIP_STORED for i in infos.values())
     assert manifest["format"] == "honed" and manifest["format_version"] == 1
-    assert set(manifest["entries"]) == set(infos) - {"manifest.json"}
+    # Every entry but the manifest and its signature (honed.save signs with the user's key).
+    assert set(manifest["entries"]) == set(infos) - {"manifest.json", "manifest.sig"}
+    assert "manifest.sig" in infos
     assert manifest["environment"]["torch"] == torch.__version__
     (module,) = manifest["modules"]
     assert module["name"] == "tiny"
