@@ -20,8 +20,10 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <mutex>
@@ -90,9 +92,30 @@ struct CudaGraphs::Impl {
     last_stream = stream;
   }
 
+  void abandon_capture();
   Captured* capture(int graph, const std::vector<at::Tensor>& inputs,
                     const c10::cuda::CUDAStream& stream, const PlainRun& plain);
 };
+
+// After a capture that failed (the run synchronized, or copied to the host): the stream may still
+// be capturing when capture_end threw, the allocator may still route allocations to the graphs'
+// pool, and CUDA keeps the capture's error for the next call that checks it (another tensor's
+// allocation or kernel launch). Each is undone, so the plain run and other graphs work as before.
+void CudaGraphs::Impl::abandon_capture() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(capture_stream->stream(), &status) == cudaSuccess &&
+      status != cudaStreamCaptureStatusNone) {
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(capture_stream->stream(), &partial) == cudaSuccess && partial) {
+      cudaGraphDestroy(partial);
+    }
+  }
+  try {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool);
+  } catch (const std::exception&) {  // capture_end already ended it
+  }
+  (void)cudaGetLastError();  // the capture's error is the one already reported
+}
 
 Captured* CudaGraphs::Impl::capture(int graph, const std::vector<at::Tensor>& inputs,
                                     const c10::cuda::CUDAStream& stream, const PlainRun& plain) {
@@ -134,6 +157,7 @@ Captured* CudaGraphs::Impl::capture(int graph, const std::vector<at::Tensor>& in
     }
     cuda_graph->capture_end();
   } catch (const std::exception& e) {
+    abandon_capture();
     uncapturable.insert(graph);
     std::fprintf(stderr,
                  "honed runtime: graph %d cannot be captured in a CUDA graph (%s); it runs "
