@@ -65,7 +65,7 @@ def try_node(node: Node) -> None:
 
 def _start(node: Node, job: Any, dataset: list[Any]) -> None:
     """Queue ``job(node, dataset)`` beside the program; in wait mode, block until JIT is idle."""
-    node.busy = True
+    node.busy, node.queued_at_call = True, node.call_count
     background.submit(_run_job, job, node, dataset)
     if config.wait:
         background.wait()
@@ -186,7 +186,7 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     record = TuneRecord(node.short(), reason, len(dataset), _batches(dataset, sizes), budget)
     record.ran_meanwhile = "the previous variant" if node.state is State.TUNED else "eager"
     background.add_record(record)
-    calls_before = node.call_count
+    calls_before = node.queued_at_call
     started = time.perf_counter()
     importlib.import_module("torch._dynamo")  # every compile needs it: counts as rebuild time
     import_s = time.perf_counter() - started
