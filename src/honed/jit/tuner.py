@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from honed import _core, guidance, progress
+from honed import _core, guidance
 from honed import config as _flags
 from honed.jit import background
 from honed.jit.background import TuneRecord
@@ -27,7 +27,6 @@ from honed.jit.decisions import cached_graph_breaks, graph_break_key, store_grap
 from honed.jit.hierarchy import Node, State
 from honed.jit.history import add as add_step
 from honed.jit.patcher import STATE, paused
-from honed.tuning import Tuner
 
 log = logging.getLogger("honed.jit")
 
@@ -164,12 +163,21 @@ def _reason(r: Any) -> str:
     return text[0][:200] if text else "unknown"
 
 
-class _JitTuner(Tuner):
-    """A Tuner whose thread (Tuner.start) bypasses JIT and keeps tune-start guidance quiet."""
+def _jit_tuner(**settings: Any) -> Any:
+    """A Tuner whose thread (Tuner.start) bypasses JIT and keeps tune-start guidance quiet.
 
-    def run(self, func: Any, samples: list[Any], sizes: list[int]) -> Any:
-        with paused(), guidance.quiet():  # JIT tunes the program's own calls as they are
-            return super().run(func, samples, sizes)
+    honed.tuning is imported here, on JIT's thread: importing it in the call that queues the
+    first tune would hold that call up.
+    """
+    from honed import progress
+    from honed.tuning import Tuner
+
+    class JitTuner(Tuner):
+        def run(self, func: Any, samples: list[Any], sizes: list[int]) -> Any:
+            with paused(), guidance.quiet():  # JIT tunes the program's own calls as they are
+                return super().run(func, samples, sizes)
+
+    return JitTuner(tracker=progress.Tracker(show=False), **settings)  # the program owns stderr
 
 
 def _tune(node: Node, dataset: list[Any], reason: str) -> None:
@@ -191,13 +199,12 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     importlib.import_module("torch._dynamo")  # every compile needs it: counts as rebuild time
     import_s = time.perf_counter() - started
     isolation = _flags.isolation
-    tuner = _JitTuner(
-        strategy,
+    tuner = _jit_tuner(
+        strategy=strategy,
         device=config.device,
         cache_dir=Path(config.cache_dir) if config.cache_dir else None,
         isolation=isolation,
         time_budget_s=budget,
-        tracker=progress.Tracker(show=False),  # the program owns the terminal
     )
     node.tuner = tuner
     background.set_current(tuner)
