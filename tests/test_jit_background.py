@@ -169,7 +169,8 @@ def test_the_time_budget_is_the_tunes_budget(jit: honed.jit.JitConfig) -> None:
 def test_warm_restart_installs_the_cached_winner_without_building() -> None:
     inputs = batches(2, 4, 4)
     torch.manual_seed(0)
-    run(TinyMLP().eval(), inputs)
+    first = TinyMLP().eval()  # kept alive: JIT drops the tune of a module the program dropped
+    run(first, inputs)
     finish()
     assert honed.jit.roots()[0].state is State.TUNED and Gated.builds == 1
     loads = Gated.loads
