@@ -92,6 +92,7 @@ def restart(device: str, runs: int, backends: str, work: Path) -> list[dict[str,
         os.environ,
         HONED_JIT="1",
         HONED_JIT_REPORT="1",
+        HONED_JIT_WAIT="1",  # this measures the tune itself: the script waits for it
         HONED_JIT_BACKENDS=backends,
         HONED_CACHE_DIR=str(work / "honed-cache"),
         TORCHINDUCTOR_CACHE_DIR=str(work / "inductor-cache"),

@@ -56,12 +56,16 @@ class DLPackModule(nn.Module):
 
 @pytest.fixture(autouse=True)
 def jit(tmp_path: Path) -> Iterator[honed.jit.JitConfig]:
-    """JIT on with deterministic settings (Inductor only), a private cache, a clean slate."""
+    """JIT on with deterministic settings (Inductor only), a private cache, a clean slate.
+
+    These tests check what JIT decides, so each call that starts a tune waits for it (the wait
+    mode); tests/test_jit_background.py checks that by default nothing waits.
+    """
     honed.jit.reset()
     honed.jit.config.reset()
     inductor = honed.OneBackendStrategy(honed.backend.TorchInductorBackend())
     with honed.jit.config.patch(
-        strategy=inductor, min_parameters=100, cache_dir=str(tmp_path / "jit-cache")
+        strategy=inductor, min_parameters=100, cache_dir=str(tmp_path / "jit-cache"), wait=True
     ):
         honed.jit.enable_jit_tuning()
         try:
@@ -119,13 +123,17 @@ def test_config_from_environment_variables() -> None:
         HONED_JIT_DEVICE="cpu",
         HONED_JIT_CACHE_DIR="/tmp/x",
         HONED_JIT_BACKENDS="TorchInductorBackend",
-        HONED_JIT_RETUNE_ON_NEW_SHAPES="1",
+        HONED_JIT_RETUNE_ON_NEW_SHAPES="0",
+        HONED_JIT_WAIT="1",
+        HONED_JIT_TIME_BUDGET_S="30",
+        HONED_JIT_BATCH_HEADROOM="4",
     )
     code = (
         "import json, honed.jit as j; c = j.config; print(json.dumps([c.min_samples, "
         "c.skip_modules, c.detect_graph_breaks, c.max_depth_level, c.min_parameters, "
         "c.batch_axis_required, c.dry_run, c.device, c.cache_dir, "
-        "[type(b).__name__ for b in c.backends], c.retune_on_new_shapes]))"
+        "[type(b).__name__ for b in c.backends], c.retune_on_new_shapes, c.wait, "
+        "c.time_budget_s, c.batch_headroom]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
@@ -141,9 +149,14 @@ def test_config_from_environment_variables() -> None:
         "cpu",
         "/tmp/x",
         ["TorchInductorBackend"],
+        False,
         True,
+        30.0,
+        4,
     ]
-    assert honed.jit.JitConfig().retune_on_new_shapes is False
+    fresh = honed.jit.JitConfig()
+    assert fresh.retune_on_new_shapes is True and fresh.wait is False
+    assert fresh.time_budget_s == 0.0 and fresh.batch_headroom == 2
 
 
 def test_pth_hook_waits_for_torch() -> None:
@@ -197,7 +210,8 @@ def test_top_module_tuned_children_detached() -> None:
     ]
 
 
-def test_shapes_outside_the_tuned_profile_run_eager() -> None:
+def test_shapes_outside_the_tuned_profile_run_eager(jit: honed.jit.JitConfig) -> None:
+    jit.retune_on_new_shapes = False  # on by default (tests/test_jit_background.py)
     torch.manual_seed(0)
     model = TinyMLP().eval()
     run(model, batches(2, 4))
@@ -205,7 +219,7 @@ def test_shapes_outside_the_tuned_profile_run_eager() -> None:
     odd = [torch.randn(64, 16), torch.randn(3, 5, 16)] * 2
     assert_close(run(model, odd), eager(model, odd))
     root = honed.jit.roots()[0]
-    assert root.state is State.TUNED and root.retunes == 0  # retune_on_new_shapes is off
+    assert root.state is State.TUNED and root.retunes == 0
     outside = [s for s in honed.jit.history() if s.startswith("Inputs outside")]
     assert len(outside) == 2 and all(s.endswith("; running them eager") for s in outside)
     assert not any(s.startswith("Re-tuning") for s in honed.jit.history())
@@ -427,6 +441,7 @@ def run_script(tmp_path: Path, cache: Path, tag: str) -> tuple[str, dict[str, ob
         HONED_CACHE_DIR=str(cache),
         HONED_ISOLATION="none",
         HONED_JIT_BACKENDS="TorchInductorBackend",
+        HONED_JIT_WAIT="1",  # the script's five calls end before a tune beside them would
         HONED_WARMUP_MS="2",
         HONED_WARMUP_CALLS="2",
         HONED_WINDOW_MS="2",

@@ -410,9 +410,26 @@ jit_max_samples: int = _flag(
 )
 
 # A tuned module that receives shapes outside its tuned profile runs them eager; with this flag,
-# min_samples such calls trigger a re-tune over the old and the new shapes (at most 3 per module).
+# a new batch size (or min_samples calls of another new shape) starts a re-tune in the background
+# over the old and the new shapes (at most 3 per module), the calls meanwhile running as before.
 jit_retune_on_new_shapes: bool = _flag(
-    "jit_retune_on_new_shapes", "HONED_JIT_RETUNE_ON_NEW_SHAPES", False, _Bool()
+    "jit_retune_on_new_shapes", "HONED_JIT_RETUNE_ON_NEW_SHAPES", True, _Bool()
+)
+
+# JIT tunes beside the program (calls never wait for a build or a measurement); 1 makes the call
+# that starts a tune wait for it, for batch jobs that prefer a tuned model over an early answer.
+jit_wait: bool = _flag("jit_wait", "HONED_JIT_WAIT", False, _Bool())
+
+# Seconds one JIT tune may spend trying candidates (the best correct one so far wins; 0 = none).
+jit_time_budget_s: float = _flag(
+    "jit_time_budget_s", "HONED_JIT_TIME_BUDGET_S", 0.0, _Number(0, _DAY_S, unit="s")
+)
+
+# When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the
+# largest batch seen (rounded up to a power of two), so a few small first calls do not lock the
+# tuned range to small batches (1 = only the batch sizes seen).
+jit_batch_headroom: int = _flag(
+    "jit_batch_headroom", "HONED_JIT_BATCH_HEADROOM", 2, _Number(1, 1024, True)
 )
 
 # Test hook (STYLE.md rule 6): candidate name or backend class name -> latencies in ms that the

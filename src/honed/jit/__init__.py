@@ -4,6 +4,11 @@ import honed.jit.enable            # or HONED_JIT=1, or @honed.jit.patch_for_jit
 honed.jit.config.min_samples = 2   # settings (defaults from the HONED_JIT_* variables)
 honed.jit.print_hierarchy()        # what was found and what became of it
 honed.jit.history()                # the steps taken, with timings
+honed.jit.tunes()                  # each tune: tried, won, on which evidence, how long, meanwhile
+honed.jit.wait()                   # block until the tuning beside the program is done
+
+Checks and tunes run beside the program (background.py): calls never wait for them, unless
+``honed.jit.config.wait`` (HONED_JIT_WAIT=1) asks for it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from honed import config as _flags
+from honed.jit.background import TuneRecord, wait
+from honed.jit.background import records as tunes
 from honed.jit.config import JitConfig, config
 from honed.jit.hierarchy import Node, State, render
 from honed.jit.history import history
@@ -84,6 +91,7 @@ __all__ = [
     "JitConfig",
     "Node",
     "State",
+    "TuneRecord",
     "config",
     "disable_jit_tuning",
     "enable_jit_tuning",
@@ -95,4 +103,6 @@ __all__ = [
     "reset",
     "roots",
     "states",
+    "tunes",
+    "wait",
 ]

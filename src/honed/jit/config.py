@@ -44,8 +44,16 @@ class JitConfig:
             of the same script reuses the first run's results.
         max_samples: samples kept per module (bounded; new shapes may take up to twice this).
         retune_on_new_shapes: a TUNED module runs shapes outside its tuned profile eager; with
-            this on, ``min_samples`` such calls trigger a re-tune over the shapes tuned before
-            and the new ones (at most ``MAX_RETUNES`` per module; the history records each).
+            this on (the default), a new batch size of a tuned signature widens the tuned range
+            at once, and ``min_samples`` calls of a new signature re-tune over the shapes tuned
+            before and the new ones; in the background, at most ``MAX_RETUNES`` per module, the
+            history recording each.
+        wait: the call that starts a check or tune waits until JIT is idle (batch jobs that
+            prefer a tuned model to an early answer); by default nothing waits.
+        time_budget_s: seconds each tune may spend trying candidates (the tune's
+            ``time_budget_s``; 0: none).
+        batch_headroom: when the samples show a batch axis, also tune batches up to this
+            factor times the largest one recorded (a power of two; 1: only those recorded).
     """
 
     min_samples: int = dataclasses.field(default_factory=lambda: _copy(_flags.jit_min_samples))
@@ -72,6 +80,13 @@ class JitConfig:
     max_samples: int = dataclasses.field(default_factory=lambda: _copy(_flags.jit_max_samples))
     retune_on_new_shapes: bool = dataclasses.field(
         default_factory=lambda: _copy(_flags.jit_retune_on_new_shapes)
+    )
+    wait: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_wait))
+    time_budget_s: float = dataclasses.field(
+        default_factory=lambda: _copy(_flags.jit_time_budget_s)
+    )
+    batch_headroom: int = dataclasses.field(
+        default_factory=lambda: _copy(_flags.jit_batch_headroom)
     )
 
     def tune_strategy(self) -> TuneStrategy:

@@ -58,6 +58,10 @@ class Node:
         self.new_samples: list[tuple[tuple[Any, ...], dict[str, Any]]] = []  # outside profile
         self.outside_seen: set[str] = set()
         self.retunes = 0
+        self.busy = False  # a check or tune of this module is queued or running (background.py)
+        self.queued_at_call = 0  # call_count when its latest check or tune was queued
+        self.tuner: Any = None  # the honed.tuning.Tuner of its latest tune
+        self.tuned_keys: set[str] = set()  # graph keys of the signatures it was tuned on
         if parent is not None:
             parent.children.append(self)
 
@@ -92,7 +96,8 @@ def render(roots: list[Node]) -> str:
     lines = ["JIT Tuning Hierarchy:"]
 
     def visit(node: Node) -> None:
-        lines.append(f"{'   ' * node.level}├─ {node.describe()}")
+        busy = " (tuning in the background)" if node.busy else ""
+        lines.append(f"{'   ' * node.level}├─ {node.describe()}{busy}")
         for child in node.children:
             visit(child)
 

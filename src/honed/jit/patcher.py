@@ -4,7 +4,9 @@ Why patch ``__call__`` rather than a global forward pre-hook: a pre-hook cannot 
 (a tuned module must not run its eager body), and any global hook sends every module call in
 the process through ``_call_impl``'s slow path. The patched ``__call__`` is one Python frame and
 one dict look-up per module call, and the original is put back exactly by ``disable()``.
-Not thread-safe: JIT assumes one inference thread, as the seed does.
+The program's calls may run on one inference thread, as the seed assumes; JIT's own work runs
+on its background thread (background.py), whose module calls bypass the patch (``bypass`` is
+per thread).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import atexit
 import contextlib
 import logging
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +23,7 @@ from typing import Any
 import torch
 
 from honed import config as _flags
+from honed.jit import background
 from honed.jit.config import config
 from honed.jit.hierarchy import Node, State, render
 from honed.jit.history import add as add_step
@@ -41,10 +45,19 @@ class _Jit:
         self.nodes: weakref.WeakKeyDictionary[torch.nn.Module, Node] = weakref.WeakKeyDictionary()
         self.roots: list[Node] = []
         self.stack: list[Node] = []  # the discovered modules whose forward is running
-        self.bypass = 0  # > 0: JIT's own calls (tuning, checking, routing): run originals
+        self._local = threading.local()
         self.opted_in: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # decorator's models
         self.grad_warned: set[int] = set()
         self.report_registered = False
+
+    @property
+    def bypass(self) -> int:
+        """> 0: JIT's own calls in this thread (tuning, checking, routing): run originals."""
+        return getattr(self._local, "bypass", 0)
+
+    @bypass.setter
+    def bypass(self, value: int) -> None:
+        self._local.bypass = value
 
 
 STATE = _Jit()
@@ -175,13 +188,18 @@ def disable() -> None:
 
 
 def reset() -> None:
-    """Forget every discovered module and the history (for tests and long-lived processes)."""
+    """Forget every discovered module and the history (for tests and long-lived processes).
+
+    A tune running in the background is cancelled and waited for first.
+    """
     disable()
+    background.cancel_and_wait()
     STATE.nodes = weakref.WeakKeyDictionary()
     STATE.roots = []
     STATE.stack = []
     STATE.grad_warned = set()
     clear_history()
+    background.clear_records()
 
 
 def opt_in(value: Any) -> None:

@@ -1,20 +1,32 @@
-"""src/honed/jit/tuner.py: trying one discovered module: checks, graph breaks, tune, states."""
+"""src/honed/jit/tuner.py: trying one discovered module: checks, graph breaks, tune, states.
+
+The cheap checks (depth, skip list, size) run in the call that makes a module eligible; the
+graph-break check and the tune run on JIT's background thread (background.py), while the
+program's calls run eager, or the module's earlier variant during a widen. A finished tune swaps
+the node's tuned wrapper in with one assignment: the next call uses it, and a call already
+running finishes on what it started with.
+"""
 
 from __future__ import annotations
 
 import importlib
 import logging
+import math
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from honed import _core, guidance
+from honed import config as _flags
+from honed.jit import background
+from honed.jit.background import TuneRecord
 from honed.jit.config import MAX_RETUNES, config
 from honed.jit.decisions import cached_graph_breaks, graph_break_key, store_graph_breaks
 from honed.jit.hierarchy import Node, State
 from honed.jit.history import add as add_step
-from honed.jit.patcher import STATE
+from honed.jit.patcher import STATE, paused
 
 log = logging.getLogger("honed.jit")
 
@@ -47,14 +59,36 @@ def try_node(node: Node) -> None:
     if node.parameters < config.min_parameters:
         _skip(node, f"fewer parameters than min_parameters={config.min_parameters}")
         return
-    if config.detect_graph_breaks and _breaks(node):
+    _start(node, _first_tune, list(node.samples))
+
+
+def _start(node: Node, job: Any, dataset: list[Any]) -> None:
+    """Queue ``job(node, dataset)`` beside the program; in wait mode, block until JIT is idle."""
+    node.busy, node.queued_at_call = True, node.call_count
+    background.submit(_run_job, job, node, dataset)
+    if config.wait:
+        background.wait()
+
+
+def _run_job(job: Any, node: Node, dataset: list[Any]) -> None:
+    try:
+        job(node, dataset)
+    finally:
+        node.busy = False
+
+
+def _first_tune(node: Node, dataset: list[Any]) -> None:
+    """On JIT's thread: the graph-break check, then the module's first tune."""
+    if node.module is None:
+        return  # the program dropped the module meanwhile
+    if config.detect_graph_breaks and _breaks(node, dataset[0]):
         _eager(node, "graph breaks")
         return
     if config.dry_run:
         node.reason = "dry run"
-        add_step(f"Dry run: would tune {node.describe()} on {len(node.samples)} sample(s)")
+        add_step(f"Dry run: would tune {node.describe()} on {len(dataset)} sample(s)")
         return
-    _tune(node)
+    _tune(node, dataset, "first tune")
 
 
 def _skip(node: Node, why: str) -> None:
@@ -74,18 +108,18 @@ def _try_children(node: Node) -> None:
         maybe_try(child)
 
 
-def _breaks(node: Node) -> bool:
+def _breaks(node: Node, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
     """Whether torch._dynamo.explain finds a graph break (or cannot trace) on a recorded sample.
 
     The answer is kept in the persistent cache (decisions.py): a restarted script reuses it.
     """
     module = node.module
-    assert module is not None  # a node being tried is called, so alive
+    assert module is not None  # checked by the caller
     started = time.perf_counter()
-    key = graph_break_key(module, node.samples[0])
+    key = graph_break_key(module, sample)
     found = cached_graph_breaks(key)
     if found is None:
-        count, reasons = _explain(module, node.samples[0])
+        count, reasons = _explain(module, sample)
         store_graph_breaks(key, count, reasons)
         how = "Checking"
     else:
@@ -118,7 +152,9 @@ def _explain(
         count, reasons = 1, [f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
     finally:
         STATE.bypass -= 1
-        torch._dynamo.reset()
+        if not any(n.state is State.TUNED for n in STATE.nodes.values()):
+            # a reset would also drop the compiled code of variants the program runs now
+            torch._dynamo.reset()
     return count, reasons
 
 
@@ -127,62 +163,144 @@ def _reason(r: Any) -> str:
     return text[0][:200] if text else "unknown"
 
 
-def _tune(node: Node) -> None:
+def _jit_tuner(**settings: Any) -> Any:
+    """A Tuner whose thread (Tuner.start) bypasses JIT and keeps tune-start guidance quiet.
+
+    honed.tuning is imported here, on JIT's thread: importing it in the call that queues the
+    first tune would hold that call up.
+    """
+    from honed import progress
+    from honed.tuning import Tuner
+
+    class JitTuner(Tuner):
+        def run(self, func: Any, samples: list[Any], sizes: list[int]) -> Any:
+            with paused(), guidance.quiet():  # JIT tunes the program's own calls as they are
+                return super().run(func, samples, sizes)
+
+    return JitTuner(tracker=progress.Tracker(show=False), **settings)  # the program owns stderr
+
+
+def _tune(node: Node, dataset: list[Any], reason: str) -> None:
+    """On JIT's thread: tune ``node`` on ``dataset`` with Tuner.start, then swap the winner in."""
     from honed.module import Module
-    from honed.tuning import tune
 
     module = node.module
-    assert module is not None
-    wrapper = Module(module, node.name, strategy=config.tune_strategy())
-    dataset = list(node.samples)
+    if module is None:
+        return
+    strategy = config.tune_strategy()
+    wrapper = Module(module, node.name, strategy=strategy)
+    sizes = headroom_sizes(dataset)
+    budget = config.time_budget_s or None
+    record = TuneRecord(node.short(), reason, len(dataset), _batches(dataset, sizes), budget)
+    record.ran_meanwhile = "the previous variant" if node.state is State.TUNED else "eager"
+    background.add_record(record)
+    calls_before = node.queued_at_call
     started = time.perf_counter()
     importlib.import_module("torch._dynamo")  # every compile needs it: counts as rebuild time
-
     import_s = time.perf_counter() - started
-    STATE.bypass += 1
+    isolation = _flags.isolation
+    tuner = _jit_tuner(
+        strategy=strategy,
+        device=config.device,
+        cache_dir=Path(config.cache_dir) if config.cache_dir else None,
+        isolation=isolation,
+        time_budget_s=budget,
+    )
+    node.tuner = tuner
+    background.set_current(tuner)
     try:
-        with guidance.quiet():  # JIT tunes the program's own calls; its steps say the rest
-            report = tune(
-                func=wrapper,  # each sample is (args, kwargs): honed.calls.split_sample
-                dataset=dataset,
-                device=config.device,
-                cache_dir=config.cache_dir,
-            )
+        report = tuner.start(wrapper, dataset, sizes).result()
     except Exception as e:  # the tune failing is JIT's cue to try the children
-        took = time.perf_counter() - started
-        add_step(
-            f"Tuning {node.short()} failed after {took:.2f}s ({type(e).__name__}: {e}); "
-            "running it eager and trying its children",
-            logging.WARNING,
-        )
-        if node.state is State.TUNED:  # a re-tune failed: the earlier variants stay
-            node.new_samples = []
-            return
-        _eager(node, f"tune failed: {type(e).__name__}")
+        _failed(node, record, e, time.perf_counter() - started)
         return
     finally:
-        STATE.bypass -= 1
+        background.set_current(None)
+        record.calls_meanwhile = node.call_count - calls_before
     took = time.perf_counter() - started
+    record.took_s = took
+    rows = [c for g in report.graphs for c in g.candidates]
+    record.tried = {c.name: c.status for c in rows}
+    record.evidence = (
+        "cache"
+        if rows and all(c.cached for c in rows)
+        else "worker measurement"
+        if isolation == "process"
+        else "in-process measurement"
+    )
     node.samples, node.new_samples = [], []
     node.tuned_samples = dataset if config.retune_on_new_shapes else []
+    node.tuned_keys = {_core.signature(a, k).graph_key for a, k in dataset}
     add_step(f"Tuning {node.short()} took {took:.2f}s")
     _account(node, report, took, import_s)
     if not wrapper.is_tuned:
+        record.status = "eager"
         decisions = "; ".join(g.decision for g in report.graphs)
         add_step(f"No variant selected for {node.short()} ({decisions})", logging.WARNING)
+        add_step(record.line())
         if node.state is not State.TUNED:
             _eager(node, "no variant selected")
         return
+    backend = ", ".join(sorted({type(v.backend).__name__ for v in wrapper.variants}))
+    record.status, record.selected = "installed", backend
+    _install(node, wrapper, backend, report)
+    add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
+    add_step(record.line())
+
+
+def _install(node: Node, wrapper: Any, backend: str, report: Any) -> None:
+    """Swap the tuned wrapper in: one assignment each, read once per call by the patcher."""
     node.tuned = wrapper
-    node.backend = ", ".join(sorted({type(v.backend).__name__ for v in wrapper.variants}))
+    node.backend = backend
     node.report = report
-    add_step(f"Selected {node.backend} for {node.short()}: {report.graphs[0].decision}")
     if node.state is State.TUNED:
         return  # a re-tune: the children are detached already
     node.state = State.TUNED
     for child in node.descendants():
         child.state, child.samples = State.DETACHED, []
         add_step(f"Unpatching child module: {child.describe()}", logging.DEBUG)
+
+
+def _failed(node: Node, record: TuneRecord, e: Exception, took: float) -> None:
+    record.took_s, record.status = took, "failed"
+    record.error = f"{type(e).__name__}: {e}"
+    add_step(
+        f"Tuning {node.short()} failed after {took:.2f}s ({type(e).__name__}: {e}); "
+        + (
+            "its earlier variants stay"
+            if node.state is State.TUNED
+            else "running it eager and trying its children"
+        ),
+        logging.WARNING,
+    )
+    if node.state is State.TUNED:  # a re-tune failed: the earlier variants stay
+        node.new_samples = []
+        return
+    _eager(node, f"tune failed: {type(e).__name__}")
+
+
+def headroom_sizes(dataset: list[Any]) -> list[int]:
+    """Extra batch sizes to tune for: up to batch_headroom times the largest batch recorded.
+
+    Only when the samples show a batch axis (two batch sizes, the engine's inference): a fixed
+    batch may be fixed on purpose, and a model whose first axis is not a batch would be fed
+    nonsense.
+    """
+    if config.batch_headroom <= 1 or not _samples_have_batch_axis(dataset):
+        return []
+    largest = max(_batches(dataset, []))
+    top = 2 ** math.ceil(math.log2(largest * config.batch_headroom))
+    return [top] if top > largest else []
+
+
+def _batches(dataset: list[Any], sizes: list[int]) -> list[int]:
+    """The axis-0 sizes of the samples' first tensors, and ``sizes``, sorted."""
+    found = set(sizes)
+    for sample in dataset:
+        leaves = torch.utils._pytree.tree_leaves(sample)
+        first = next((t for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0), None)
+        if first is not None:
+            found.add(int(first.shape[0]))
+    return sorted(found)
 
 
 def _account(node: Node, report: Any, took: float, import_s: float) -> None:
@@ -207,30 +325,41 @@ def _account(node: Node, report: Any, took: float, import_s: float) -> None:
 
 
 def outside_profile(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], why: str) -> None:
-    """A TUNED module got inputs its variants do not cover (they run eager): maybe re-tune."""
+    """A TUNED module got inputs its variants do not cover (they run eager): maybe re-tune.
+
+    Inputs of a tuned signature at new sizes (a new batch size) widen the tuned range at once;
+    a new signature (another rank or dtype) waits for ``min_samples`` such calls. Either re-tune
+    runs beside the program; the calls meanwhile run eager, the covered ones tuned.
+    """
+    same_graph = _core.signature(args, kwargs).graph_key in node.tuned_keys
+    retune = config.retune_on_new_shapes and node.retunes < MAX_RETUNES
     if why not in node.outside_seen:
         node.outside_seen.add(why)
-        then = (
-            "re-tuning after min_samples such calls"
-            if config.retune_on_new_shapes and node.retunes < MAX_RETUNES
-            else "running them eager"
-        )
+        then = "running them eager"
+        if retune:
+            then = (
+                "widening the tuned range in the background"
+                if same_graph
+                else "re-tuning after min_samples such calls"
+            )
         add_step(
             f"Inputs outside the tuned profile of {node.short()} ({why}); {then}", logging.WARNING
         )
-    if not config.retune_on_new_shapes or node.retunes >= MAX_RETUNES:
-        return
-    node.new_samples.append(_detach((args, kwargs)))
-    if len(node.new_samples) < max(1, config.min_samples):
+    if not retune or node.busy:
+        return  # a re-tune in flight may cover them; later misses start the next one
+    if len(node.new_samples) < max(config.max_samples, config.min_samples):
+        node.new_samples.append(_detach((args, kwargs)))
+    if len(node.new_samples) < (1 if same_graph else max(1, config.min_samples)):
         return
     node.retunes += 1
-    node.samples = node.tuned_samples + node.new_samples
+    new, node.new_samples = node.new_samples, []
     add_step(
         f"Re-tuning {node.short()} (re-tune {node.retunes} of at most {MAX_RETUNES}) for "
-        f"{len(node.new_samples)} new sample(s) and {len(node.tuned_samples)} tuned before"
+        f"{len(new)} new sample(s) and {len(node.tuned_samples)} tuned before"
     )
     node.outside_seen = set()
-    _tune(node)
+    reason = "widen for new shapes" if same_graph else "re-tune for a new signature"
+    _start(node, lambda n, d: _tune(n, d, reason), node.tuned_samples + new)
 
 
 def _detach(value: Any) -> Any:
@@ -240,8 +369,12 @@ def _detach(value: Any) -> Any:
 
 
 def _has_batch_axis(node: Node) -> bool:
+    return _samples_have_batch_axis(node.samples)
+
+
+def _samples_have_batch_axis(samples: list[Any]) -> bool:
     groups: dict[str, list[Any]] = {}
-    for args, kwargs in node.samples:
+    for args, kwargs in samples:
         sig = _core.signature(args, kwargs)
         groups.setdefault(sig.graph_key, []).append(sig)
     try:
@@ -250,8 +383,8 @@ def _has_batch_axis(node: Node) -> bool:
             for sigs in groups.values()
         )
     except Exception as e:  # the engine could not infer shapes: no batch axis to rely on
-        log.debug("honed.jit: no profile for %s: %s", node.name, e)
+        log.debug("honed.jit: no profile for these samples: %s", e)
         return False
 
 
-__all__ = ["maybe_try", "outside_profile", "try_node"]
+__all__ = ["headroom_sizes", "maybe_try", "outside_profile", "try_node"]

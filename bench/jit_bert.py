@@ -1,0 +1,209 @@
+"""bench/jit_bert.py: issue 23's scenario: a plain BERT loop under HONED_JIT=1, cold then warm.
+
+A plain script that never imports honed builds Hugging Face ``BertModel(BertConfig())`` with
+random weights (no download), and calls it on batch 8, sequence 128, at least ``--calls`` times
+and for at least ``--seconds`` seconds, timing every call (CUDA synchronised). It runs three
+times in fresh processes: without honed (the eager reference), then with HONED_JIT=1 on empty
+honed and Inductor caches (cold: JIT tunes beside the loop), then again on those caches (warm:
+the cached winner is installed from its payload). Printed and written to ``--out`` (JSON):
+
+- eager: the median call (after the first);
+- each JIT run: the first call, the slowest call after the first (and its ratio to eager's
+  median), the steady-state median (the last quarter of the calls), the seconds from the first
+  call until calls run at tuned speed (the first call from which a run of 5 calls has a median
+  within 10 % of the steady state), and JIT's tune records from its history.
+
+    python bench/jit_bert.py --out jit.json                 # GPU: base config, all backends
+    python bench/jit_bert.py --small --out jit.json         # CPU: a small config, Inductor only
+
+``--small`` uses a 2-layer, 128-wide BERT with sequence 32; without transformers installed it
+falls back to a torch TransformerEncoder of the same size (said so in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+# The program under test: honed appears nowhere in it.
+PROGRAM = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+
+    small, device, calls, seconds, out = (
+        sys.argv[1] == "1", sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
+    torch.manual_seed(0)
+    batch, seq = 8, (32 if small else 128)
+    try:
+        from transformers import BertConfig, BertModel
+        cfg = (BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=256) if small else BertConfig())
+        model, name = BertModel(cfg), f"BertModel({'small' if small else 'base'})"
+        vocab = cfg.vocab_size
+        def inputs(ids):
+            return dict(input_ids=ids, attention_mask=torch.ones_like(ids))
+    except ImportError:
+        if not small:
+            raise
+        layer = torch.nn.TransformerEncoderLayer(128, 2, 256, batch_first=True)
+        enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        emb = torch.nn.Embedding(1000, 128)
+        model, name, vocab = torch.nn.Sequential(emb, enc), "TransformerEncoder stand-in", 1000
+        def inputs(ids):
+            return dict(input=ids)
+    model = model.eval().to(device)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    times = []
+    with torch.no_grad():
+        start = time.perf_counter()
+        while len(times) < calls or time.perf_counter() - start < seconds:
+            t0 = time.perf_counter()
+            model(**inputs(ids))
+            sync()
+            t1 = time.perf_counter()
+            times.append((t0 - start, (t1 - t0) * 1e3))
+    json.dump({"model": name, "batch": batch, "seq": seq, "calls": times}, open(out, "w"))
+    """
+)
+
+
+def run_program(
+    args: argparse.Namespace, workdir: Path, tag: str, env: dict[str, str], seconds: float
+) -> dict[str, Any]:
+    out = workdir / f"{tag}.json"
+    script = workdir / "plain_bert.py"
+    script.write_text(PROGRAM)
+    cmd = [
+        sys.executable,
+        str(script),
+        "1" if args.small else "0",
+        args.device,
+        str(args.calls),
+        str(seconds),
+        str(out),
+    ]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.exit(f"{tag} run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    data = json.loads(out.read_text())
+    data["wall_s"] = wall
+    data["stderr"] = proc.stderr
+    return data
+
+
+def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
+    calls = data["calls"]
+    ms = [c[1] for c in calls]
+    steady = statistics.median(ms[-max(5, len(ms) // 4) :])
+    tuned_at = next(
+        (
+            calls[i][0]
+            for i in range(len(ms) - 4)
+            if statistics.median(ms[i : i + 5]) <= 1.1 * steady
+        ),
+        None,
+    )
+    slowest = max(ms[1:]) if len(ms) > 1 else ms[0]
+    out: dict[str, Any] = {
+        "calls": len(ms),
+        "loop_s": round(calls[-1][0] + ms[-1] / 1e3, 3),
+        "wall_s": round(data["wall_s"], 3),
+        "first_call_ms": round(ms[0], 3),
+        "median_ms": round(statistics.median(ms[1:] or ms), 4),
+        "slowest_after_first_ms": round(slowest, 3),
+        "steady_median_ms": round(steady, 4),
+        "seconds_to_tuned_speed": None if tuned_at is None else round(tuned_at, 3),
+    }
+    if eager_ms:
+        out["slowest_vs_eager_median"] = round(slowest / eager_ms, 3)
+        out["steady_speedup_vs_eager"] = round(eager_ms / steady, 3)
+    lines = data["stderr"].splitlines()
+    out["tunes"] = [s.strip() for s in lines if s.strip().startswith("Tuned ")]
+    out["hierarchy"] = [s for s in lines if "├─" in s][:3]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="where the JSON goes")
+    parser.add_argument("--small", action="store_true", help="a small config, for the CPU")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    parser.add_argument("--calls", type=int, default=160, help="calls per run, at least")
+    parser.add_argument("--seconds", type=float, default=None, help="warm and eager loop length")
+    parser.add_argument(
+        "--cold-seconds", type=float, default=None, help="cold loop length (covers the tune)"
+    )
+    parser.add_argument("--budget", type=float, default=None, help="HONED_JIT_TIME_BUDGET_S")
+    parser.add_argument("--backends", default=None, help="HONED_JIT_BACKENDS (class names)")
+    parser.add_argument("--timeout", type=float, default=560.0, help="per run, seconds")
+    args = parser.parse_args()
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    gpu = args.device.startswith("cuda")
+    seconds = args.seconds if args.seconds is not None else (15.0 if gpu else 20.0)
+    cold_s = args.cold_seconds if args.cold_seconds is not None else (300.0 if gpu else 240.0)
+    budget = args.budget if args.budget is not None else (240.0 if gpu else 180.0)
+    backends = args.backends
+    if backends is None:
+        backends = "" if gpu else "TorchInductorBackend"
+    with tempfile.TemporaryDirectory(prefix="honed-jit-bert-") as tmp:
+        workdir = Path(tmp)
+        base = {k: v for k, v in os.environ.items() if not k.startswith("HONED_")}
+        base["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor")
+        jit_env = dict(
+            base,
+            HONED_JIT="1",
+            HONED_JIT_REPORT="1",
+            HONED_CACHE_DIR=str(workdir / "honed-cache"),
+            HONED_JIT_TIME_BUDGET_S=str(budget),
+        )
+        if backends:
+            jit_env["HONED_JIT_BACKENDS"] = backends
+        eager = run_program(args, workdir, "eager", base, seconds)
+        eager_ms = statistics.median([c[1] for c in eager["calls"][1:]])
+        cold = run_program(args, workdir, "cold", jit_env, cold_s)
+        warm = run_program(args, workdir, "warm", jit_env, seconds)
+    result = {
+        "scenario": f"{eager['model']}, batch {eager['batch']}, seq {eager['seq']}, "
+        f"{args.device}, HONED_JIT=1",
+        "device": args.device,
+        "budget_s": budget,
+        "backends": backends or "default",
+        "eager": {"median_ms": round(eager_ms, 4), "calls": len(eager["calls"])},
+        "cold": summarize(cold, eager_ms),
+        "warm": summarize(warm, eager_ms),
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"{result['scenario']}: eager median {eager_ms:.3f} ms")
+    for tag in ("cold", "warm"):
+        r = result[tag]
+        print(
+            f"{tag}: {r['calls']} calls in {r['loop_s']:.1f}s; first {r['first_call_ms']:.1f} ms, "
+            f"slowest after the first {r['slowest_after_first_ms']:.2f} ms "
+            f"({r['slowest_vs_eager_median']:.2f}x eager), steady median "
+            f"{r['steady_median_ms']:.3f} ms ({r['steady_speedup_vs_eager']:.2f}x), tuned speed "
+            f"after {r['seconds_to_tuned_speed']} s"
+        )
+        for line in r["tunes"]:
+            print(f"  {line}")
+    print(f"JSON: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

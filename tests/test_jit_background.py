@@ -1,0 +1,261 @@
+"""tests/test_jit_background.py: JIT beside the program: calls never wait, winners swap in later.
+
+The candidate backend here (Gated) runs the module as it is, counts its builds, loads and calls,
+and blocks its build until the test opens its gate: a tune held on the gate shows, by structure
+and never by timing, what the program's calls do while JIT tunes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from torch import nn
+
+import honed
+import honed.jit
+from honed.backend.base import Backend, GraphInfo, Sample
+from honed.jit import State
+from honed.module import MISS
+
+from conftest import TinyMLP, batches
+
+# Seconds a gated build waits at most: only a safety net for a broken test, never a sync point.
+GATE_TIMEOUT_S = 300
+
+
+class Gated(Backend):
+    """Runs the module eagerly; its build waits for ``gate``; builds, loads and calls counted."""
+
+    gate: ClassVar[threading.Event] = threading.Event()
+    builds: ClassVar[int] = 0
+    loads: ClassVar[int] = 0
+    calls: ClassVar[int] = 0
+    saves_payload = True
+    native_payload = False
+    build_cost = 1
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        Gated.builds += 1
+        assert Gated.gate.wait(GATE_TIMEOUT_S), "the test never opened the gate"
+        return _counted(module)
+
+    def export_payload(self, fn: Callable[..., Any]) -> dict[str, bytes]:
+        return {"gated.txt": b"nothing to keep: the module runs as it is"}
+
+    def load_payload(
+        self, files: dict[str, bytes], module: nn.Module, graph: GraphInfo
+    ) -> Callable[..., Any]:
+        assert files == {"gated.txt": b"nothing to keep: the module runs as it is"}
+        Gated.loads += 1
+        return _counted(module)
+
+
+def _counted(module: nn.Module) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        Gated.calls += 1
+        return module(*args, **kwargs)
+
+    return run
+
+
+@pytest.fixture(autouse=True)
+def jit(tmp_path: Path) -> Iterator[honed.jit.JitConfig]:
+    """JIT on with its defaults (nothing waits), Gated against eager, Gated measured faster."""
+    honed.jit.reset()
+    honed.jit.config.reset()
+    Gated.gate = threading.Event()
+    Gated.builds = Gated.loads = Gated.calls = 0
+    faster = {"TorchEagerBackend": [2.0], "Gated": [1.0]}
+    with (
+        honed.config.patch(injected_latencies=faster),
+        honed.jit.config.patch(
+            backends=[Gated()],
+            min_parameters=100,
+            detect_graph_breaks=False,
+            cache_dir=str(tmp_path / "jit-cache"),
+        ),
+    ):
+        honed.jit.enable_jit_tuning()
+        try:
+            yield honed.jit.config
+        finally:
+            Gated.gate.set()  # a test that failed half-way leaves no tune blocked
+            honed.jit.reset()
+
+
+def run(model: nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [model(x) for x in inputs]
+
+
+def eager(model: nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    with torch.no_grad(), honed.jit.paused():
+        return [model(x) for x in inputs]
+
+
+def assert_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def finish() -> None:
+    Gated.gate.set()
+    assert honed.jit.wait(GATE_TIMEOUT_S), "JIT's background work did not finish"
+
+
+def test_calls_run_eager_while_the_tune_is_blocked_then_the_winner_swaps_in() -> None:
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    inputs = batches(2, 4, 4, 3, 2)
+    got = run(model, inputs[:2])  # the second call queues the tune (min_samples=2)
+    root = honed.jit.roots()[0]
+    assert root.busy and root.state is State.RECORDING
+    # the tune cannot finish (its build waits for the gate), yet every call returns eager's answer
+    got += run(model, inputs[2:])
+    assert root.busy and root.state is State.RECORDING and root.tuned is None
+    assert Gated.calls == 0
+    assert "(tuning in the background)" in honed.jit.hierarchy()
+    assert_close(got, eager(model, inputs))
+    finish()
+    assert not root.busy and root.state is State.TUNED
+    assert [type(v.backend) for v in root.tuned.variants] == [Gated]
+    assert [c.state for c in root.children] == [State.DETACHED, State.DETACHED]
+    calls = Gated.calls  # the tune's own checks and measurements called it too
+    assert_close(run(model, inputs), eager(model, inputs))
+    assert Gated.calls == calls + len(inputs)  # the calls after the swap ran the variant
+    (record,) = honed.jit.tunes()
+    assert record.status == "installed" and record.selected == "Gated"
+    assert record.reason == "first tune" and record.evidence == "in-process measurement"
+    assert record.tried == {"TorchEagerBackend": "ok", "Gated": "ok"}
+    assert record.calls_meanwhile == 3 and record.ran_meanwhile == "eager"
+    assert record.samples == 2 and record.batch_sizes == [2, 4, 8]  # 8: the batch headroom
+    assert record.line() in honed.jit.history()
+    assert record.line().startswith("Tuned TinyMLP 📊676 (first tune) beside the program in ")
+    assert record.line().endswith(
+        "tried TorchEagerBackend ok, Gated ok; selected Gated on in-process measurement; "
+        "3 call(s) ran eager meanwhile"
+    )
+
+
+def test_wait_mode_makes_the_call_that_starts_a_tune_wait(jit: honed.jit.JitConfig) -> None:
+    jit.wait = True
+    Gated.gate.set()
+    model = TinyMLP().eval()
+    run(model, batches(2, 4))
+    root = honed.jit.roots()[0]
+    assert root.state is State.TUNED and not root.busy and Gated.builds == 1
+
+
+def test_the_time_budget_is_the_tunes_budget(jit: honed.jit.JitConfig) -> None:
+    jit.time_budget_s = 0.001  # spent by the eager baseline's warm-up (2 ms) alone
+    model = TinyMLP().eval()
+    run(model, batches(2, 4))
+    finish()
+    root = honed.jit.roots()[0]
+    assert root.tuner.time_budget_s == 0.001
+    (record,) = honed.jit.tunes()
+    assert record.budget_s == 0.001 and Gated.builds == 0
+    assert record.tried == {"TorchEagerBackend": "ok", "Gated": "not tried"}
+    assert record.selected == "TorchEagerBackend"  # the baseline, the one correct candidate
+    assert "(first tune, budget 0.001s)" in record.line()
+
+
+def test_warm_restart_installs_the_cached_winner_without_building() -> None:
+    inputs = batches(2, 4, 4)
+    torch.manual_seed(0)
+    first = TinyMLP().eval()  # kept alive: JIT drops the tune of a module the program dropped
+    run(first, inputs)
+    finish()
+    assert honed.jit.roots()[0].state is State.TUNED and Gated.builds == 1
+    loads = Gated.loads
+    # the same script again: a new model with the same weights, the same calls
+    honed.jit.reset()
+    honed.jit.enable_jit_tuning()
+    Gated.gate = threading.Event()  # closed: a build now would block until the test ends
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    got = run(model, inputs)
+    assert honed.jit.wait(GATE_TIMEOUT_S)  # nothing waits on the gate: no build
+    root = honed.jit.roots()[0]
+    assert root.state is State.TUNED and root.from_cache
+    assert Gated.builds == 1 and Gated.loads == loads + 1  # loaded from its stored payload
+    (record,) = honed.jit.tunes()
+    assert record.evidence == "cache" and record.status == "installed"
+    assert "selected Gated on cache" in record.line()
+    assert_close(got + run(model, inputs), eager(model, inputs + inputs))
+
+
+def test_a_new_batch_size_widens_the_tuned_range_in_the_background() -> None:
+    Gated.gate.set()
+    model = TinyMLP().eval()
+    run(model, batches(2, 2))  # one batch size: no batch axis, a profile of batch 2 only
+    finish()
+    root = honed.jit.roots()[0]
+    assert root.state is State.TUNED
+    big = batches(8, seed=1)
+    assert root.tuned.dispatch((big[0],), {}) is MISS
+    Gated.gate = threading.Event()  # hold the widen
+    got = run(model, big)  # outside the profile: eager answers, and the widen is queued
+    assert root.busy and root.retunes == 1
+    first = root.tuned
+    calls = Gated.calls
+    small = batches(2, seed=2)
+    got_small = run(model, small)  # meanwhile batch 2 still runs the installed variant
+    assert Gated.calls == calls + 1
+    assert_close(got + got_small, eager(model, big + small))
+    finish()
+    assert root.tuned is not first and root.retunes == 1
+    assert root.tuned.dispatch((big[0],), {}) is not MISS
+    steps = honed.jit.history()
+    assert any(s.endswith("; widening the tuned range in the background") for s in steps)
+    widen = honed.jit.tunes()[-1]
+    assert widen.reason == "widen for new shapes" and widen.status == "installed"
+    assert widen.ran_meanwhile == "the previous variant" and widen.calls_meanwhile == 1
+    calls = Gated.calls
+    assert_close(run(model, big), eager(model, big))
+    assert Gated.calls == calls + 1  # batch 8 now runs tuned
+
+
+def test_batch_headroom_keeps_small_first_calls_from_locking_the_range(
+    jit: honed.jit.JitConfig,
+) -> None:
+    Gated.gate.set()
+    model = TinyMLP().eval()
+    run(model, batches(2, 4))
+    finish()
+    (variant,) = honed.jit.roots()[0].tuned.variants
+    assert (variant.profile.min_batch, variant.profile.max_batch) == (2, 8)
+    honed.jit.reset()
+    jit.batch_headroom = 1  # only the batch sizes recorded
+    honed.jit.enable_jit_tuning()
+    model = TinyMLP().eval()
+    run(model, batches(2, 4))
+    finish()
+    (variant,) = honed.jit.roots()[0].tuned.variants
+    assert (variant.profile.min_batch, variant.profile.max_batch) == (2, 4)
+
+
+@pytest.mark.gpu
+def test_cuda_calls_run_while_inductor_tunes_beside_them_in_workers(
+    jit: honed.jit.JitConfig,
+) -> None:
+    inductor = honed.backend.TorchInductorBackend()
+    jit.backends, jit.strategy = None, honed.OneBackendStrategy(inductor)
+    with honed.config.patch(injected_latencies=None, isolation="process"):
+        torch.manual_seed(0)
+        model = TinyMLP().eval().cuda()
+        inputs = [x.cuda() for x in batches(8, 8, 8, 8)]
+        got = run(model, inputs)  # the tune starts after the second; none of these waits for it
+        assert honed.jit.wait(GATE_TIMEOUT_S)
+        root = honed.jit.roots()[0]
+        assert root.state is State.TUNED, honed.jit.history()
+        assert_close(got + run(model, inputs), eager(model, inputs + inputs))
+        (record,) = honed.jit.tunes()
+        assert record.status == "installed" and record.selected == "TorchInductorBackend"
+        assert record.evidence == "worker measurement"
