@@ -32,7 +32,9 @@ def test_demo_prints_the_table_and_round_trips(
     # The demo's own flow on a smaller DemoNet with one compiled candidate: the whole default
     # set is tuned by the README's quick start (tests/test_docs.py) and by `make demo`.
     inductor = honed.backend.TorchInductorBackend()
-    monkeypatch.setattr(honed.tune_strategy, "default_backends", lambda device: [inductor])
+    monkeypatch.setattr(
+        honed.tune_strategy, "default_backends", lambda device, graph=None: [inductor]
+    )
     monkeypatch.setattr(honed.demo, "DemoNet", functools.partial(honed.demo.DemoNet, depth=2))
     assert main(["demo", "--out", str(tmp_path / "demo.honed")]) == 0
     out = capsys.readouterr().out
