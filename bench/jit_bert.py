@@ -134,6 +134,7 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     lines = data["stderr"].splitlines()
     out["tunes"] = [s.strip() for s in lines if s.strip().startswith("Tuned ")]
     out["hierarchy"] = [s for s in lines if "├─" in s][:3]
+    out["stderr_tail"] = lines[-40:]  # what JIT said, for a run whose tune shows nothing
     return out
 
 

@@ -398,3 +398,33 @@ def test_a_cache_folder_of_another_user_is_refused(
     monkeypatch.setattr(os, "getuid", lambda: real + 1)
     problem = honed.trust.folder_problem(tmp_path)
     assert "belongs to another user" in problem and "HONED_CACHE_DIR" in problem
+
+
+BENCH_ENTRY = """
+import sys
+sys.path.insert(0, {tests!r})
+from conftest import TinyMLP, batches
+
+def build():
+    return TinyMLP().eval(), batches(4)
+"""
+
+
+def test_honed_bench_refuses_unsigned_native_code_unless_told_to_trust_it(
+    evil_package: bytes, tmp_path: Path
+) -> None:
+    path = _aot_artifact(tmp_path / "evil.honed", evil_package)
+    (tmp_path / "entries.py").write_text(BENCH_ENTRY.format(tests=str(Path(__file__).parent)))
+    marker = tmp_path / "marker"
+    honed_cli = Path(sys.executable).with_name("honed")
+    command = [str(honed_cli), "bench", str(path), "--entry", str(tmp_path / "entries.py:build")]
+    env = {**os.environ, "HONED_TEST_MARKER": str(marker), "HONED_ISOLATION": "none"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and "is unsigned" in err[0], done.stderr
+    assert not marker.exists()
+    done = subprocess.run(
+        [*command, "--trust-native-code"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert marker.exists(), done.stderr  # told to trust it: the package's code ran

@@ -92,6 +92,12 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("artifact", metavar="ARTIFACT", type=Path, help="a .honed file")
     bench.add_argument("--entry", required=True, help=ENTRY_HELP)
     bench.add_argument("--sample", type=int, default=-1, help="dataset index (default: last)")
+    bench.add_argument(
+        "--trust-native-code",
+        action="store_true",
+        help="load native code (AOTInductor, TensorRT) from an unsigned or untrusted artifact "
+        "(docs/trust.md)",
+    )
     bench.set_defaults(run=run_bench)
 
 
@@ -375,7 +381,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 "them in honed.Module(..., name) from the entry point"
             )
         model = honed.Module(model, names[0])
-    honed.load(model, args.artifact)
+    honed.load(model, args.artifact, trust_native_code=args.trust_native_code)
     samples = _normalize_dataset(found.dataset)
     try:
         sample = samples[args.sample]
