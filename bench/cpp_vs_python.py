@@ -123,7 +123,7 @@ import torch
 sys.path.insert(0, sys.argv[1])
 import honed
 from honed import _core
-from honed.candidate import make_timer
+from honed.pipeline.candidate import make_timer
 from cpp_vs_python import model_and_input
 name, path, device, batch = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 model, x = model_and_input(name, batch, device)

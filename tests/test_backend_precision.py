@@ -29,7 +29,7 @@ from honed.backend import (
     backend_from_recipe,
 )
 from honed.backend._precision import TF32, CastModule, tf32_enabled
-from honed.correctness import REDUCED, compare
+from honed.pipeline.correctness import REDUCED, compare
 
 from conftest import TinyMLP, batches, load_in_new_process
 

@@ -52,7 +52,7 @@ from honed.backend.torch_tensorrt import (
     torch_tensorrt_verdict,
     trt_inputs,
 )
-from honed.correctness import REDUCED
+from honed.pipeline.correctness import REDUCED
 
 from conftest import TinyMLP, batches
 

@@ -30,7 +30,7 @@ from honed.backend.torchao import (
     torchao_for,
     version_verdict,
 )
-from honed.correctness import compare
+from honed.pipeline.correctness import compare
 
 from conftest import TinyMLP, batches, load_in_new_process
 

@@ -13,7 +13,7 @@ import torch
 import honed
 import honed.demo
 from honed.cli import main
-from honed.cli_entry import parse_backend, parse_strategy
+from honed.cli.model_commands import parse_backend, parse_strategy
 from honed.errors import ConfigError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from honed.correctness import compare
+from honed.pipeline.correctness import compare
 
 
 def test_equal_outputs_pass_with_zero_error() -> None:

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import honed
-from honed import _core, doctor
-from honed.cli import main
+from honed import _core
+from honed.cli import doctor, main
 
 from conftest import TinyMLP, batches
 
@@ -193,7 +193,7 @@ def test_crashing_and_hanging_imports_are_diagnoses(
 
 def test_honed_imports_next_to_a_broken_torchao(broken_packages: dict[str, str]) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", "import honed, honed.doctor; print(honed.__version__)"],
+        [sys.executable, "-c", "import honed, honed.cli.doctor; print(honed.__version__)"],
         capture_output=True,
         text=True,
         env=broken_packages,

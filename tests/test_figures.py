@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import honed
-from honed import _core, figures
+from honed import _core
 from honed.backend import Backend, Sample
-from honed.cache import TuneCache
+from honed.pipeline import figures
+from honed.pipeline.cache import TuneCache
 from honed.report import TuneReport
 
 from conftest import TinyMLP, batches

@@ -143,7 +143,7 @@ def _gpu_backends() -> list[honed.backend.Backend]:
 def test_every_backend_tunes_saves_and_loads_in_a_new_process_on_cuda(
     backend: honed.backend.Backend, tmp_path: Path
 ) -> None:
-    from honed.correctness import compare
+    from honed.pipeline.correctness import compare
 
     from conftest import load_in_new_process
 

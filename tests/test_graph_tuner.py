@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import honed
-from honed import progress
 from honed.backend import Backend, Sample
+from honed.pipeline import progress
 
 from conftest import TinyMLP, batches
 
@@ -142,7 +142,7 @@ def test_a_tune_started_in_the_background_can_be_cancelled() -> None:
     torch.manual_seed(0)
     model = honed.Module(TinyMLP().eval(), "m")
     tracker = progress.Tracker(show=False)
-    tuner = honed.tuning.Tuner(
+    tuner = honed.pipeline.tuner.Tuner(
         honed.MaxThroughputStrategy([Hangs()]), isolation="process", tracker=tracker
     )
     future = tuner.start(lambda x: model(x), batches(2, 4))

@@ -205,7 +205,7 @@ def _workers(parent: int) -> set[int]:
             except OSError:
                 continue
             ppid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")), "")
-            if b"honed._worker" in cmdline and ppid == str(parent):
+            if b"honed.pipeline._worker" in cmdline and ppid == str(parent):
                 found.add(int(entry.name))
     return found
 

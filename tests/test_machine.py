@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import honed
-from honed import _core, machine
+from honed import _core
 from honed.backend import Backend, Sample
+from honed.pipeline import machine
 from honed.report import TuneReport
 
 from conftest import TinyMLP, batches

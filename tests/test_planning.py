@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import honed
-from honed import planning, progress
 from honed.backend import Backend, GraphInfo, Sample
 from honed.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
+from honed.pipeline import planning, progress
 
 from conftest import TinyMLP, batches
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import honed
-from honed import pool as pool_module
 from honed.backend import Backend, Sample
-from honed.isolation import GraphJobs, new_pool
-from honed.pool import JobResult, WorkerPool, clean_stale_folders
+from honed.pipeline import pool as pool_module
+from honed.pipeline.isolation import GraphJobs, new_pool
+from honed.pipeline.pool import JobResult, WorkerPool, clean_stale_folders
 
 from conftest import TinyMLP, batches
 

@@ -13,8 +13,8 @@ import torch
 from rich.console import Console
 
 import honed
-from honed import progress
 from honed.backend import Backend
+from honed.pipeline import progress
 
 from conftest import TinyMLP, batches
 

@@ -19,8 +19,8 @@ import torch
 import honed
 from honed.backend import Backend, Sample
 from honed.cli import main
+from honed.pipeline.tuner import _capped
 from honed.report import CandidateReport, GraphReport, TuneReport, load_report
-from honed.tuning import _capped
 
 from conftest import TinyMLP, batches
 

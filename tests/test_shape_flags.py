@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import honed
+from honed.cli.shape_flags import parse_batch_sizes, parse_shapes, to_dynamic_shapes
 from honed.errors import ConfigError
-from honed.shape_flags import parse_batch_sizes, parse_shapes, to_dynamic_shapes
 
 
 def test_batch_sizes() -> None:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import honed
-from honed import progress
+from honed.pipeline import progress
 
 START = time.perf_counter()
 

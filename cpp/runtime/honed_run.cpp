@@ -170,7 +170,7 @@ std::vector<at::Tensor> bench_inputs(const honed::Model& model, const Options& o
 }
 
 // Compares every stored sample's outputs with eager PyTorch's, stored next to it. Per-dtype
-// tolerances as honed's correctness check (src/honed/correctness.py) unless --rtol/--atol.
+// tolerances as honed's correctness check (src/honed/pipeline/correctness.py) unless --rtol/--atol.
 bool check(const honed::Model& model, const Options& opt, json& report) {
   bool ok = true;
   int checked = 0;

@@ -25,6 +25,7 @@ from honed.errors import (
 )
 from honed.inspecting import InspectReport, inspect
 from honed.module import Module
+from honed.pipeline.tuner import tune
 from honed.report import TuneReport
 from honed.shapes import BatchDim, DynamicDim
 from honed.tune_strategy import (
@@ -35,7 +36,6 @@ from honed.tune_strategy import (
     OneBackendStrategy,
     TuneStrategy,
 )
-from honed.tuning import tune
 
 __all__ = [
     "ArtifactError",

@@ -39,9 +39,9 @@ from honed.errors import (
     UntrustedArtifactError,
 )
 from honed.module import Module, Variant, find_modules
+from honed.pipeline.signals import terminate_like_interrupt
+from honed.pipeline.sweep import resize_sample
 from honed.shapes import graph_info
-from honed.signals import terminate_like_interrupt
-from honed.sweep import resize_sample
 
 log = logging.getLogger("honed")
 

@@ -44,6 +44,6 @@ def machine_section(modules: list[Any], device: torch.device | None) -> dict[str
         report = getattr(module, "report", None)
         if report is not None and getattr(report, "machine", None):
             return dict(report.machine)
-    from honed.machine import describe
+    from honed.pipeline.machine import describe
 
     return describe(device)

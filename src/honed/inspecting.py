@@ -33,7 +33,7 @@ import torch
 from honed import _core
 from honed.errors import InputError
 from honed.module import Module
-from honed.tuning import _call, _normalize_dataset
+from honed.pipeline.tuner import _call, _normalize_dataset
 
 _core.set_tensor_type(torch.Tensor)
 

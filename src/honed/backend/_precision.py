@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from honed.correctness import REDUCED, Tolerance
 from honed.errors import ConfigError, InputError, TuneError
+from honed.pipeline.correctness import REDUCED, Tolerance
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 MEMORY_FORMATS = (None, "channels_last")

@@ -20,8 +20,8 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from honed import _core
-from honed.correctness import Tolerance
 from honed.errors import ConfigError
+from honed.pipeline.correctness import Tolerance
 
 
 class Sample(NamedTuple):

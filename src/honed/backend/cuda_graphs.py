@@ -35,8 +35,8 @@ from honed.backend._precision import (
     with_precision,
 )
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.correctness import Tolerance
 from honed.errors import ConfigError, InputError, TuneError
+from honed.pipeline.correctness import Tolerance
 
 log = logging.getLogger("honed")
 

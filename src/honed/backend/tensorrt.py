@@ -48,8 +48,8 @@ from honed.backend._onnx_export import (
 from honed.backend._precision import CastModule
 from honed.backend._tensorrt_env import cc_verdict, probe
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.correctness import REDUCED, Tolerance
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
+from honed.pipeline.correctness import REDUCED, Tolerance
 
 log = logging.getLogger("honed")
 

@@ -21,7 +21,7 @@ from honed.backend._precision import (
     with_precision,
 )
 from honed.backend.base import Backend, BackendConfig, GraphInfo, Sample
-from honed.correctness import Tolerance
+from honed.pipeline.correctness import Tolerance
 
 
 @dataclasses.dataclass

@@ -29,8 +29,8 @@ from honed.backend._precision import (
     with_precision,
 )
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.correctness import Tolerance
 from honed.errors import ConfigError
+from honed.pipeline.correctness import Tolerance
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 

@@ -36,8 +36,8 @@ from honed.backend._precision import (
     tolerance,
 )
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.correctness import Tolerance
 from honed.errors import ConfigError, InputError, TuneError
+from honed.pipeline.correctness import Tolerance
 
 PAYLOAD_PACKAGE = _aoti_env.PACKAGE_NAME
 PAYLOAD_CALLING = CALLING_FILE

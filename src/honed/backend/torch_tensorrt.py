@@ -37,8 +37,8 @@ from honed.backend._calling import CALLING_FILE, Calling, GuardedPayload
 from honed.backend._export import FlatForward, plan
 from honed.backend._tensorrt_env import cc_verdict, probe
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.correctness import REDUCED, Tolerance
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
+from honed.pipeline.correctness import REDUCED, Tolerance
 
 log = logging.getLogger("honed")
 

@@ -40,8 +40,8 @@ import torch
 from honed.backend._inductor_env import inductor_available
 from honed.backend._precision import CastModule
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
-from honed.correctness import Tolerance
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
+from honed.pipeline.correctness import Tolerance
 
 
 @dataclasses.dataclass(frozen=True)

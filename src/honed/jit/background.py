@@ -81,7 +81,7 @@ class _Worker:
         self.lock = threading.Condition()
         self.pending = 0
         self.thread: threading.Thread | None = None
-        self.current: Any = None  # the running honed.tuning.Tuner, for cancel at exit
+        self.current: Any = None  # the running honed.pipeline.tuner.Tuner, for cancel at exit
         self.records: list[TuneRecord] = []
 
     def submit(self, job: Callable[..., None], *args: Any) -> None:

@@ -1,7 +1,7 @@
 """src/honed/jit/decisions.py: JIT's own decisions in the persistent cache (graph-break checks).
 
-The tuning cache (honed/cache.py) already keeps every candidate's outcome, so a second run of a
-script re-measures nothing. What it does not keep is JIT's check before tuning, a
+The tuning cache (honed/pipeline/cache.py) already keeps every candidate's outcome, so a second
+run of a script re-measures nothing. What it does not keep is JIT's check before tuning, a
 ``torch._dynamo.explain`` trace of the module (a second or more on big models): its result is
 stored here, keyed by the module's fingerprint (class, forward source, weights), the input
 signature it was traced with, and the environment, so a restarted script goes straight to the
@@ -18,9 +18,9 @@ import torch
 
 from honed import _core
 from honed import config as _flags
-from honed.cache import TuneCache, model_fingerprint
 from honed.environment import fingerprint
 from honed.jit.config import config
+from honed.pipeline.cache import TuneCache, model_fingerprint
 
 log = logging.getLogger("honed.jit")
 

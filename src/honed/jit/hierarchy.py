@@ -60,7 +60,7 @@ class Node:
         self.retunes = 0
         self.busy = False  # a check or tune of this module is queued or running (background.py)
         self.queued_at_call = 0  # call_count when its latest check or tune was queued
-        self.tuner: Any = None  # the honed.tuning.Tuner of its latest tune
+        self.tuner: Any = None  # the honed.pipeline.tuner.Tuner of its latest tune
         self.tuned_keys: set[str] = set()  # graph keys of the signatures it was tuned on
         if parent is not None:
             parent.children.append(self)

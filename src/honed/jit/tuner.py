@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from honed import _core, guidance
+from honed import _core
 from honed import config as _flags
 from honed.jit import background
 from honed.jit.background import TuneRecord
@@ -27,6 +27,7 @@ from honed.jit.decisions import cached_graph_breaks, graph_break_key, store_grap
 from honed.jit.hierarchy import Node, State
 from honed.jit.history import add as add_step
 from honed.jit.patcher import STATE, paused
+from honed.pipeline import guidance
 
 log = logging.getLogger("honed.jit")
 
@@ -166,11 +167,11 @@ def _reason(r: Any) -> str:
 def _jit_tuner(**settings: Any) -> Any:
     """A Tuner whose thread (Tuner.start) bypasses JIT and keeps tune-start guidance quiet.
 
-    honed.tuning is imported here, on JIT's thread: importing it in the call that queues the
+    honed.pipeline.tuner is imported here, on JIT's thread: importing it in the call that queues the
     first tune would hold that call up.
     """
-    from honed import progress
-    from honed.tuning import Tuner
+    from honed.pipeline import progress
+    from honed.pipeline.tuner import Tuner
 
     class JitTuner(Tuner):
         def run(self, func: Any, samples: list[Any], sizes: list[int]) -> Any:

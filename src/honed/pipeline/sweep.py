@@ -1,4 +1,4 @@
-"""src/honed/sweep.py: grow a graph's batch by powers of two up to the throughput knee.
+"""src/honed/pipeline/sweep.py: grow a graph's batch by powers of two up to the throughput knee.
 
 The engine decides (``_core.batch_sweep``: stop when gains stay under 5 % for two steps or a
 batch fails) and says how to extrapolate a sample (``_core.batch_indices``: slice or repeat);
@@ -14,8 +14,8 @@ import torch
 
 from honed import _core, config
 from honed.backend.base import Sample
-from honed.machine import measuring_threads
 from honed.module import GraphRecording
+from honed.pipeline.machine import measuring_threads
 
 log = logging.getLogger("honed")
 

@@ -1,4 +1,4 @@
-"""src/honed/shape_flags.py: `honed tune --batch-sizes` and `--shapes`, trtexec-style.
+"""src/honed/cli/shape_flags.py: `honed tune --batch-sizes` and `--shapes`, trtexec-style.
 
 ``--batch-sizes 1,8,32`` is ``honed.tune(batch_sizes=[1, 8, 32])``: every sample is also run
 resized to those batch sizes, so the tuned profile covers them.

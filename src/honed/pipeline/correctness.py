@@ -1,4 +1,4 @@
-"""src/honed/correctness.py: compares a candidate's outputs with eager's.
+"""src/honed/pipeline/correctness.py: compares a candidate's outputs with eager's.
 
 Same structure, shapes and dtypes; values within a per-dtype tolerance (looser for reduced
 precision); NaN or Inf where eager has none fails. Max abs/rel error and cosine similarity are

@@ -1,4 +1,4 @@
-"""src/honed/tuning.py: honed.tune(): record, infer shapes, build, check, measure, select.
+"""src/honed/pipeline/tuner.py: honed.tune(): record, infer shapes, build, check, measure, select.
 
 Shapes, figures and choices all come from the engine (honed._core); this file only runs what
 needs PyTorch's Python API and hands the results over.
@@ -19,17 +19,18 @@ from typing import Any
 
 import torch
 
-from honed import _core, config, guidance, machine, progress, signals
+from honed import _core, config
 from honed.backend.base import Backend, Sample
-from honed.cache import open_for_tune
 from honed.calls import call_sample
 from honed.environment import fingerprint
 from honed.errors import InputError, TuneError
-from honed.graph_tuner import TARGETS, GraphTuner, TuneContext, capped
-from honed.isolation import new_pool
 from honed.module import Module, Variant, find_modules
 from honed.module import recording as recording_modules
-from honed.pool import WorkerPool
+from honed.pipeline import guidance, machine, progress, signals
+from honed.pipeline.cache import open_for_tune
+from honed.pipeline.graph_tuner import TARGETS, GraphTuner, TuneContext, capped
+from honed.pipeline.isolation import new_pool
+from honed.pipeline.pool import WorkerPool
 from honed.report import GraphReport, TuneReport
 from honed.tune_strategy import MaxThroughputStrategy, TuneStrategy
 
@@ -137,7 +138,7 @@ class Tuner:
     """One tune: its settings, its progress display, its worker pool and its time budget.
 
     ``run`` records the modules ``func`` calls, tunes each recorded graph with a GraphTuner
-    (honed.graph_tuner) and installs the winners. Nothing of a tune lives in module globals, so
+    (graph_tuner.py) and installs the winners. Nothing of a tune lives in module globals, so
     tunes in several threads (a JIT tune beside the program) do not see each other.
     """
 
@@ -375,7 +376,7 @@ def _resolve_device(device: str | torch.device | None, modules: list[Module]) ->
         return found
     wanted = torch.device(device)
     if wanted.type == "cuda" and not torch.cuda.is_available():
-        from honed.doctor import diagnose
+        from honed.cli.doctor import diagnose
 
         problems = diagnose("cuda").problems or ["torch.cuda.is_available() is False"]
         raise TuneError(

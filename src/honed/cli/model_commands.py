@@ -1,4 +1,4 @@
-"""src/honed/cli_entry.py: `honed tune | inspect | bench` on a model built by an entry point."""
+"""src/honed/cli/model_commands.py: `honed tune | inspect | bench` on an entry point's model."""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def check_device(device: str | None) -> None:
         ) from None
     if wanted.type == "cuda":
         if not torch.cuda.is_available():
-            from honed.doctor import diagnose
+            from honed.cli.doctor import diagnose
 
             problems = diagnose("cuda").problems
             why = (
@@ -277,9 +277,10 @@ def run_tune(args: argparse.Namespace) -> int:
     import torch
 
     import honed
-    from honed import config, entry
-    from honed.exporting import check_output_path
-    from honed.shape_flags import parse_batch_sizes, parse_shapes
+    from honed import config
+    from honed.cli import entry_point
+    from honed.cli.exporting import check_output_path
+    from honed.cli.shape_flags import parse_batch_sizes, parse_shapes
 
     # Every flag is checked before the entry point runs: a typo costs nothing.
     check_device(args.device)
@@ -294,7 +295,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if not args.dry_run:
         check_output_path(out, args.force, "--out")
 
-    found = entry.load(args.entry)
+    found = entry_point.load(args.entry)
     model, dataset = _to_device(found.model, found.dataset, args.device)
     if isinstance(model, torch.nn.Module) and not isinstance(model, honed.Module):
         model = honed.Module(model, name)
@@ -311,7 +312,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if ranges:
         _apply_shapes(model, ranges, kwargs)
     if args.dry_run:
-        from honed.dryrun import dry_run
+        from honed.cli.dryrun import dry_run
 
         print(dry_run(model, kwargs, args.device))
         return 0
@@ -330,7 +331,7 @@ def run_tune(args: argparse.Namespace) -> int:
 def _apply_shapes(model: Any, ranges: list[Any], kwargs: dict[str, Any]) -> None:
     """--shapes onto the module's dynamic_shapes, and its batch sizes onto the tune's."""
     import honed
-    from honed.shape_flags import to_dynamic_shapes
+    from honed.cli.shape_flags import to_dynamic_shapes
 
     if not isinstance(model, honed.Module):
         raise ConfigError(
@@ -349,9 +350,9 @@ def _apply_shapes(model: Any, ranges: list[Any], kwargs: dict[str, Any]) -> None
 
 def run_inspect(args: argparse.Namespace) -> int:
     import honed
-    from honed import entry
+    from honed.cli import entry_point
 
-    found = entry.load(args.entry)
+    found = entry_point.load(args.entry)
     report = honed.inspect(found.model, found.dataset, max_depth=args.max_depth)
     if args.json:
         print(report.to_json())
@@ -364,11 +365,12 @@ def run_bench(args: argparse.Namespace) -> int:
     import torch
 
     import honed
-    from honed import _core, entry
+    from honed import _core
     from honed.artifact import read_artifact
-    from honed.tuning import _call, _normalize_dataset
+    from honed.cli import entry_point
+    from honed.pipeline.tuner import _call, _normalize_dataset
 
-    found = entry.load(args.entry)
+    found = entry_point.load(args.entry)
     manifest, _ = read_artifact(args.artifact)
     names = [m["name"] for m in manifest["modules"]]
     model = found.model
@@ -401,8 +403,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _measure(core: Any, fn: Any, sample: Any, device: Any, batch: int) -> Any:
-    from honed.candidate import _measure_config, make_timer
-    from honed.tuning import _call
+    from honed.pipeline.candidate import _measure_config, make_timer
+    from honed.pipeline.tuner import _call
 
     return core.measure(lambda: _call(fn, sample), make_timer(device), _measure_config(batch))
 

@@ -1,4 +1,4 @@
-"""src/honed/planning.py: which candidates a graph's tune tries, in which order, and which it skips.
+"""src/honed/pipeline/planning.py: the candidates a graph's tune tries, their order, the skips.
 
 Cheap first (docs/tuning.md): candidates run in the order of their expected build cost
 (``Backend.expected_build_cost()``: eager and CUDA-graph captures first, they set the bar in
@@ -12,7 +12,7 @@ out, and the report lists it as "not tried" with the rule's reason:
   candidate (build cost 0 or 1) in the same precision was rejected for its outputs: the compiled
   one computes in that precision too. It waits for those cheap candidates to finish.
 
-The time budget is the third way a candidate ends up "not tried" (honed.graph_tuner).
+The time budget is the third way a candidate ends up "not tried" (honed.pipeline.graph_tuner).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""src/honed/buildlog.py: third-party compiler output of each candidate, kept in a build.log file.
+"""src/honed/pipeline/buildlog.py: each candidate's third-party compiler output, kept in build.log.
 
 A tune writes ``<config.cache_dir>/runs/<timestamp>/<module>/<graph>/<candidate>.build.log`` for
 each candidate that produced output, and the report names the file instead of the console

@@ -1,4 +1,4 @@
-"""src/honed/entry.py: command-line entry points: ``pkg.module:function`` or ``file.py:function``.
+"""src/honed/cli/entry_point.py: entry points: ``pkg.module:function`` or ``file.py:function``.
 
 The function takes no arguments and returns ``(model, dataset)`` or ``(model, dataset, kwargs)``
 where kwargs are extra keyword arguments for ``honed.tune`` (e.g. ``batch_sizes``).
@@ -92,7 +92,10 @@ def _where(error: BaseException) -> str:
     where = ""
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
-        if "importlib" not in filename and f"{Path('honed') / 'entry.py'}" not in filename:
+        if (
+            "importlib" not in filename
+            and f"{Path('honed') / 'cli' / 'entry_point.py'}" not in filename
+        ):
             where = f" at {filename}:{tb.tb_lineno}"
         tb = tb.tb_next
     return where

@@ -1,14 +1,14 @@
-"""src/honed/graph_tuner.py: one graph's tune: cache, plan, evaluate, re-measure, select, install.
+"""src/honed/pipeline/graph_tuner.py: one graph's tune: cache, plan, evaluate, select, install.
 
-A GraphTuner is made per recorded graph by the tune loop (honed.tuning.Tuner) and holds only
+A GraphTuner is made per recorded graph by the tune loop (tuner.Tuner) and holds only
 what it was given: the tune's TuneContext (device, cache, tracker, worker pool, time budget)
 and the graph's recording. ``run()`` returns the graph's report and the variant to install.
 
-Candidates are evaluated in the pool's worker processes (several at once, honed.pool), or here
+Candidates are evaluated in the pool's worker processes (several at once, pool.py), or here
 one by one (``isolation="none"``, or when the graph cannot be pickled). The baseline (eager)
-always runs; then the plan (honed.planning) cheapest first; when the time budget runs out the
+always runs; then the plan (planning.py) cheapest first; when the time budget runs out the
 rest are "not tried". The finalists are re-measured side by side in one worker, from what
-their workers shipped (honed.shipping), and the winner is installed from the same, checked once
+their workers shipped (shipping.py), and the winner is installed from the same, checked once
 against eager here first.
 """
 
@@ -26,12 +26,16 @@ from typing import Any
 
 import torch
 
-from honed import _core, buildlog, config
-from honed import figures as fig
+from honed import _core, config
 from honed.backend.base import Backend, Sample
 from honed.backend.torch_eager import TorchEagerBackend
-from honed.cache import TuneCache, inputs_fingerprint, model_fingerprint
-from honed.candidate import (
+from honed.environment import fingerprint
+from honed.errors import InputError
+from honed.module import GraphRecording, Module, Variant
+from honed.pipeline import buildlog
+from honed.pipeline import figures as fig
+from honed.pipeline.cache import TuneCache, inputs_fingerprint, model_fingerprint
+from honed.pipeline.candidate import (
     Outcome,
     check,
     evaluate,
@@ -39,17 +43,14 @@ from honed.candidate import (
     measure_interleaved,
     measurement_record,
 )
-from honed.environment import fingerprint
-from honed.errors import InputError
-from honed.isolation import GraphJobs, NotIsolatable, pool_size
-from honed.module import GraphRecording, Module, Variant
-from honed.planning import Planned, plan, precision_skip, waits_for
-from honed.pool import JobResult, WorkerPool, wait_all
-from honed.progress import Tracker
+from honed.pipeline.isolation import GraphJobs, NotIsolatable, pool_size
+from honed.pipeline.planning import Planned, plan, precision_skip, waits_for
+from honed.pipeline.pool import JobResult, WorkerPool, wait_all
+from honed.pipeline.progress import Tracker
+from honed.pipeline.shipping import from_cache_files, install_outcome, to_cache_files
+from honed.pipeline.sweep import sweep_graph
 from honed.report import CandidateReport, GraphReport
 from honed.shapes import graph_info, overrides_for, tensor_names
-from honed.shipping import from_cache_files, install_outcome, to_cache_files
-from honed.sweep import sweep_graph
 from honed.tune_strategy import TuneStrategy
 
 log = logging.getLogger("honed")

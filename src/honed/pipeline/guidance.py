@@ -1,4 +1,4 @@
-"""src/honed/guidance.py: what honed.tune tells the user at its start about how it was called.
+"""src/honed/pipeline/guidance.py: what honed.tune tells the user at its start about the call.
 
 A model left in training mode, or a dataset whose samples all have one shape, tunes fine but
 not for what the user meant: one warning line each says so and names the fix.

@@ -1,4 +1,4 @@
-"""src/honed/signals.py: SIGTERM during a tune or a save is handled like Ctrl-C.
+"""src/honed/pipeline/signals.py: SIGTERM during a tune or a save is handled like Ctrl-C.
 
 By default SIGTERM ends a Python process on the spot: no ``finally`` runs, so a tune would
 leave its worker processes' trees, their folders and a half-written ``.NAME.honed.*.tmp``

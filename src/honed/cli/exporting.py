@@ -1,4 +1,4 @@
-"""src/honed/exporting.py: `honed export`: the winner's native payload out of a .honed artifact.
+"""src/honed/cli/exporting.py: `honed export`: the winner's native payload out of a .honed artifact.
 
 An artifact keeps, for each tuned graph whose backend saves one, the payload it loads without
 rebuilding: an ONNX model (ONNXRuntimeBackend), an AOTInductor package (TorchInductorAotBackend)

@@ -1,6 +1,6 @@
-"""src/honed/progress.py: the live display of a tune: where it is, candidate k of n, time left.
+"""src/honed/pipeline/progress.py: a tune's live display: where it is, candidate k of n, time left.
 
-Each tune owns a Tracker (``honed.tuning.Tuner`` makes one, or takes the one a caller set with
+Each tune owns a Tracker (``tuner.Tuner`` makes one, or takes the one a caller set with
 ``tracking(tracker)``, e.g. a test or the CLI). The tune reports where it is: ``at_graph``,
 ``phase(name, candidate)``, ``finished(...)``, ``skipped(...)``. The Tracker always records those
 events (tests read ``tracker.events`` and ``tracker.done``); it draws a rich live line (and one

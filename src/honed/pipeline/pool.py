@@ -1,8 +1,8 @@
-"""src/honed/pool.py: the worker pool: long-lived processes that build, check and measure.
+"""src/honed/pipeline/pool.py: the worker pool: long-lived processes that build, check and measure.
 
 Shaped like torch's ``_inductor/autotune_process.py``: each slot of the pool is a thread that owns
-one worker process (``python -m honed._worker``, started once: torch and Inductor are imported
-once per worker, not once per candidate) and feeds it jobs over a socket (the engine's
+one worker process (``python -m honed.pipeline._worker``, started once: torch and Inductor are
+imported once per worker, not once per candidate) and feeds it jobs over a socket (the engine's
 ``_core.Worker``: memory ceiling of the worker's whole process tree, crash and exit detection).
 A job that runs past its phase limit, crashes the worker, passes the memory ceiling or ends the
 worker without a result fails alone: its worker is ended with every process below it and a
@@ -42,7 +42,8 @@ from typing import Any
 
 import cloudpickle
 
-from honed import _core, buildlog
+from honed import _core
+from honed.pipeline import buildlog
 
 log = logging.getLogger("honed")
 
@@ -66,7 +67,7 @@ class Context:
 class Job:
     """One request to a worker.
 
-    kind: "evaluate" or "interleave" (see honed._worker); request: its picklable fields;
+    kind: "evaluate" or "interleave" (see honed.pipeline._worker); request: its picklable fields;
     device: where it measures ("cpu", "cuda:0"); spread: it may run on any GPU of the pool
     (the worker moves the context there); limits: seconds per phase ("build" starts the job,
     "measure" starts at the go; each phase restarts the clock); priority: lower runs first;
@@ -240,7 +241,7 @@ class _Slot:
         env = dict(self.pool.env)
         env["TMPDIR"] = str(self.folder)  # the worker's temporary files end with it
         options = _core.IsolateOptions(
-            argv=[sys.executable, "-m", "honed._worker"],
+            argv=[sys.executable, "-m", "honed.pipeline._worker"],
             env=sorted(env.items()),
             memory_limit_bytes=self.pool.memory_limit_bytes,
             poll_ms=_POLL_MS,

@@ -1,4 +1,4 @@
-"""src/honed/cli.py: the `honed` command line: parser, exit codes, and the artifact commands.
+"""src/honed/cli/__init__.py: the `honed` command line: parser, exit codes, the artifact commands.
 
 Exit codes: 0 done; 1 an internal error (a bug: one line, the stack with --traceback); 2 bad
 input (a bad flag, entry point, artifact or environment variable: one line naming the fix);
@@ -124,12 +124,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="probe every optional package again instead of reusing the remembered results",
     )
-    from honed import cli_entry
+    from honed.cli import model_commands
 
-    cli_entry.add_parsers(sub)
-    from honed import cli_trust
+    model_commands.add_parsers(sub)
+    from honed.cli import trust_commands
 
-    cli_trust.add_parsers(sub)
+    trust_commands.add_parsers(sub)
     report = subcommand(
         sub,
         "report",
@@ -173,8 +173,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _report(artifact: Path, fmt: str, out: Path | None) -> int:
     from honed.artifact import read_artifact
+    from honed.cli.exporting import check_output_path, write_atomically
     from honed.errors import ArtifactError
-    from honed.exporting import check_output_path, write_atomically
     from honed.report import load_report
 
     if out is not None:
@@ -199,7 +199,7 @@ def _report(artifact: Path, fmt: str, out: Path | None) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from honed.exporting import export
+    from honed.cli.exporting import export
 
     out, module, graph = export(
         args.artifact,
@@ -215,17 +215,17 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if getattr(args, "run", None) is not None:  # tune, inspect, bench (cli_entry.py)
+    if getattr(args, "run", None) is not None:  # tune, inspect, bench (model_commands.py)
         result: int = args.run(args)
         return result
     if args.command == "demo":
-        from honed.cli_entry import check_device
+        from honed.cli.model_commands import check_device
         from honed.demo import run
 
         check_device(args.device)
         return run(args.device, args.out)
     if args.command == "doctor":
-        from honed import doctor
+        from honed.cli import doctor
 
         return doctor.run(args.device, as_json=args.json, fresh=args.fresh)
     if args.command == "report":
@@ -276,7 +276,3 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""src/honed/figures.py: what a graph's figures mean: its batch, its label, its speed-ups, reuse.
+"""src/honed/pipeline/figures.py: what a graph's figures mean: batch, label, speed-ups, reuse.
 
 Throughput is samples per second, a sample being one row of the batch axis; where the engine
 inferred no batch axis, the leading axis of the first tensor input stands in for it, and the

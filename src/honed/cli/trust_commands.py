@@ -1,4 +1,4 @@
-"""src/honed/cli_trust.py: `honed keygen` and `honed trust`: the keys that sign native code."""
+"""src/honed/cli/trust_commands.py: `honed keygen`, `honed trust`: keys that sign native code."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""src/honed/doctor.py: `honed doctor`: what this machine can run; for the rest, why and the fix.
+"""src/honed/cli/doctor.py: `honed doctor`: what this machine can run; for the rest, why and the fix
 
 ``diagnose(device)`` gathers, without ever raising for what it finds:
   - the GPUs and the driver, from the engine (libcuda and NVML loaded at run time, not torch):

@@ -1,4 +1,4 @@
-"""src/honed/machine.py: the machine a tune measures on: what it is, how busy, how many threads.
+"""src/honed/pipeline/machine.py: the machine a tune measures on: what, how busy, how many threads.
 
 The probing and the busy verdict are the engine's (honed._core: probe_cpu, probe_gpu_details,
 calibrate_cpu, assess_load); this file gathers what torch knows (the device, its uuid, the threads

@@ -1,4 +1,4 @@
-"""src/honed/shipping.py: what a worker ships back; the caller installs it without a rebuild.
+"""src/honed/pipeline/shipping.py: what a worker ships back; the caller installs it, no rebuild.
 
 The variant that was measured is the one installed. A worker that evaluated a candidate sends
 back, with its figures, what the caller needs to run that very build:
@@ -28,13 +28,13 @@ import torch
 
 from honed import config
 from honed.backend.base import Backend, GraphInfo, Sample
-from honed.candidate import (
+from honed.errors import TuneError
+from honed.pipeline.candidate import (
     Outcome,
     evaluate,
     interleave,
     measurement_record,
 )
-from honed.errors import TuneError
 
 log = logging.getLogger("honed")
 

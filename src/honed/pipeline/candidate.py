@@ -1,4 +1,4 @@
-"""src/honed/candidate.py: builds, checks and measures one candidate for one graph.
+"""src/honed/pipeline/candidate.py: builds, checks and measures one candidate for one graph.
 
 A failing candidate never stops the tune: any exception becomes its failure reason. Figures come
 from the engine's measure (host clock, CUDA events, or injected samples in tests).
@@ -18,8 +18,8 @@ import torch
 from honed import _core, config
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.registry import availability
-from honed.correctness import CheckResult, Tolerance, compare
-from honed.machine import measuring_threads
+from honed.pipeline.correctness import CheckResult, Tolerance, compare
+from honed.pipeline.machine import measuring_threads
 
 log = logging.getLogger("honed")
 
@@ -47,7 +47,7 @@ class Outcome:
     cache_key: str | None = None
     isolated: bool = False  # evaluated in a worker process; fn is installed only if selected
     # What the worker shipped so the caller installs the measured variant without building it
-    # again (honed.shipping): a payload backend's files (e.g. the .pt2), Inductor's cache
+    # again (honed.pipeline.shipping): a payload backend's files (e.g. the .pt2), Inductor's cache
     # artifacts of a JIT backend, or the callable itself, pickled.
     payload_files: dict[str, bytes] | None = None
     inductor_artifacts: bytes | None = None

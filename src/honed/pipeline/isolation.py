@@ -1,9 +1,9 @@
-"""src/honed/isolation.py: a tune's side of the worker pool: candidates as jobs, results back.
+"""src/honed/pipeline/isolation.py: a tune's side of the pool: candidates as jobs, results back.
 
 The graph's module, samples and eager references travel once per worker as the job context
 (cloudpickle, so modules and backends defined in the user's ``__main__`` script or inside
 functions work); each candidate is one job. A crash, hang, out-of-memory or an exit without a
-result fails that candidate with a one-line reason and the tune goes on (honed.pool). What
+result fails that candidate with a one-line reason and the tune goes on (honed.pipeline.pool). What
 cannot be pickled is evaluated in the tune's process instead (the caller warns once).
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 from honed import config
 from honed.backend.base import Backend
-from honed.candidate import Outcome, measurement_from_record, per_call_ms
-from honed.pool import Context, Job, JobResult, WorkerPool, wait_all
+from honed.pipeline.candidate import Outcome, measurement_from_record, per_call_ms
+from honed.pipeline.pool import Context, Job, JobResult, WorkerPool, wait_all
 
 log = logging.getLogger("honed")
 

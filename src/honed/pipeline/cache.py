@@ -1,4 +1,4 @@
-"""src/honed/cache.py: the persistent tuning cache.
+"""src/honed/pipeline/cache.py: the persistent tuning cache.
 
 A second tune of the same model (weights and forward code), inputs, environment and candidate
 reuses each candidate's earlier outcome (status, check, measured samples) instead of building
@@ -27,7 +27,7 @@ import torch
 from honed import trust
 from honed._version import __version__
 from honed.errors import HonedError
-from honed.figures import reusable
+from honed.pipeline.figures import reusable
 
 log = logging.getLogger("honed")
 
@@ -180,7 +180,8 @@ def open_for_tune(root: Path, enabled: bool) -> tuple[TuneCache | None, Path]:
     A cache folder that cannot be written turns the cache off and sends the build logs to a
     temporary folder, with one warning: the tune goes on.
     """
-    from honed import buildlog, config
+    from honed import config
+    from honed.pipeline import buildlog
 
     cache_why = unwritable(root) if enabled else ""
     cache = TuneCache(root) if enabled and not cache_why else None  # it checks its owner too

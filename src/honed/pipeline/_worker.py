@@ -1,14 +1,14 @@
-"""src/honed/_worker.py: a worker process of the pool: builds, checks and measures candidates.
+"""src/honed/pipeline/_worker.py: a worker process of the pool: builds, checks, measures candidates.
 
-Run as ``python -m honed._worker`` by honed.pool, which talks to it over fd 3 (a Unix socket;
-each message is an 8-byte little-endian length and a pickle). The conversation:
+Run as ``python -m honed.pipeline._worker`` by honed.pipeline.pool, which talks to it over fd 3
+(a Unix socket; each message is an 8-byte little-endian length and a pickle). The conversation:
 
     pool -> ("hello", {sys_path, config})     worker -> ("ready",) once torch and Inductor load
     pool -> ("context", key, blob)            the graph's module, samples, references, ...
     pool -> ("job", kind, request)            worker -> ("phase", name) as it goes, then
                                               ("result", reply) or ("error", text)
     worker -> ("phase", "measure")            and waits for pool -> ("go",): one measurement
-                                              per device at a time (honed.pool's gates)
+                                              per device at a time (honed.pipeline.pool's gates)
     pool -> ("exit",) or end of file          the worker leaves
 
 Jobs are "evaluate" (candidate.evaluate, exactly as an in-process tune would, plus what the
@@ -78,7 +78,7 @@ class _Server:
     def context_on(self, device: str) -> dict[str, Any]:
         import torch
 
-        from honed.candidate import to_device
+        from honed.pipeline.candidate import to_device
 
         ctx = self.context
         if str(ctx["graph"].device) == device:
@@ -113,7 +113,7 @@ class _Server:
                 self.job(message[1], message[2])
 
     def job(self, kind: str, blob: bytes) -> None:
-        from honed.shipping import evaluate_for_caller, interleave_shipped
+        from honed.pipeline.shipping import evaluate_for_caller, interleave_shipped
 
         try:
             if self.context_error:

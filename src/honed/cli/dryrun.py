@@ -1,4 +1,4 @@
-"""src/honed/dryrun.py: `honed tune --dry-run`: the candidates a tune would try here, and why not
+"""src/honed/cli/dryrun.py: `honed tune --dry-run`: the candidates a tune would try here and why not
 the others, without building, measuring or saving anything (the model is not even called)."""
 
 from __future__ import annotations
@@ -48,14 +48,14 @@ def _why_not(backend: Backend, device: torch.device) -> str:
 
 def dry_run(model: Any, kwargs: dict[str, Any], device: str | None) -> str:
     """What ``honed.tune(model, ..., **kwargs)`` would try on this machine, as text."""
-    from honed.doctor import quiet_imports
+    from honed.cli.doctor import quiet_imports
 
     with quiet_imports():  # availability checks import libraries that warn on import
         return _dry_run(model, kwargs, device)
 
 
 def _dry_run(model: Any, kwargs: dict[str, Any], device: str | None) -> str:
-    from honed.graph_tuner import for_target
+    from honed.pipeline.graph_tuner import for_target
 
     modules = find_modules(model)
     names = ", ".join(repr(m.name) for m in modules) or "the honed.Modules the function calls"
