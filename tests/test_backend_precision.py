@@ -223,6 +223,7 @@ def test_cast_keeps_integer_inputs_and_nested_outputs() -> None:
     assert compare(ref, out, tolerance=REDUCED).ok
 
 
+@pytest.mark.integration  # a real compile
 def test_channels_last_with_inductor_on_cpu_matches_eager() -> None:
     model = _convnet()
     samples = [Sample((_images(b),), {}) for b in (2, 4)]

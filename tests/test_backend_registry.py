@@ -229,6 +229,7 @@ def _install_plugin(root: Path) -> Path:
     return root
 
 
+@pytest.mark.integration  # installs a package
 def test_an_installed_plugin_is_found_used_and_cannot_shadow_a_builtin(tmp_path: Path) -> None:
     site = _install_plugin(tmp_path / "site")
     out = _python(

@@ -19,6 +19,9 @@ import torch
 import honed
 from honed.artifact import read_artifact
 
+# Every test here runs the real honed command in a new process: the integration tier.
+pytestmark = pytest.mark.integration
+
 HONED = str(Path(sys.executable).parent / "honed")
 
 MODELS = """

@@ -85,6 +85,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.integration  # worker processes
 def test_a_backend_that_breaks_only_in_the_caller_does_not_take_the_tune_down(
     tmp_path: Path,
 ) -> None:
@@ -138,6 +139,7 @@ def test_two_tunes_in_two_threads_keep_their_own_state() -> None:
         assert {f.module for f in tracker.done} == {name}
 
 
+@pytest.mark.integration  # worker processes
 def test_a_tune_started_in_the_background_can_be_cancelled() -> None:
     torch.manual_seed(0)
     model = honed.Module(TinyMLP().eval(), "m")

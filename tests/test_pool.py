@@ -24,6 +24,9 @@ from honed.pipeline.pool import JobResult, WorkerPool, clean_stale_folders
 
 from conftest import TinyMLP, batches
 
+# Every test here starts worker processes: the integration tier.
+pytestmark = pytest.mark.integration
+
 
 def _wait_for(path: Path, within_s: float) -> bool:
     """Whether ``path`` appears within the time given (a file another process writes)."""

@@ -125,6 +125,7 @@ class Chatty(Backend):
         return module
 
 
+@pytest.mark.integration  # worker processes
 def test_worker_candidates_report_their_phases() -> None:
     tracker = progress.Tracker(show=False)
     torch.manual_seed(0)

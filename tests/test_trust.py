@@ -149,6 +149,7 @@ def test_backends_declare_their_native_payloads() -> None:
     assert b.ONNXRuntimeBackend.saves_payload and not b.ONNXRuntimeBackend.native_payload
 
 
+@pytest.mark.integration  # new interpreters
 def test_unsigned_native_code_is_refused_before_it_runs(
     evil_package: bytes, tmp_path: Path
 ) -> None:
@@ -167,6 +168,7 @@ def test_unsigned_native_code_is_refused_before_it_runs(
     assert marker.exists()
 
 
+@pytest.mark.integration  # new interpreters
 def test_honed_run_refuses_unsigned_native_code_before_it_runs(
     evil_package: bytes, tmp_path: Path
 ) -> None:
@@ -190,6 +192,7 @@ def test_honed_run_refuses_unsigned_native_code_before_it_runs(
     assert marker.exists()
 
 
+@pytest.mark.integration  # new interpreters
 def test_signed_by_an_unknown_key_then_trusted(
     evil_package: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -210,6 +213,7 @@ def test_signed_by_an_unknown_key_then_trusted(
     assert marker.exists()  # trusted: loaded like before signing existed
 
 
+@pytest.mark.integration  # new interpreters
 def test_replaced_library_with_recomputed_hashes_fails_the_signature(
     evil_package: bytes, tmp_path: Path
 ) -> None:
@@ -267,6 +271,7 @@ def test_save_where_no_key_can_be_made_saves_unsigned_and_says_so(
     assert _core.read_artifact(str(tmp_path / "a.honed")).signer is None
 
 
+@pytest.mark.integration  # new interpreters
 def test_signing_key_comes_from_honed_signing_key(tmp_path: Path) -> None:
     private, public = _core.generate_signing_key()
     (tmp_path / "k.pem").write_text(private)
@@ -410,6 +415,7 @@ def build():
 """
 
 
+@pytest.mark.integration  # new interpreters
 def test_honed_bench_refuses_unsigned_native_code_unless_told_to_trust_it(
     evil_package: bytes, tmp_path: Path
 ) -> None:
