@@ -29,13 +29,21 @@ pytestmark = pytest.mark.integration
 
 
 def _wait_for(path: Path, within_s: float) -> bool:
-    """Whether ``path`` appears within the time given (a file another process writes)."""
+    """Whether ``path`` has content within the time given (a file another process writes: it
+    exists, empty, for a moment before its content is written)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if path.exists():
+        if _has_content(path):
             return True
         time.sleep(0.05)
-    return path.exists()
+    return _has_content(path)
+
+
+def _has_content(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
 
 
 class Good(Backend):
