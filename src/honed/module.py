@@ -230,12 +230,7 @@ class Module(torch.nn.Module):
         except Exception as e:
             return self._variant_raised(e, args, kwargs, bargs, bkwargs)
         if out is _MISS and (bargs is not args or bkwargs is not kwargs):
-            if not self._keeps_meaning and self._eager_because(args, kwargs):
-                return self._eager(self._eager_because(args, kwargs), args, kwargs)
-            try:  # an artifact saved before calls were bound keys its graphs by the call as spelled
-                out = self._dispatcher.call(args, kwargs)
-            except Exception as e:
-                return self._variant_raised(e, args, kwargs, args, kwargs)
+            return self._call_as_spelled(args, kwargs)
         return out
 
     def miss_reason(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -330,19 +325,24 @@ class Module(torch.nn.Module):
         bkwargs: dict[str, Any],
     ) -> Any:
         if bargs is not args or bkwargs is not kwargs:
-            # An artifact saved before calls were bound keys its graphs by the call as spelled.
-            if not self._keeps_meaning:
-                why = self._eager_because(args, kwargs)
-                if why:
-                    return self._eager(why, args, kwargs)
-            assert self._dispatcher is not None  # only reached once tuned
-            try:
-                out = self._dispatcher.call(args, kwargs)
-            except Exception as e:
-                return self._variant_raised(e, args, kwargs, args, kwargs)
+            out = self._call_as_spelled(args, kwargs)
             if out is not _MISS:
                 return out
         return self._fallback(args, kwargs, bargs, bkwargs)
+
+    def _call_as_spelled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The variant for the call as spelled, or ``MISS``: an artifact saved before calls were
+        bound keys its graphs that way. Eager answers where the variant would change the
+        meaning of the call, or raises."""
+        if not self._keeps_meaning:
+            why = self._eager_because(args, kwargs)
+            if why:
+                return self._eager(why, args, kwargs)
+        assert self._dispatcher is not None  # only reached once tuned
+        try:
+            return self._dispatcher.call(args, kwargs)
+        except Exception as e:
+            return self._variant_raised(e, args, kwargs, args, kwargs)
 
     def _fallback(
         self,
