@@ -196,6 +196,13 @@ class TestOnCuda:
     def test_host_sync_fails_capture_clearly(self) -> None:
         with pytest.raises(honed.TuneError, match="must not synchronize with the host"):
             _build(Syncs().cuda(), _x(4))
+        # The failed capture leaves the device's random generator usable, on its sequence.
+        torch.cuda.manual_seed(7)
+        expected = torch.randn(3, device="cuda")
+        torch.cuda.manual_seed(7)
+        with pytest.raises(honed.TuneError):
+            _build(Syncs().cuda(), _x(4))
+        assert torch.equal(torch.randn(3, device="cuda"), expected)
 
     def test_tune_selects_cuda_graphs_and_matches_eager(self) -> None:
         model = honed.Module(_cuda_mlp(), "tiny-cg")

@@ -17,6 +17,7 @@
 #include "cuda_graphs.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
@@ -115,6 +116,13 @@ void CudaGraphs::Impl::abandon_capture() {
   } catch (const std::exception&) {  // capture_end already ended it
   }
   (void)cudaGetLastError();  // the capture's error is the one already reported
+  // capture_begin marked the default generator as capturing, and only a capture_end that
+  // succeeds unmarks it; left marked, every later random op on the device fails ("Offset
+  // increment outside graph capture"). A clone of its state has the same seed and offset and is
+  // not capturing. Graphs captured before keep the state object they registered with.
+  at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.graphsafe_set_state(gen.clone());
 }
 
 Captured* CudaGraphs::Impl::capture(int graph, const std::vector<at::Tensor>& inputs,

@@ -252,6 +252,7 @@ class CudaGraphed:
                     if eager_dtypes is not None:
                         out = _cast_back(out, eager_dtypes)
             except Exception as e:
+                _release_generator(self.device)
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 raise TuneError(
                     f"CUDA graph capture of {type(self.module).__name__} failed "
@@ -331,3 +332,15 @@ def _hashable(value: Any) -> Any:
     except TypeError:
         return ("unhashable", type(value).__name__, repr(value))
     return (type(value).__name__, value)
+
+
+def _release_generator(device: torch.device) -> None:
+    """After a failed capture: the device's default generator as it was, no longer capturing.
+
+    The capture marked the generator as capturing, and only a capture that ends well unmarks it;
+    left marked, every later random op on the device fails ("Offset increment outside graph
+    capture"). A clone of its state has the same seed and offset and is not capturing.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    gen = torch.cuda.default_generators[index]
+    gen.graphsafe_set_state(gen.clone_state())
