@@ -242,6 +242,8 @@ def cold_jobs(args: argparse.Namespace, row: dict[str, Any], budget: Budget, run
         row["cold"][kind] = record
         run.write()
         print(f"suite: {name} b{batch}: {kind}: {_cold_summary(record)}", flush=True)
+        if kind == args.stop_after:
+            return
 
 
 def _cold_summary(record: dict[str, Any]) -> str:
@@ -497,6 +499,11 @@ def one_row(
         return
     started = time.perf_counter()
     cold_jobs(args, row, budget, run)
+    if args.stop_after:
+        row.update(status="partial", reason=f"--stop-after {args.stop_after}: cold jobs only")
+        run.write()
+        print(f"suite: {name} b{batch}: stopped after {args.stop_after}", flush=True)
+        return
     warm = warm_caches(args, row)
     print(f"suite: {name} b{batch}: side by side ...", flush=True)
     try:
@@ -649,6 +656,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "every cold job that finished there (a row split over two device calls)",
     )
     p.add_argument("--redo", nargs="+", choices=JOBS, default=[], help="with --keep-work: rerun")
+    p.add_argument(
+        "--stop-after",
+        choices=JOBS,
+        default=None,
+        help="with --keep-work: end each row after this cold job (a row split over device calls)",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON file, or a folder for it")
     args = p.parse_args(argv)
     if "honed" in args.redo and "retune" not in args.redo:

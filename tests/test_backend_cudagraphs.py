@@ -203,6 +203,12 @@ class TestOnCuda:
         with pytest.raises(honed.TuneError):
             _build(Syncs().cuda(), _x(4))
         assert torch.equal(torch.randn(3, device="cuda"), expected)
+        # Capturing and replaying still work in this process after the failed captures.
+        model = _cuda_mlp()
+        fn = _build(model, _x(4))
+        with torch.no_grad():
+            torch.testing.assert_close(fn(_x(4, seed=3)), model(_x(4, seed=3)))
+        assert fn.captures == 1
 
     def test_tune_selects_cuda_graphs_and_matches_eager(self) -> None:
         model = honed.Module(_cuda_mlp(), "tiny-cg")

@@ -72,6 +72,7 @@ struct CudaGraphs::Impl {
   std::optional<c10::cuda::CUDAStream> capture_stream;
   decltype(at::cuda::graph_pool_handle()) pool{};
   std::vector<std::unique_ptr<Captured>> captured;
+  std::vector<std::unique_ptr<at::cuda::CUDAGraph>> failed;  // captures that did not end well
   std::set<int> uncapturable;
   bool said_full = false;
   std::optional<c10::Stream> last_stream;  // where the previous call ran
@@ -166,6 +167,11 @@ Captured* CudaGraphs::Impl::capture(int graph, const std::vector<at::Tensor>& in
     cuda_graph->capture_end();
   } catch (const std::exception& e) {
     abandon_capture();
+    // The allocator may still route the failed capture's pool (some torch versions leave it
+    // registered when capture_end throws), and its routing rule refers to the graph object: the
+    // object stays alive, and later captures get a pool of their own.
+    failed.push_back(std::move(cuda_graph));
+    pool = at::cuda::graph_pool_handle();
     uncapturable.insert(graph);
     std::fprintf(stderr,
                  "honed runtime: graph %d cannot be captured in a CUDA graph (%s); it runs "

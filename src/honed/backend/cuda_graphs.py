@@ -157,6 +157,7 @@ class CudaGraphed:
         self.captures = 0
         self._stream: Any = None
         self._pool: Any = None
+        self._failed: list[Any] = []  # graphs whose capture did not end well
         self._warned_full = False
 
     @property
@@ -253,6 +254,11 @@ class CudaGraphed:
                         out = _cast_back(out, eager_dtypes)
             except Exception as e:
                 _release_generator(self.device)
+                # The allocator may still route the failed capture's pool, by a rule that
+                # refers to the graph object: the object stays alive, later captures get a pool
+                # of their own.
+                self._failed.append(graph)
+                self._pool = torch.cuda.graph_pool_handle() if cfg.pool_sharing else None
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 raise TuneError(
                     f"CUDA graph capture of {type(self.module).__name__} failed "
