@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from honed.pipeline.correctness import compare
+from honed.pipeline.correctness import TF32, compare, eager_tolerance
 
 
 def test_equal_outputs_pass_with_zero_error() -> None:
@@ -70,3 +70,25 @@ def test_an_object_holding_tensors_is_compared_by_its_tensors_not_its_identity()
     assert not wrong.ok and "wrong outputs" in wrong.reason
     fewer = compare(eager, (logits.clone(), _Cache([])))
     assert not fewer.ok and "structure" in fewer.reason
+
+
+def test_fp32_candidates_meet_tf32_tolerance_where_eager_runs_tf32() -> None:
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU())
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    cudnn, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    precision = torch.get_float32_matmul_precision()
+    try:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False
+        torch.set_float32_matmul_precision("highest")
+        assert eager_tolerance(conv, cuda) == TF32  # cuDNN's default: TF32 convolutions
+        assert eager_tolerance(mlp, cuda) is None  # fp32 matmuls: fp32's tolerance
+        assert eager_tolerance(conv, cpu) is None
+        torch.set_float32_matmul_precision("high")
+        assert eager_tolerance(mlp, cuda) == TF32
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = False
+        assert eager_tolerance(conv, cuda) is None
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
+        torch.set_float32_matmul_precision(precision)

@@ -28,14 +28,11 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from honed.errors import ConfigError, InputError, TuneError
-from honed.pipeline.correctness import REDUCED, Tolerance
+from honed.pipeline.correctness import REDUCED, TF32, Tolerance
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 MEMORY_FORMATS = (None, "channels_last")
 AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
-# TF32 keeps 10 mantissa bits in matmul and convolution inputs (accumulating in fp32): looser
-# than fp32 kernels, much tighter than bf16.
-TF32 = Tolerance(atol=1e-2, rtol=1e-2, min_cosine=0.9999)
 
 _CAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -18,7 +18,7 @@ import torch
 from honed import _core, config
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.registry import availability
-from honed.pipeline.correctness import CheckResult, Tolerance, compare
+from honed.pipeline.correctness import CheckResult, Tolerance, compare, eager_tolerance
 from honed.pipeline.machine import measuring_threads
 
 log = logging.getLogger("honed")
@@ -214,7 +214,7 @@ def evaluate(
             stage = "check"
             enter("check")
             outcome.check = _check(
-                fn, samples, references, reduced_precision(backend), backend.tolerance()
+                fn, samples, references, *_tolerances(backend, module, graph.device)
             )
         if not outcome.check.ok:
             outcome.status, outcome.reason = "rejected", outcome.check.reason
@@ -263,10 +263,24 @@ def check(
     samples: list[Sample],
     references: list[Any],
     backend: Backend,
+    module: torch.nn.Module,
+    device: torch.device,
 ) -> CheckResult:
     """``fn``'s outputs on every sample against eager's, with the backend's tolerance."""
     with torch.no_grad():
-        return _check(fn, samples, references, reduced_precision(backend), backend.tolerance())
+        return _check(fn, samples, references, *_tolerances(backend, module, device))
+
+
+def _tolerances(
+    backend: Backend, module: torch.nn.Module, device: torch.device
+) -> tuple[bool, Tolerance | None]:
+    """Whether ``backend`` computes in reduced precision, and the tolerance that replaces the
+    per-dtype one (the backend's own, else eager's when eager is not fp32-exact)."""
+    reduced = reduced_precision(backend)
+    own = backend.tolerance()
+    if own is not None or reduced:
+        return reduced, own
+    return reduced, eager_tolerance(module, device)
 
 
 def _check(

@@ -26,6 +26,28 @@ class Tolerance:
 FP32 = Tolerance(atol=1e-4, rtol=1e-3)
 # Half-precision references or autocast candidates.
 REDUCED = Tolerance(atol=3e-2, rtol=3e-2, min_cosine=0.999)
+# TF32 keeps 10 mantissa bits in matmul and convolution inputs (accumulating in fp32): looser
+# than fp32 kernels, much tighter than bf16.
+TF32 = Tolerance(atol=1e-2, rtol=1e-2, min_cosine=0.9999)
+
+
+def eager_tolerance(module: torch.nn.Module, device: torch.device) -> Tolerance | None:
+    """The tolerance an fp32 candidate is held to when eager itself is not fp32-exact, else None.
+
+    On CUDA, PyTorch runs cuDNN convolutions on TF32 tensor cores by default
+    (``torch.backends.cudnn.allow_tf32``), and matmuls too when the user allows it: eager's own
+    outputs then carry TF32 rounding, and an fp32 compile of the same model (other algorithms,
+    batch norm folded into the convolution) differs from them by that much, not by fp32's.
+    """
+    if device.type != "cuda":
+        return None
+    matmul = (
+        torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    )
+    conv = torch.backends.cudnn.allow_tf32 and any(
+        isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules()
+    )
+    return TF32 if matmul or conv else None
 
 
 def tolerance_for(dtype: torch.dtype, reduced_precision: bool) -> Tolerance:

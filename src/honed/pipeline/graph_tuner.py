@@ -513,7 +513,9 @@ class GraphTuner:
         """Install ``chosen`` here and check it against eager; "" or what went wrong."""
         try:
             fn = install_outcome(chosen, self.inner, self.samples, self.info, self.measure_at)
-            result = check(fn, self.samples, self.references, chosen.backend)
+            result = check(
+                fn, self.samples, self.references, chosen.backend, self.inner, self.info.device
+            )
         except Exception as e:
             log.debug("honed: installing %s failed", chosen.backend.name, exc_info=True)
             chosen.status = "failed"
