@@ -11,7 +11,6 @@ per thread).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import sys
@@ -175,7 +174,7 @@ def enable() -> None:
     install()
     if _flags.jit_report and not STATE.report_registered:
         STATE.report_registered = True
-        atexit.register(_report)
+        background.on_exit(_report)  # after the running tune was cancelled, so it is in it
     log.info("honed.jit: JIT tuning enabled")
 
 
@@ -225,7 +224,12 @@ def opt_in(value: Any) -> None:
 def _report() -> None:
     """HONED_JIT_REPORT=1: the hierarchy and the history, on stderr, when the program ends."""
     lines = [render(STATE.roots), "JIT Tuning History:", *(f"  {s}" for s in steps())]
-    print("\n".join(lines), file=sys.stderr)
+    lines += [
+        f"  Still running at exit: {r.line()}"
+        for r in background.records()
+        if r.status == "running"
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
