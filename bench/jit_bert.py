@@ -132,7 +132,9 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         out["slowest_vs_eager_median"] = round(slowest / eager_ms, 3)
         out["steady_speedup_vs_eager"] = round(eager_ms / steady, 3)
     lines = data["stderr"].splitlines()
-    out["tunes"] = [s.strip() for s in lines if s.strip().startswith("Tuned ")]
+    out["tunes"] = [  # finished ("Tuned ..."), cancelled or failed ("Tuning ... cancelled")
+        s.strip() for s in lines if s.strip().startswith(("Tuned ", "Tuning ")) and "beside" in s
+    ]
     out["hierarchy"] = [s for s in lines if "├─" in s][:3]
     out["stderr_tail"] = lines[-40:]  # what JIT said, for a run whose tune shows nothing
     return out

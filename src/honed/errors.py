@@ -31,6 +31,11 @@ class TuneError(HonedError):
     """A tune could not produce a usable result (e.g. every candidate failed)."""
 
 
+class TuneCancelled(TuneError):
+    """A tune was abandoned (``Tuner.cancel(abandon=True)``, e.g. JIT at program exit) or cancelled
+    before eager, the reference every candidate is compared with, was measured."""
+
+
 class ArtifactError(HonedError):
     """A .honed artifact is missing, damaged, tampered with, or made for something else."""
 

@@ -5,6 +5,13 @@ here, on one daemon thread, one after the other (tunes share the machine; runnin
 would only slow both). A job ends by swapping a node's tuned wrapper in (tuner.py), which the
 next call of that module picks up. ``wait()`` blocks until every job queued so far (and every job
 they queued) is done: the wait mode (``honed.jit.config.wait``) and tests use it.
+
+When the program ends, ``_at_exit`` runs before the worker pool's own exit handler (it is
+registered again after the pipeline is imported, and atexit runs the last registered first): no
+job starts any more, the running tune is abandoned (its workers ended, nothing installed), the
+exit waits at most ``_EXIT_WAIT_S`` for JIT's thread to be idle (a daemon thread still inside torch
+when the interpreter finalizes can abort the process), then the exit hooks (the
+HONED_JIT_REPORT report) run, so the report shows the cancelled tune.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -57,20 +65,24 @@ class TuneRecord:
     ran_meanwhile: str = "eager"
     status: str = "running"
     error: str = ""
+    started: float = dataclasses.field(default_factory=time.perf_counter, repr=False)
 
     def line(self) -> str:
         """The history's one-line summary."""
         tried = ", ".join(f"{name} {status}" for name, status in self.tried.items()) or "nothing"
         budget = f", budget {self.budget_s:g}s" if self.budget_s else ""
-        outcome = {
-            "installed": f"selected {self.selected} on {self.evidence}",
-            "eager": f"eager stayed ({self.evidence})",
-        }.get(self.status, f"{self.status}{': ' + self.error if self.error else ''}")
-        return (
-            f"Tuned {self.module} ({self.reason}{budget}) beside the program in "
-            f"{self.took_s:.2f}s: tried {tried}; {outcome}; {self.calls_meanwhile} call(s) ran "
-            f"{self.ran_meanwhile} meanwhile"
-        )
+        head = f"{self.module} ({self.reason}{budget}) beside the program"
+        meanwhile = f"{self.calls_meanwhile} call(s) ran {self.ran_meanwhile} meanwhile"
+        if self.status in ("installed", "eager"):
+            outcome = (
+                f"selected {self.selected} on {self.evidence}"
+                if self.status == "installed"
+                else f"eager stayed ({self.evidence})"
+            )
+            return f"Tuned {head} in {self.took_s:.2f}s: tried {tried}; {outcome}; {meanwhile}"
+        why = f" ({self.error})" if self.error else ""
+        took = time.perf_counter() - self.started if self.status == "running" else self.took_s
+        return f"Tuning {head} {self.status}{why} after {took:.2f}s: tried {tried}; {meanwhile}"
 
 
 class _Worker:
@@ -83,14 +95,19 @@ class _Worker:
         self.thread: threading.Thread | None = None
         self.current: Any = None  # the running honed.pipeline.tuner.Tuner, for cancel at exit
         self.records: list[TuneRecord] = []
+        self.exiting = False  # the program is ending: no job starts any more
+        self.exit_hooks: list[Callable[[], None]] = []
 
-    def submit(self, job: Callable[..., None], *args: Any) -> None:
+    def submit(self, job: Callable[..., None], *args: Any) -> bool:
         with self.lock:
+            if self.exiting:
+                return False
             self.pending += 1
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._loop, name="honed-jit", daemon=True)
                 self.thread.start()
         self.jobs.put((job, args))
+        return True
 
     def _loop(self) -> None:
         from honed.jit.patcher import paused
@@ -98,6 +115,8 @@ class _Worker:
         while True:
             job, args = self.jobs.get()
             try:
+                if self.exiting:
+                    continue  # queued before the program ended: left undone
                 with paused():  # JIT's own calls of the modules run their originals
                     job(*args)
             except Exception:  # a job's failure is logged; the program and other jobs go on
@@ -115,9 +134,15 @@ class _Worker:
 _WORKER = _Worker()
 
 
-def submit(job: Callable[..., None], *args: Any) -> None:
-    """Run ``job(*args)`` on JIT's background thread, after the jobs queued before it."""
-    _WORKER.submit(job, *args)
+def submit(job: Callable[..., None], *args: Any) -> bool:
+    """Run ``job(*args)`` on JIT's background thread, after the jobs queued before it; False
+    (nothing queued) once the program is ending."""
+    return _WORKER.submit(job, *args)
+
+
+def exiting() -> bool:
+    """Whether the program is ending (JIT starts nothing new)."""
+    return _WORKER.exiting
 
 
 def in_background() -> bool:
@@ -140,8 +165,13 @@ def busy() -> bool:
     return _WORKER.pending > 0
 
 
-def set_current(tuner: Any) -> None:
-    _WORKER.current = tuner
+def set_current(tuner: Any) -> bool:
+    """Make ``tuner`` the one cancelled at exit; False (and nothing set) once the program ends."""
+    with _WORKER.lock:
+        if tuner is not None and _WORKER.exiting:
+            return False
+        _WORKER.current = tuner
+        return True
 
 
 def records() -> list[TuneRecord]:
@@ -157,21 +187,60 @@ def clear_records() -> None:
     _WORKER.records.clear()
 
 
-def cancel_and_wait(timeout_s: float | None = None) -> bool:
-    """Cancel the running tune (its best candidate so far still wins) and wait for the rest."""
+def cancel_and_wait(timeout_s: float | None = None, abandon: bool = False) -> bool:
+    """Cancel the running tune and wait for the rest; False if ``timeout_s`` ran out.
+
+    abandon: select and install nothing (at exit); otherwise the best candidate so far wins.
+    """
     tuner = _WORKER.current
     if tuner is not None:
-        tuner.cancel()
+        tuner.cancel(abandon=abandon, reason="the program ended" if abandon else "cancelled")
     return wait(timeout_s)
 
 
+def on_exit(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when the program ends, after JIT's running tune was cancelled."""
+    if hook not in _WORKER.exit_hooks:
+        _WORKER.exit_hooks.append(hook)
+
+
+def register_exit() -> None:
+    """(Re-)register the exit handler so that it runs before handlers registered until now
+    (the worker pool's, which would end the tune's workers under it)."""
+    atexit.unregister(_at_exit)
+    atexit.register(_at_exit)
+
+
 def _at_exit() -> None:
-    """The program ends: stop the running tune so its workers close, without waiting long."""
-    if _WORKER.current is not None:
-        cancel_and_wait(_EXIT_WAIT_S)
+    """The program ends: start nothing, abandon the running tune, wait a little, report."""
+    with _WORKER.lock:
+        _WORKER.exiting = True
+        tuner = _WORKER.current
+    if _WORKER.pending:
+        started = time.perf_counter()
+        if tuner is not None:
+            tuner.cancel(abandon=True, reason="the program ended")
+        if not wait(_EXIT_WAIT_S):
+            log.warning(
+                "honed.jit: JIT's background work did not stop within %gs of the program's end "
+                "(a build or check in this process cannot be interrupted)",
+                _EXIT_WAIT_S,
+            )
+        log.debug("honed.jit: stopping at exit took %.2fs", time.perf_counter() - started)
+    for hook in list(_WORKER.exit_hooks):
+        try:
+            hook()
+        except Exception:  # a report that fails must not change how the program ends
+            log.warning("honed.jit: an exit hook failed", exc_info=True)
 
 
-atexit.register(_at_exit)
+def _reset_exit() -> None:
+    """For tests that simulate the program's end in-process: JIT may start work again."""
+    with _WORKER.lock:
+        _WORKER.exiting = False
+
+
+register_exit()
 
 __all__ = [
     "TuneRecord",
@@ -179,8 +248,11 @@ __all__ = [
     "busy",
     "cancel_and_wait",
     "clear_records",
+    "exiting",
     "in_background",
+    "on_exit",
     "records",
+    "register_exit",
     "set_current",
     "submit",
     "wait",

@@ -11,7 +11,6 @@ per thread).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import sys
@@ -63,9 +62,14 @@ class _Jit:
 STATE = _Jit()
 
 
+# Looked up once: an enum member read through its class costs a lookup on every module call.
+_TUNED, _INIT, _RECORDING = State.TUNED, State.INIT, State.RECORDING
+_is_compiling = torch.compiler.is_compiling
+
+
 def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     st = STATE
-    if st.bypass or torch.compiler.is_compiling():
+    if getattr(st._local, "bypass", 0) or _is_compiling():
         return _ORIGINAL_CALL(self, *args, **kwargs)
     node = st.nodes.get(self)
     if node is None:
@@ -75,18 +79,27 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     else:
         node.call_count += 1
     state = node.state
-    if state is State.TUNED:
+    if state is _TUNED:
         return _route(node, args, kwargs)
-    if state in (State.INIT, State.RECORDING) and not node.tried:
+    stack = st.stack
+    if state is not _INIT and state is not _RECORDING:
+        # decided (SKIPPED, DETACHED, EAGER): only kept on the stack, so that modules it calls
+        # for the first time are found as its children
+        stack.append(node)
+        try:
+            return _ORIGINAL_CALL(self, *args, **kwargs)
+        finally:
+            stack.pop()
+    if not node.tried:
         _record(node, args, kwargs)
-    st.stack.append(node)
+    stack.append(node)
     try:
         out = _ORIGINAL_CALL(self, *args, **kwargs)
     finally:
-        st.stack.pop()
-    if node.state is State.INIT:
-        node.state = State.RECORDING
-    if node.state is State.RECORDING and not node.tried:
+        stack.pop()
+    if node.state is _INIT:
+        node.state = _RECORDING
+    if node.state is _RECORDING and not node.tried:
         from honed.jit.tuner import maybe_try
 
         maybe_try(node)
@@ -175,7 +188,7 @@ def enable() -> None:
     install()
     if _flags.jit_report and not STATE.report_registered:
         STATE.report_registered = True
-        atexit.register(_report)
+        background.on_exit(_report)  # after the running tune was cancelled, so it is in it
     log.info("honed.jit: JIT tuning enabled")
 
 
@@ -225,7 +238,12 @@ def opt_in(value: Any) -> None:
 def _report() -> None:
     """HONED_JIT_REPORT=1: the hierarchy and the history, on stderr, when the program ends."""
     lines = [render(STATE.roots), "JIT Tuning History:", *(f"  {s}" for s in steps())]
-    print("\n".join(lines), file=sys.stderr)
+    lines += [
+        f"  Still running at exit: {r.line()}"
+        for r in background.records()
+        if r.status == "running"
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

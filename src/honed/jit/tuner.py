@@ -20,6 +20,7 @@ import torch
 
 from honed import _core
 from honed import config as _flags
+from honed.errors import TuneCancelled
 from honed.jit import background
 from honed.jit.background import TuneRecord
 from honed.jit.config import MAX_RETUNES, config
@@ -66,7 +67,9 @@ def try_node(node: Node) -> None:
 def _start(node: Node, job: Any, dataset: list[Any]) -> None:
     """Queue ``job(node, dataset)`` beside the program; in wait mode, block until JIT is idle."""
     node.busy, node.queued_at_call = True, node.call_count
-    background.submit(_run_job, job, node, dataset)
+    if not background.submit(_run_job, job, node, dataset):
+        node.busy = False  # the program is ending: nothing new starts
+        return
     if config.wait:
         background.wait()
 
@@ -173,6 +176,8 @@ def _jit_tuner(**settings: Any) -> Any:
     from honed.pipeline import progress
     from honed.pipeline.tuner import Tuner
 
+    background.register_exit()  # JIT's exit runs before the pool's, now that it is imported
+
     class JitTuner(Tuner):
         def run(self, func: Any, samples: list[Any], sizes: list[int]) -> Any:
             with paused(), guidance.quiet():  # JIT tunes the program's own calls as they are
@@ -206,21 +211,31 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
         cache_dir=Path(config.cache_dir) if config.cache_dir else None,
         isolation=isolation,
         time_budget_s=budget,
+        reuse_unstable=True,  # a restart replays the decision instead of measuring beside calls
     )
     node.tuner = tuner
-    background.set_current(tuner)
+    if not background.set_current(tuner):
+        _cancelled(node, record, "the program ended", time.perf_counter() - started)
+        return
+    error: Exception | None = None
     try:
         report = tuner.start(wrapper, dataset, sizes).result()
     except Exception as e:  # the tune failing is JIT's cue to try the children
-        _failed(node, record, e, time.perf_counter() - started)
-        return
+        error = e
     finally:
         background.set_current(None)
         record.calls_meanwhile = node.call_count - calls_before
+        record.tried = _tried_so_far(tuner)
+    if isinstance(error, TuneCancelled):
+        _cancelled(node, record, tuner.cancel_reason or str(error), time.perf_counter() - started)
+        return
+    if error is not None:
+        _failed(node, record, error, time.perf_counter() - started)
+        return
     took = time.perf_counter() - started
     record.took_s = took
     rows = [c for g in report.graphs for c in g.candidates]
-    record.tried = {c.name: c.status for c in rows}
+    record.tried = {c.name: c.status + (" (cached)" if c.cached else "") for c in rows}
     record.evidence = (
         "cache"
         if rows and all(c.cached for c in rows)
@@ -261,9 +276,28 @@ def _install(node: Node, wrapper: Any, backend: str, report: Any) -> None:
         add_step(f"Unpatching child module: {child.describe()}", logging.DEBUG)
 
 
+def _tried_so_far(tuner: Any) -> dict[str, str]:
+    """Each candidate's status from the tune's progress: finished, or "running" when it ended
+    before the candidate did (a tune that failed or was cancelled has no report)."""
+    tried = {f.candidate: f.status for f in tuner.tracker.done if f.candidate}
+    for event in tuner.tracker.events:
+        if event.candidate and event.candidate != "finalists":
+            tried.setdefault(event.candidate, "running")
+    return tried
+
+
+def _cancelled(node: Node, record: TuneRecord, why: str, took: float) -> None:
+    """The tune was abandoned (the program is ending): nothing installed, no child tried."""
+    record.took_s, record.status, record.error = took, "cancelled", why
+    add_step(record.line(), logging.WARNING)
+    if node.state is not State.TUNED:
+        node.state, node.reason = State.EAGER, "tune cancelled"
+
+
 def _failed(node: Node, record: TuneRecord, e: Exception, took: float) -> None:
     record.took_s, record.status = took, "failed"
     record.error = f"{type(e).__name__}: {e}"
+    log.debug("honed.jit: the tune of %s failed", node.short(), exc_info=e)
     add_step(
         f"Tuning {node.short()} failed after {took:.2f}s ({type(e).__name__}: {e}); "
         + (

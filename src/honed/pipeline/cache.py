@@ -96,7 +96,10 @@ class TuneCache:
     def _path(self, key: str) -> Path:
         return self.dir / key[:2] / f"{key}.json"
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str, unstable_too: bool = False) -> dict[str, Any] | None:
+        """The record stored under ``key``; one whose measurement was unstable only with
+        ``unstable_too`` (a JIT restart replays the decision made on it rather than measuring
+        beside the program again)."""
         if self.refused:
             return None
         path = self._path(key)
@@ -112,6 +115,8 @@ class TuneCache:
             if problem:
                 log.warning("honed: ignoring cache entry %s: %s; evaluating again", path, problem)
                 return None
+        if unstable_too:
+            return record
         return record if reusable(record) else None  # an unstable measurement is no decision
 
     def put(self, key: str, record: dict[str, Any], files: dict[str, bytes] | None = None) -> None:

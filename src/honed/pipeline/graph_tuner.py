@@ -30,7 +30,7 @@ from honed import _core, config
 from honed.backend.base import Backend, Sample
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.environment import fingerprint
-from honed.errors import InputError
+from honed.errors import InputError, TuneCancelled
 from honed.module import GraphRecording, Module, Variant
 from honed.pipeline import buildlog
 from honed.pipeline import figures as fig
@@ -76,6 +76,8 @@ class TuneContext:
     fingerprints: dict[int, str] = dataclasses.field(default_factory=dict)
     warned: set[str] = dataclasses.field(default_factory=set)
     stopped: str = ""  # why the tune stopped trying candidates early (Tuner.cancel)
+    abandoned: bool = False  # Tuner.cancel(abandon=True): nothing is selected or installed
+    reuse_unstable: bool = False  # cached outcomes count even when their figures were unstable
 
     def model_fingerprint(self, module: torch.nn.Module) -> str:
         if id(module) not in self.fingerprints:
@@ -93,9 +95,16 @@ class TuneContext:
             return self.stopped
         return f"budget: the {self.budget_s:g} s time budget was spent"
 
-    def stop(self, reason: str) -> None:
-        """Leave every candidate not evaluated yet out, with ``reason`` (from any thread)."""
+    def stop(self, reason: str, abandon: bool = False) -> None:
+        """Leave every candidate not evaluated yet out, with ``reason`` (from any thread);
+        ``abandon``: also end the running ones, eager included, and select nothing."""
         self.stopped = reason
+        self.abandoned = self.abandoned or abandon
+
+    def check_abandoned(self, module: str) -> None:
+        """Raise TuneCancelled once the tune was abandoned: no install, no re-measure."""
+        if self.abandoned:
+            raise TuneCancelled(f"honed.tune: {module}: the tune was abandoned ({self.stopped})")
 
 
 def for_target(backends: list[Backend], target: str, module: str) -> tuple[list[Backend], str]:
@@ -165,9 +174,11 @@ class GraphTuner:
             self.module.name, f"graph {self.index}", costs, self._parallel(len(costs))
         )
         baseline, outcomes = self._evaluate_all(baseline_backend, items)
+        self.ctx.check_abandoned(self.module.name)
         competing = ([baseline] if uses_baseline else []) + outcomes
         if not all(o.cached for o in competing):  # all cached: their figures are the final ones
             self._interleave(competing)
+        self.ctx.check_abandoned(self.module.name)
         decision, chosen = self._select(competing)
         if chosen is None:
             log.warning(
@@ -253,7 +264,7 @@ class GraphTuner:
         key = self._key_of(backend, is_baseline)
         if self.ctx.cache is None or key is None or self.ctx.refresh:
             return None
-        record = self.ctx.cache.get(key)
+        record = self.ctx.cache.get(key, unstable_too=self.ctx.reuse_unstable)
         if record is None:
             return None
         try:
@@ -424,13 +435,20 @@ class GraphTuner:
                 held = self._release_held(items, held, {**outcomes, **results}, submit)
             if self.ctx.out_of_time():
                 for future, (_, _, is_baseline) in running.items():
-                    if not is_baseline:
+                    if self.ctx.abandoned or not is_baseline:
                         pool.cancel(future)
                 for i in held:
                     self._skip(items[i], self.ctx.budget_reason())
                 held = []
-        baseline = baseline or results.pop(-1)
         outcomes.update(results)
+        baseline = baseline or outcomes.pop(-1, None)
+        if baseline is None:  # its job was cancelled (the tune cancelled, or the pool closed)
+            self.ctx.check_abandoned(self.module.name)
+            raise TuneCancelled(
+                f"honed.tune: {self.module.name}: the tune was {self.ctx.stopped or 'cancelled'} "
+                "before eager, the reference every candidate is compared with, was measured; "
+                "nothing was selected"
+            )
         return baseline
 
     def _release_held(

@@ -154,8 +154,10 @@ class Tuner:
         sweep_to: int = 0,
         time_budget_s: float | None = None,
         tracker: progress.Tracker | None = None,
+        reuse_unstable: bool = False,
     ) -> None:
         self.strategy = strategy
+        self.reuse_unstable = reuse_unstable
         self.device = device
         self.cache_dir = Path(cache_dir) if cache_dir is not None else config.cache_dir
         self.clear_cache = clear_cache
@@ -167,6 +169,8 @@ class Tuner:
         self.pool: WorkerPool | None = None
         self.ctx: TuneContext | None = None
         self._cancelled = False
+        self._abandoned = False
+        self.cancel_reason = ""  # why cancel() was called ("" when it was not)
         self.machine_section: dict[str, Any] = {}
 
     def start(
@@ -190,11 +194,19 @@ class Tuner:
         threading.Thread(target=work, name="honed-tune", daemon=True).start()
         return future
 
-    def cancel(self) -> None:
-        """Stop trying candidates: queued ones are dropped, running ones ended ("not tried")."""
+    def cancel(self, abandon: bool = False, reason: str = "cancelled") -> None:
+        """Stop trying candidates: queued ones are dropped, running ones ended ("not tried"),
+        and the best one so far wins.
+
+        abandon: select and install nothing either (JIT when its program ends): eager's own
+        measurement is ended too, and the tune raises TuneCancelled within a poll (half a
+        second) of the running jobs' ends, whatever stage it is in.
+        """
         self._cancelled = True
+        self._abandoned = self._abandoned or abandon
+        self.cancel_reason = reason
         if self.ctx is not None:
-            self.ctx.stop("cancelled")
+            self.ctx.stop(reason, abandon)
 
     def run(self, func: Callable[..., Any], samples: list[Any], sizes: list[int]) -> TuneReport:
         """Record, tune every graph, install; the pool is closed whatever happens."""
@@ -213,7 +225,7 @@ class Tuner:
             self.machine_section = machine.start_of_tune(device)  # names a busy machine
             ctx = self.ctx = self._context(device, started)
             if self._cancelled:
-                ctx.stop("cancelled")
+                ctx.stop(self.cancel_reason, self._abandoned)
             graphs: list[GraphReport] = []
             with _dynamo_limits():
                 for module in modules:
@@ -253,6 +265,7 @@ class Tuner:
             deadline=deadline,
             budget_s=self.time_budget_s,
             pool=(lambda jobs: self._pool(jobs, device)) if self.isolation == "process" else None,
+            reuse_unstable=self.reuse_unstable,
         )
 
     def _pool(self, jobs: int, device: torch.device) -> WorkerPool:
@@ -272,6 +285,7 @@ class Tuner:
         variants: list[Variant] = []
         reports: list[GraphReport] = []
         for index, recording in enumerate(module.graphs.values()):
+            ctx.check_abandoned(module.name)
             graph_strategy = module.strategy_for(index, recording.key) or module_strategy
             report, variant = GraphTuner(ctx, module, recording, graph_strategy, index).run()
             reports.append(report)
