@@ -9,9 +9,9 @@ they queued) is done: the wait mode (``honed.jit.config.wait``) and tests use it
 When the program ends, ``_at_exit`` runs before the worker pool's own exit handler (it is
 registered again after the pipeline is imported, and atexit runs the last registered first): no
 job starts any more, the running tune is abandoned (its workers ended, nothing installed), the
-exit waits at most ``_EXIT_WAIT_S`` for JIT's thread to be idle (a daemon thread still inside torch
-when the interpreter finalizes can abort the process), then the exit hooks (the
-HONED_JIT_REPORT report) run, so the report shows the cancelled tune.
+exit waits for JIT's thread to be idle (a daemon thread still inside torch when the interpreter
+finalizes can abort the process; past ``_EXIT_WAIT_S`` it says why it waits), then the exit
+hooks (the HONED_JIT_REPORT report) run, so the report shows the cancelled tune.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import atexit
 import dataclasses
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from typing import Any
 
 log = logging.getLogger("honed.jit")
 
-# How long the program's exit waits for a cancelled tune to close its workers.
+# After this long waiting for a cancelled tune at the program's end, the exit says why it waits.
 _EXIT_WAIT_S = 5.0
 
 
@@ -221,11 +222,17 @@ def _at_exit() -> None:
         if tuner is not None:
             tuner.cancel(abandon=True, reason="the program ended")
         if not wait(_EXIT_WAIT_S):
-            log.warning(
-                "honed.jit: JIT's background work did not stop within %gs of the program's end "
-                "(a build or check in this process cannot be interrupted)",
-                _EXIT_WAIT_S,
+            # A build, check or install in this process cannot be interrupted, and a daemon
+            # thread still inside torch when the interpreter finalizes aborts the process (the
+            # program would end with SIGABRT instead of its own status): wait for that step.
+            # Nothing new starts after it, so the wait is one step long.
+            print(
+                "honed.jit: the program ended during an install in this process; waiting for it "
+                "to finish (nothing new starts)",
+                file=sys.stderr,
+                flush=True,
             )
+            wait(None)
         log.debug("honed.jit: stopping at exit took %.2fs", time.perf_counter() - started)
     for hook in list(_WORKER.exit_hooks):
         try:
