@@ -18,6 +18,8 @@ TRANSFORMERS_VERSION ?= 5.17.0
 FRESH_MACHINE ?= ../shared/tools/fresh-machine.sh
 FRESH_COMMANDS ?= "make demo" "make test" "make wheel-check"
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` ("auto": one per CPU core).
+TEST_JOBS ?= auto
 
 .PHONY: demo test test-fast test-cpp test-py lint stub stub-check gpu-test bench-gpu bench-report \
         clean setup wheel wheel-check fresh-check
@@ -27,7 +29,7 @@ demo: $(STAMP)/package
 
 test: lint test-cpp test-py
 
-setup: $(STAMP)/package $(STAMP)/bench-deps
+setup: $(STAMP)/package $(STAMP)/bench-deps $(STAMP)/test-deps
 
 # Re-checked when the package list (this Makefile) changes; installs only what is missing.
 $(STAMP)/apt: Makefile
@@ -52,6 +54,13 @@ $(STAMP)/bench-deps: $(STAMP)/venv Makefile
 	$(VPY) -c "import torch; assert torch.__version__.startswith('$(TORCH_VERSION)'), torch.__version__"
 	$(VPY) -m pip check
 	@touch $@
+
+# pytest-xdist: `make test` runs the suite on every core (re-checked when this Makefile changes,
+# so a venv made before it came along gets it too).
+$(STAMP)/test-deps: $(STAMP)/venv Makefile
+	$(VPY) -m pip install -q "pytest-xdist>=3.6"
+	@touch $@
+
 # TorchAOBackend: torchao's pure-Python wheel (made for torch >= 2.11), fetched like the device's.
 # --no-deps: torchao declares none, and this never pulls another torch.
 $(STAMP)/torchao: $(STAMP)/venv scripts/fetch-device-wheels.sh
@@ -86,12 +95,15 @@ test-cpp: $(CPP_BUILD)/build.ninja
 	$(VENV)/bin/cmake --build $(CPP_BUILD)
 	cd $(CPP_BUILD) && $(abspath $(VENV)/bin/ctest) --output-on-failure
 
-# Every CPU tier (tests/conftest.py: unit, integration; gpu tests skip without CUDA).
-test-py: $(STAMP)/package $(STAMP)/bench-deps
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+# Every CPU tier (tests/conftest.py: unit, integration; gpu tests skip without CUDA), side by side
+# in pytest-xdist workers (a test file stays on one worker, so its module fixtures are made once);
+# then the tests marked serial, which need the machine to themselves, alone.
+test-py: $(STAMP)/package $(STAMP)/bench-deps $(STAMP)/test-deps
+	$(VPY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not serial" $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -m serial $(PYTEST_ARGS)
 
 # The unit tier only, for the edit-test loop.
-test-fast: $(STAMP)/package $(STAMP)/bench-deps
+test-fast: $(STAMP)/package $(STAMP)/bench-deps $(STAMP)/test-deps
 	$(VPY) -m pytest -q -m "not integration and not gpu" $(PYTEST_ARGS)
 
 lint: $(STAMP)/package stub-check

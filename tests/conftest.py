@@ -4,7 +4,11 @@ the test tiers.
 Tiers: a test is a fast unit test unless it says otherwise. ``@pytest.mark.integration`` (or a
 module's ``pytestmark``) puts it in the CPU integration tier: real compiles, worker processes,
 subprocess builds; a test using one of the shared compiled fixtures lands there on its own.
-``@pytest.mark.gpu`` tests skip without CUDA. `make test-fast` runs the unit tier, `make test` all.
+``@pytest.mark.gpu`` tests skip without CUDA. `make test-fast` runs the unit tier, `make test` all:
+side by side in pytest-xdist workers, then ``@pytest.mark.serial`` tests (which need the machine to
+themselves) alone. Everything a test writes is private to it (tmp_path, the tuning cache and the
+config folder below, also for the processes it starts), so tests may run side by side; Inductor's
+own cache is shared, as honed's workers share it (it is safe for concurrent processes).
 """
 
 from __future__ import annotations
@@ -128,7 +132,9 @@ def fast_measurement() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def inductor_tuned() -> honed.Module:
-    """A TinyMLP tuned once with Inductor on batches 2, 4 and 8 (shared: compiling is slow)."""
+    """A TinyMLP tuned once with Inductor on batches 2, 4 and 8 (shared: compiling is slow).
+    In-process, like every test of the tuner's logic: a session fixture is set up before the
+    autouse fixtures below, so it says so itself (a worker pool would cost two interpreters)."""
     torch.manual_seed(0)
     model = honed.Module(TinyMLP().eval(), "tiny")
     strategy = honed.OneBackendStrategy(honed.backend.TorchInductorBackend())
@@ -139,6 +145,7 @@ def inductor_tuned() -> honed.Module:
         window_calls=3,
         max_windows=4,
         cache_enabled=False,
+        isolation="none",
     ):
         honed.tune(model, batches(2, 4, 8), strategy=strategy)
     return model
@@ -153,9 +160,15 @@ def in_process() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Each test gets its own tuning cache, so no test sees another's outcomes."""
-    with honed.config.patch(cache_dir=tmp_path_factory.mktemp("cache")):
+def private_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Each test gets its own tuning cache, so no test sees another's outcomes; the processes it
+    starts too (HONED_CACHE_DIR), so none reads ~/.cache/honed or another test's entries, also
+    when tests run side by side (pytest-xdist). A test's own env= still wins."""
+    root = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("HONED_CACHE_DIR", str(root))
+    with honed.config.patch(cache_dir=root):
         yield
 
 

@@ -143,6 +143,7 @@ def loaded_cpu() -> Iterator[Any]:
             hog.wait()
 
 
+@pytest.mark.serial  # its busy processes on every CPU would slow the tests running beside it
 def test_under_real_load_eager_keeps_its_place_and_the_report_says_busy(loaded_cpu: Any) -> None:
     for _ in range(3):
         _, report = _tune()
