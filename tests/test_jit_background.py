@@ -8,6 +8,7 @@ and never by timing, what the program's calls do while JIT tunes.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -121,6 +122,15 @@ def test_calls_run_eager_while_the_tune_is_blocked_then_the_winner_swaps_in() ->
     assert root.busy and root.state is State.RECORDING and root.tuned is None
     assert Gated.calls == 0
     assert "(tuning in the background)" in honed.jit.hierarchy()
+    # the record of the running tune says where it got to (what a report at exit prints)
+    deadline = time.monotonic() + GATE_TIMEOUT_S
+    while Gated.builds == 0:  # the tune reaches Gated's build (which waits for the gate)
+        assert time.monotonic() < deadline, "the tune never started Gated's build"
+        time.sleep(0.01)
+    (running,) = honed.jit.tunes()
+    assert running.status == "running"
+    assert "3 call(s) ran eager meanwhile" in running.line(), running.line()
+    assert "Gated running" in running.line(), running.line()
     assert_close(got, eager(model, inputs))
     finish()
     assert not root.busy and root.state is State.TUNED

@@ -67,9 +67,16 @@ class TuneRecord:
     status: str = "running"
     error: str = ""
     started: float = dataclasses.field(default_factory=time.perf_counter, repr=False)
+    # While running: the calls so far and each candidate's state so far (the record of a tune
+    # still running at exit, e.g. in its install, says where it got to).
+    progress: Callable[[], tuple[int, dict[str, str]]] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     def line(self) -> str:
         """The history's one-line summary."""
+        if self.status == "running" and self.progress is not None:
+            self.calls_meanwhile, self.tried = self.progress()
         tried = ", ".join(f"{name} {status}" for name, status in self.tried.items()) or "nothing"
         budget = f", budget {self.budget_s:g}s" if self.budget_s else ""
         head = f"{self.module} ({self.reason}{budget}) beside the program"

@@ -214,6 +214,7 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
         reuse_unstable=True,  # a restart replays the decision instead of measuring beside calls
     )
     node.tuner = tuner
+    record.progress = lambda: (node.call_count - calls_before, _tried_so_far(tuner))
     if not background.set_current(tuner):
         _cancelled(node, record, "the program ended", time.perf_counter() - started)
         return
@@ -224,6 +225,7 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
         error = e
     finally:
         background.set_current(None)
+        record.progress = None
         record.calls_meanwhile = node.call_count - calls_before
         record.tried = _tried_so_far(tuner)
     if isinstance(error, TuneCancelled):
