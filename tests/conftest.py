@@ -121,12 +121,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_cuda)
 
 
+# Short warm-up and windows: tests check behaviour, never timings.
+FAST_MEASUREMENT: dict[str, float] = dict(
+    warmup_ms=2.0, warmup_calls=2, window_ms=2.0, window_calls=3, max_windows=4
+)
+
+
+def fast_measurement_env() -> dict[str, str]:
+    """FAST_MEASUREMENT as HONED_* variables, for the processes a test starts."""
+    return {f"HONED_{name.upper()}": f"{value:g}" for name, value in FAST_MEASUREMENT.items()}
+
+
 @pytest.fixture(autouse=True)
 def fast_measurement() -> Iterator[None]:
-    """Short warm-up and windows: tests check behaviour, never timings."""
-    with honed.config.patch(
-        warmup_ms=2.0, warmup_calls=2, window_ms=2.0, window_calls=3, max_windows=4
-    ):
+    with honed.config.patch(**FAST_MEASUREMENT):
         yield
 
 

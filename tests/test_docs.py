@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fast_measurement_env
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(
@@ -50,11 +52,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         HONED_ISOLATION="none",
-        HONED_WARMUP_MS="2",
-        HONED_WARMUP_CALLS="2",
-        HONED_WINDOW_MS="2",
-        HONED_WINDOW_CALLS="3",
-        HONED_MAX_WINDOWS="4",
+        **fast_measurement_env(),
         HONED_CACHE_DIR=str(tmp_path / "cache"),
         HONED_PROGRESS="off",
     )

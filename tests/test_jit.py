@@ -20,7 +20,7 @@ import honed.jit
 from honed.jit import State
 from honed.jit.patcher import _ORIGINAL_CALL
 
-from conftest import TinyMLP, batches
+from conftest import TinyMLP, batches, fast_measurement_env
 
 pytestmark = pytest.mark.integration  # real Inductor compiles and scripts in new interpreters
 
@@ -442,11 +442,7 @@ def run_script(tmp_path: Path, cache: Path, tag: str) -> tuple[str, dict[str, ob
         HONED_ISOLATION="none",
         HONED_JIT_BACKENDS="TorchInductorBackend",
         HONED_JIT_WAIT="1",  # the script's five calls end before a tune beside them would
-        HONED_WARMUP_MS="2",
-        HONED_WARMUP_CALLS="2",
-        HONED_WINDOW_MS="2",
-        HONED_WINDOW_CALLS="3",
-        HONED_MAX_WINDOWS="4",
+        **fast_measurement_env(),
         # Every measurement counts as stable: this is about reuse, and an unstable measurement
         # is never reused (tests/test_figures.py), which a loaded test machine would make likely.
         HONED_STABILITY_TOLERANCE="1e9",

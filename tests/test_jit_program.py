@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from conftest import fast_measurement_env
+
 pytestmark = pytest.mark.integration  # new interpreters, worker processes, real compiles
 
 SCRIPT = textwrap.dedent(
@@ -107,11 +109,7 @@ def run(tmp_path: Path, mode: str, tag: str) -> tuple[subprocess.CompletedProces
         HONED_CACHE_DIR=str(tmp_path / "honed-cache"),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"),
         TMPDIR=str(workers_tmp),  # the workers' folders: none may be left behind
-        HONED_WARMUP_MS="2",
-        HONED_WARMUP_CALLS="2",
-        HONED_WINDOW_MS="2",
-        HONED_WINDOW_CALLS="3",
-        HONED_MAX_WINDOWS="4",
+        **fast_measurement_env(),
         # Every measurement is unstable, as beside a busy program: eager stays (no evidence),
         # and a restart must replay that decision rather than measure beside the program again.
         HONED_STABILITY_TOLERANCE="1e-9",
