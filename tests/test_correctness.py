@@ -92,3 +92,16 @@ def test_fp32_candidates_meet_tf32_tolerance_where_eager_runs_tf32() -> None:
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
         torch.set_float32_matmul_precision(precision)
+
+
+def test_the_fp32_tolerance_applies_to_float32_outputs_only() -> None:
+    torch.manual_seed(0)
+    ref = torch.randn(64, 64)
+    off = ref * (1 + 5e-3)  # TF32-sized error
+    assert not compare(ref, off).ok
+    assert compare(ref, off, fp32=TF32).ok
+    # A bf16 output keeps the reduced-precision tolerance, looser than TF32's.
+    half = ref.bfloat16()
+    off_half = (ref * (1 + 2e-2)).bfloat16()
+    assert compare(half, off_half).ok
+    assert compare(half, off_half, fp32=TF32).ok

@@ -18,7 +18,7 @@ import torch
 from honed import _core, config
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.registry import availability
-from honed.pipeline.correctness import CheckResult, Tolerance, compare, eager_tolerance
+from honed.pipeline.correctness import FP32, CheckResult, Tolerance, compare, eager_tolerance
 from honed.pipeline.machine import measuring_threads
 
 log = logging.getLogger("honed")
@@ -273,14 +273,10 @@ def check(
 
 def _tolerances(
     backend: Backend, module: torch.nn.Module, device: torch.device
-) -> tuple[bool, Tolerance | None]:
-    """Whether ``backend`` computes in reduced precision, and the tolerance that replaces the
-    per-dtype one (the backend's own, else eager's when eager is not fp32-exact)."""
-    reduced = reduced_precision(backend)
-    own = backend.tolerance()
-    if own is not None or reduced:
-        return reduced, own
-    return reduced, eager_tolerance(module, device)
+) -> tuple[bool, Tolerance | None, Tolerance]:
+    """Whether ``backend`` computes in reduced precision, the backend's own tolerance (None:
+    per dtype), and the one for float32 outputs (looser where eager is not fp32-exact)."""
+    return reduced_precision(backend), backend.tolerance(), eager_tolerance(module, device) or FP32
 
 
 def _check(
@@ -289,11 +285,12 @@ def _check(
     references: list[Any],
     reduced: bool,
     tolerance: Tolerance | None = None,
+    fp32: Tolerance = FP32,
 ) -> CheckResult:
     result = CheckResult(True)
     for sample, ref in zip(samples, references, strict=True):
         out = fn(*sample.args, **sample.kwargs)
-        result = result.merge(compare(ref, out, reduced, tolerance))
+        result = result.merge(compare(ref, out, reduced, tolerance, fp32))
         if not result.ok:
             break
     return result

@@ -50,10 +50,10 @@ def eager_tolerance(module: torch.nn.Module, device: torch.device) -> Tolerance 
     return TF32 if matmul or conv else None
 
 
-def tolerance_for(dtype: torch.dtype, reduced_precision: bool) -> Tolerance:
+def tolerance_for(dtype: torch.dtype, reduced_precision: bool, fp32: Tolerance = FP32) -> Tolerance:
     if reduced_precision or dtype in (torch.float16, torch.bfloat16):
         return REDUCED
-    return FP32
+    return fp32
 
 
 @dataclasses.dataclass
@@ -79,10 +79,12 @@ def compare(
     candidate: Any,
     reduced_precision: bool = False,
     tolerance: Tolerance | None = None,
+    fp32: Tolerance = FP32,
 ) -> CheckResult:
     """Check ``candidate`` against ``reference`` (eager outputs of the same inputs).
 
-    ``tolerance`` replaces the per-dtype one for floating outputs (quantized backends).
+    ``tolerance`` replaces the per-dtype one for floating outputs (quantized backends); ``fp32``
+    is the one for float32 outputs of a full-precision candidate (eager_tolerance).
     """
     ref_leaves, ref_spec = _flatten(reference)
     out_leaves, out_spec = _flatten(candidate)
@@ -90,7 +92,7 @@ def compare(
         return CheckResult(False, f"wrong output structure: expected {ref_spec}, got {out_spec}")
     result = CheckResult(True)
     for i, (ref, out) in enumerate(zip(ref_leaves, out_leaves, strict=True)):
-        result = result.merge(_compare_leaf(i, ref, out, reduced_precision, tolerance))
+        result = result.merge(_compare_leaf(i, ref, out, reduced_precision, tolerance, fp32))
     return result
 
 
@@ -125,7 +127,12 @@ def _flatten(value: Any, depth: int = 0) -> tuple[list[Any], Any]:
 
 
 def _compare_leaf(
-    i: int, ref: Any, out: Any, reduced_precision: bool, tolerance: Tolerance | None
+    i: int,
+    ref: Any,
+    out: Any,
+    reduced_precision: bool,
+    tolerance: Tolerance | None,
+    fp32: Tolerance,
 ) -> CheckResult:
     if not isinstance(ref, torch.Tensor):
         if isinstance(out, torch.Tensor) or ref != out:
@@ -165,7 +172,7 @@ def _compare_leaf(
     scale = float(r.abs().max())
     max_rel = float((diff / r.abs().clamp_min(max(scale * 1e-3, 1e-12))).max())
     cos = _cosine(r, o)
-    tol = tolerance or tolerance_for(ref.dtype, reduced_precision)
+    tol = tolerance or tolerance_for(ref.dtype, reduced_precision, fp32)
     allowed = tol.atol * max(1.0, scale) + tol.rtol * r.abs()
     ok = bool((diff <= allowed).all()) and cos >= tol.min_cosine
     reason = ""
