@@ -6,14 +6,18 @@ Measures a target="cpp" artifact at each batch size through
   * Python: a fresh interpreter that times ``honed.load`` of the same artifact and measures the
     loaded honed.Module with the engine's protocol (CUDA events on the current stream on a GPU),
   * optionally the best Python selection (``--python-artifact``, an artifact of a target="python"
-    tune of the same model), loaded and measured the same way: issue 22's "C++ within 5 % of the
-    best Python candidate" is the last column,
+    tune of the same model; or ``--python-best``, which tunes the Python-only candidates that won
+    the suite's GPU rows), loaded and measured the same way; the best Python figure is the faster
+    of that and the C++ artifact loaded in Python: issue 22's "C++ within 5 % of the best Python
+    candidate" is the C++ / Python column,
 and reports the artifact's size against its stored weights. Each (model, batch) is measured
 --repeats times, the sides taking turns to go first (a GPU warming up or a noisy neighbour then
 hits all alike); the table shows medians over the repeats. Every record carries the commit, GPU,
 driver and library versions; raw records go to --json.
 
-Without --artifact it tunes each of --models itself (target="cpp", AOTInductor) and saves it;
+Without --artifact it tunes each of --models itself (target="cpp": honed's default candidates for
+the C++ runtime, every AOTInductor precision and layout; --time-budget caps it) at the --batches
+given (one batch: static shapes, as the suite's rows) and saves it;
 --models takes the built-in "mlp" and "convnet" or the suite's models (bench/models.py: "bert",
 "resnet50", ...). With --artifact it measures that file, built from --models' one model:
 
@@ -82,20 +86,55 @@ def model_and_input(name: str, batch: int, device: str) -> tuple[nn.Module, torc
     return spec.build().to(device), spec.inputs(batch, torch.device(device))
 
 
-def tune_and_save(name: str, device: str, batches: list[int], path: Path) -> None:
-    sizes = sorted({1, *batches, max(batches) * 2})
+def tune_and_save(
+    name: str,
+    device: str,
+    batches: list[int],
+    path: Path,
+    target: str = "cpp",
+    backends: list[Any] | None = None,
+    time_budget_s: float | None = None,
+) -> dict[str, Any]:
+    """Tune ``name`` at ``batches`` (one batch: static shapes, as the suite's rows) and save it.
+
+    target="cpp" with ``backends`` None: honed's default candidates for the C++ runtime (every
+    AOTInductor precision and layout); target="python": ``backends``, or the defaults. Returns
+    what the report says of the tune (selected, seconds, each candidate's status)."""
     model, _ = model_and_input(name, 1, device)
     module = honed.Module(model, name)
-    data = [model_and_input(name, b, device)[1] for b in sizes]
-    honed.tune(
-        module,
-        data,
-        backends=[honed.backend.TorchInductorAotBackend()],
-        target="cpp",
-        device=device,
-        isolation="none",
-    )
+    data = [model_and_input(name, b, device)[1] for b in batches]
+    started = time.perf_counter()
+    report = honed.tune(
+        module, data, backends=backends, target=target, device=device,
+        time_budget_s=time_budget_s,
+    )  # fmt: skip
+    tune_s = time.perf_counter() - started
     honed.save(module, path)
+    return {
+        "target": target,
+        "tune_s": tune_s,
+        "selected": report.selected(),
+        "report": str(report).splitlines()[-40:],
+    }
+
+
+def python_best_backends(name: str) -> list[Any]:
+    """The Python-only candidates that won the suite's GPU rows (bench/RESULTS.md): Inductor's
+    reduce-overhead with bf16 weights, and for image models the same in channels_last. The
+    AOTInductor candidates are the C++ artifact's own, measured through honed.load too."""
+    from honed.backend import TorchInductorBackend
+    from honed.backend.torch_inductor import TorchInductorBackendConfig as Inductor
+
+    from models import SPECS  # bench/models.py
+
+    found = [TorchInductorBackend(Inductor(mode="reduce-overhead", precision="bf16"))]
+    if name in SPECS and SPECS[name].kind == "image":
+        found.append(
+            TorchInductorBackend(
+                Inductor(mode="reduce-overhead", precision="bf16", memory_format="channels_last")
+            )
+        )
+    return found
 
 
 def sizes(path: Path) -> dict[str, int]:
@@ -214,7 +253,8 @@ def table(records: list[dict[str, Any]]) -> str:
         def cell(v: float | None, digits: int) -> str:
             return "—" if v is None else f"{v:.{digits}f}"
 
-        best = mid("python_best", "median_ms") or mid("python", "median_ms")
+        pythons = [m for m in (mid("python_best", "median_ms"), mid("python", "median_ms")) if m]
+        best = min(pythons) if pythons else None
         cpp = mid("cpp", "median_ms")
         size = runs[0]["sizes"]
         mb = 1e6
@@ -283,31 +323,56 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side per row")
     parser.add_argument("--artifact", type=Path, help="measure this target='cpp' artifact")
     parser.add_argument("--python-artifact", type=Path, help="the best Python selection's artifact")
+    parser.add_argument(
+        "--python-best",
+        action="store_true",
+        help="also tune the Python-only winners of the suite (reduce-overhead, bf16 weights) and "
+        "measure them as the best Python side",
+    )
+    parser.add_argument(
+        "--time-budget", type=float, default=None, help="the target='cpp' tune's time_budget_s"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    if (args.artifact or args.python_artifact) and len(args.models) != 1:
+    if (args.artifact or args.python_artifact or args.python_best) and len(args.models) != 1:
         parser.error("--artifact/--python-artifact measure one model: give --models NAME")
     for given in (args.artifact, args.python_artifact):
         if given is not None and not given.is_file():
             parser.error(f"{given} does not exist")
     env = environment(args.device)
     records: list[dict[str, Any]] = []
+    tunes: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="honed-cpp-vs-py-") as tmp:
         for name in args.models:
             path = args.artifact or Path(tmp) / f"{name}.honed"
             if args.artifact is None:
-                started = time.perf_counter()
-                tune_and_save(name, args.device, args.batches, path)
-                print(f"{name}: tuned and saved in {time.perf_counter() - started:.0f} s")
+                tuned = tune_and_save(
+                    name, args.device, args.batches, path, time_budget_s=args.time_budget
+                )
+                tunes.append({"model": name, **tuned})
+                print(f"{name}: target=cpp tuned and saved in {tuned['tune_s']:.0f} s", flush=True)
+                print("\n".join(tuned["report"]), flush=True)
+            if args.python_best and args.python_artifact is None:
+                args.python_artifact = Path(tmp) / f"{name}-python.honed"
+                tuned = tune_and_save(
+                    name, args.device, args.batches, args.python_artifact, target="python",
+                    backends=python_best_backends(name),
+                )  # fmt: skip
+                tunes.append({"model": name, **tuned})
+                print(f"{name}: Python best tuned and saved in {tuned['tune_s']:.0f} s", flush=True)
             measure(args, name, path, Path(tmp), env, records)
+            if args.python_best:
+                args.python_artifact = None
     print(f"\n{env}\n")
     print(table(records))
     print()
     print(phases_table(records))
     if args.json:
         args.json.write_text(json.dumps(records, indent=2))
+        if tunes:
+            args.json.with_suffix(".tunes.json").write_text(json.dumps(tunes, indent=2))
 
 
 if __name__ == "__main__":
