@@ -122,10 +122,10 @@ def python_best_backends(name: str) -> list[Any]:
     """The Python-only candidates that won the suite's GPU rows (bench/RESULTS.md): Inductor's
     reduce-overhead with bf16 weights, and for image models the same in channels_last. The
     AOTInductor candidates are the C++ artifact's own, measured through honed.load too."""
+    from models import SPECS  # bench/models.py
+
     from honed.backend import TorchInductorBackend
     from honed.backend.torch_inductor import TorchInductorBackendConfig as Inductor
-
-    from models import SPECS  # bench/models.py
 
     found = [TorchInductorBackend(Inductor(mode="reduce-overhead", precision="bf16"))]
     if name in SPECS and SPECS[name].kind == "image":
