@@ -155,6 +155,40 @@ def test_honed_run_checks_and_benchmarks(
     assert result["throughput"] > 0
 
 
+def test_honed_run_checks_a_bf16_graph_with_the_tolerance_its_tune_used(
+    keys: Path, tmp_path: Path
+) -> None:
+    """A graph with bf16 weights returns float32 outputs: the tune's check held them to honed's
+    reduced-precision tolerance, the artifact records it, and honed-run --check applies it
+    rather than fp32's (which such a graph fails)."""
+    from honed.pipeline.correctness import REDUCED
+
+    torch.manual_seed(0)
+    module = honed.Module(TinyMLP().eval(), "tiny").to(DEVICE)
+    data = [x.to(DEVICE) for x in batches(4, 4, seed=3)]
+    bf16 = honed.backend.TorchInductorAotBackend(
+        honed.backend.TorchInductorAotBackendConfig(precision="bf16")
+    )
+    with honed.config.patch(
+        isolation="none", cache_enabled=False, warmup_ms=2.0, warmup_calls=2, window_ms=2.0,
+        window_calls=3,
+    ):  # fmt: skip
+        honed.tune(module, data, backends=[bf16], target="cpp", device=DEVICE)
+    assert module.is_tuned
+    with honed.config.patch(config_dir=keys / "honed", signing_key=""):
+        path = honed.save(module, tmp_path / "bf16.honed")
+    graph = honed.artifact.open_artifact(path).manifest.modules[0].graphs[0]
+    assert graph.figures["check_tolerance"] == {
+        "atol": REDUCED.atol, "rtol": REDUCED.rtol, "min_cosine": REDUCED.min_cosine,
+    }  # fmt: skip
+    done = _run(HONED_RUN, path, "--device", DEVICE, "--check", "--iterations", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"check +graph 0: ok", done.stdout), done.stdout
+    done = _run(HONED_RUN, path, "--device", DEVICE, "--check", "--iterations", "1",
+                "--atol", "1e-4", "--rtol", "1e-3")  # fmt: skip
+    assert done.returncode == 1 and "MISMATCH" in done.stdout, done.stdout + done.stderr
+
+
 def test_honed_run_threads_and_adaptive_protocol(tuned: tuple[honed.TuneReport, Path]) -> None:
     _, path = tuned
     done = _run(HONED_RUN, path, "--device", DEVICE, "--threads", "3", "--duration-s", "0.2")

@@ -169,8 +169,8 @@ std::vector<at::Tensor> bench_inputs(const honed::Model& model, const Options& o
   return samples[0].inputs;
 }
 
-// Compares every stored sample's outputs with eager PyTorch's, stored next to it. Per-dtype
-// tolerances as honed's correctness check (src/honed/pipeline/correctness.py) unless --rtol/--atol.
+// Compares every stored sample's outputs with eager PyTorch's, stored next to it, with the
+// tolerance the tune checked the graph with (or per dtype) unless --rtol/--atol.
 bool check(const honed::Model& model, const Options& opt, json& report) {
   bool ok = true;
   int checked = 0;
@@ -192,15 +192,29 @@ bool check(const honed::Model& model, const Options& opt, json& report) {
               shape_str(want);
         break;
       }
-      bool reduced = want.scalar_type() == at::kHalf || want.scalar_type() == at::kBFloat16;
-      double rtol = opt.rtol >= 0 ? opt.rtol : (reduced ? 3e-2 : 1e-3);
-      double atol = opt.atol >= 0 ? opt.atol : (reduced ? 3e-2 : 1e-4);
+      // The tune's own rule (src/honed/pipeline/correctness.py): |got - want| <= atol * max(1,
+      // max |want|) + rtol * |want| and a cosine of at least min_cosine; float32 outputs with the
+      // tolerance the artifact recorded for the graph, half-precision ones with honed's reduced
+      // one.
+      const bool reduced = want.scalar_type() == at::kHalf || want.scalar_type() == at::kBFloat16;
+      const bool stored = !reduced && s.atol >= 0;
+      double rtol = opt.rtol >= 0 ? opt.rtol : (stored ? s.rtol : (reduced ? 3e-2 : 1e-3));
+      double atol = opt.atol >= 0 ? opt.atol : (stored ? s.atol : (reduced ? 3e-2 : 1e-4));
+      const double min_cosine = stored ? s.min_cosine : (reduced ? 0.999 : 0.0);
       if (at::isFloatingType(want.scalar_type())) {
         at::Tensor g64 = got.to(at::kDouble), w64 = want.to(at::kDouble);
-        max_abs = std::max(max_abs, (g64 - w64).abs().max().item<double>());
-        if (!at::allclose(g64, w64, rtol, atol)) {
+        at::Tensor diff = (g64 - w64).abs();
+        max_abs = std::max(max_abs, diff.max().item<double>());
+        const double scale = std::max(1.0, w64.abs().max().item<double>());
+        const bool close = (diff <= atol * scale + rtol * w64.abs()).all().item<bool>();
+        const double norms = g64.norm().item<double>() * w64.norm().item<double>();
+        const double cosine = norms > 0 ? (g64 * w64).sum().item<double>() / norms : 1.0;
+        if (!close) {
           why = "output " + std::to_string(i) + " differs from eager beyond rtol " +
                 std::to_string(rtol) + " / atol " + std::to_string(atol);
+        } else if (cosine < min_cosine) {
+          why = "output " + std::to_string(i) + " has cosine " + std::to_string(cosine) +
+                " with eager, below " + std::to_string(min_cosine);
         }
       } else if (!at::equal(got, want)) {
         why = "output " + std::to_string(i) + " differs from eager";

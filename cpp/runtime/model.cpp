@@ -476,6 +476,12 @@ std::vector<Sample> Model::samples() const {
     if (g.samples.empty()) continue;
     Sample s;
     s.graph = static_cast<int>(i);
+    const auto tol = g.figures.find("check_tolerance");
+    if (tol != g.figures.end() && tol->is_object()) {
+      s.atol = tol->value("atol", -1.0);
+      s.rtol = tol->value("rtol", -1.0);
+      s.min_cosine = tol->value("min_cosine", 0.0);
+    }
     for (at::Tensor& t : detail::tensors_with_prefix(impl_->artifact.entry(g.samples), "leaf")) {
       s.inputs.push_back(t.to(impl_->device));
     }

@@ -15,6 +15,7 @@ loaded only from an artifact signed by a trusted key, or with ``trust_native_cod
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -39,6 +40,7 @@ from honed.errors import (
     UntrustedArtifactError,
 )
 from honed.module import Module, Variant, find_modules
+from honed.pipeline.candidate import float_tolerance
 from honed.pipeline.signals import terminate_like_interrupt
 from honed.pipeline.sweep import resize_sample
 from honed.shapes import graph_info
@@ -118,6 +120,10 @@ def _save_module(module: Module, entries: dict[str, bytes]) -> Any:
         graph.profile = variant.profile
         graph.backend = variant.backend.recipe()
         graph.figures = _jsonable(variant.figures)
+        # The bar the tune's correctness check held float32 outputs to (bf16 weights, TF32):
+        # honed-run --check compares the stored eager outputs with the same one.
+        tol = float_tolerance(variant.backend, module.module, _device_of(module))
+        graph.figures = {**graph.figures, "check_tolerance": dataclasses.asdict(tol)}
         graph.runnable_from_cpp = bool(getattr(variant.backend, "cpp_runnable", False))
         if variant.backend.saves_payload:
             payload = {}

@@ -77,6 +77,11 @@ struct Sample {
   int graph = 0;
   std::vector<at::Tensor> inputs;
   std::vector<at::Tensor> expected;
+  // The bar the tune's correctness check held this graph's float32 outputs to (its precision:
+  // bf16 weights, TF32), as saved; atol < 0 when the artifact does not say.
+  double atol = -1;
+  double rtol = -1;
+  double min_cosine = 0;
 };
 
 class Model {

@@ -18,7 +18,14 @@ import torch
 from honed import _core, config
 from honed.backend.base import Backend, GraphInfo, Sample
 from honed.backend.registry import availability
-from honed.pipeline.correctness import FP32, CheckResult, Tolerance, compare, eager_tolerance
+from honed.pipeline.correctness import (
+    FP32,
+    CheckResult,
+    Tolerance,
+    compare,
+    eager_tolerance,
+    tolerance_for,
+)
 from honed.pipeline.machine import measuring_threads
 
 log = logging.getLogger("honed")
@@ -277,6 +284,13 @@ def _tolerances(
     """Whether ``backend`` computes in reduced precision, the backend's own tolerance (None:
     per dtype), and the one for float32 outputs (looser where eager is not fp32-exact)."""
     return reduced_precision(backend), backend.tolerance(), eager_tolerance(module, device) or FP32
+
+
+def float_tolerance(backend: Backend, module: torch.nn.Module, device: torch.device) -> Tolerance:
+    """The tolerance a float32 output of ``backend``'s variant was checked with: what a saved
+    artifact records, so a later check (``honed-run --check``) holds it to the same bar."""
+    reduced, own, fp32 = _tolerances(backend, module, device)
+    return own or tolerance_for(torch.float32, reduced, fp32)
 
 
 def _check(
