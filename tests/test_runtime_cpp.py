@@ -160,7 +160,8 @@ def test_honed_run_checks_a_bf16_graph_with_the_tolerance_its_tune_used(
 ) -> None:
     """A graph with bf16 weights returns float32 outputs: the tune's check held them to honed's
     reduced-precision tolerance, the artifact records it, and honed-run --check applies it
-    rather than fp32's (which such a graph fails)."""
+    rather than fp32's (which such a graph fails). Its bf16 constants come from the stored fp32
+    weights, cast at load."""
     from honed.pipeline.correctness import REDUCED
 
     torch.manual_seed(0)
@@ -178,6 +179,8 @@ def test_honed_run_checks_a_bf16_graph_with_the_tolerance_its_tune_used(
     with honed.config.patch(config_dir=keys / "honed", signing_key=""):
         path = honed.save(module, tmp_path / "bf16.honed")
     graph = honed.artifact.open_artifact(path).manifest.modules[0].graphs[0]
+    # The bf16 constants are the module's weights cast: read from its weights, not stored twice.
+    assert "constants.safetensors" not in graph.payload, graph.payload
     assert graph.figures["check_tolerance"] == {
         "atol": REDUCED.atol, "rtol": REDUCED.rtol, "min_cosine": REDUCED.min_cosine,
     }  # fmt: skip

@@ -35,15 +35,19 @@ at::Tensor laid_out(const json& c, const RawTensor& source, const c10::Device& d
   const c10::ScalarType dtype = dtype_from_name(c.at("dtype").get<std::string>());
   const auto shape = c.at("shape").get<std::vector<int64_t>>();
   const auto stride = c.at("stride").get<std::vector<int64_t>>();
+  // "cast_from": the module's own tensor, stored in that dtype, cast to the package's (bf16
+  // weights): the same round-to-nearest-even cast the package was compiled from.
+  const c10::ScalarType stored_as =
+      c.contains("cast_from") ? dtype_from_name(c.at("cast_from").get<std::string>()) : dtype;
   at::Tensor stored = view_tensor(source);
-  if (stored.scalar_type() != dtype || stored.sizes() != at::IntArrayRef(shape)) {
+  if (stored.scalar_type() != stored_as || stored.sizes() != at::IntArrayRef(shape)) {
     throw RuntimeError("honed runtime: package constant '" + fqn + "' should be " +
-                       dtype_name(dtype) + shape_text(shape) + ", the artifact holds " +
+                       dtype_name(stored_as) + shape_text(shape) + ", the artifact holds " +
                        dtype_name(stored.scalar_type()) + shape_text(stored.sizes().vec()) +
                        "; re-save the artifact");
   }
   const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
-  if (stored.strides() == at::IntArrayRef(stride)) {
+  if (stored_as == dtype && stored.strides() == at::IntArrayRef(stride)) {
     return device.is_cpu() ? stored.clone() : stored.to(options, /*non_blocking=*/false, true);
   }
   at::Tensor out = at::empty_strided(shape, stride, options);

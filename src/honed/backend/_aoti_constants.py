@@ -14,7 +14,10 @@ constants with the strides they were compiled for), so that Python (here) and th
     {"format": 1, "constants": [{"fqn": "inner.0.weight", "source": "weights", "key": "0.weight",
       "dtype": "float32", "shape": [32, 16], "stride": [16, 1]}, ...]}
 
-("source": "payload" names a key of constants.safetensors).
+("source": "payload" names a key of constants.safetensors). A module tensor the package holds
+cast (bf16 weights) is read from the weights too, with ``"cast_from": "float32"``: the loader
+casts it to ``dtype`` (the same rounding as the cast it was compiled from) and lays it out, so a
+precision or memory-format candidate stores no second copy of the weights.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ NO_CONSTANTS_IN_SO = {"aot_inductor.package_constants_in_so": False}
 # FlatForward (_export.py) holds the tuned module as this attribute: the exported FQNs of the
 # module's own tensors start with it.
 _ROOT = "inner."
+# backend/_precision.py's CastModule holds the converted copy of the module under this name.
+_CAST_ROOT = "inner."
 
 
 @dataclasses.dataclass
@@ -81,14 +86,21 @@ def plan(loader: Any, exported: Any, module: torch.nn.Module) -> Constants:
         t = t.detach()
         live[fqn] = t
         key = fqn.removeprefix(_ROOT)
+        if key not in weights and key.startswith(_CAST_ROOT):
+            key = key.removeprefix(_CAST_ROOT)  # a precision candidate's CastModule around it
         entry: dict[str, Any] = {
             "fqn": fqn,
             "dtype": _dtype_name(t.dtype),
             "shape": list(t.shape),
             "stride": list(t.stride()),
         }
-        if fqn.startswith(_ROOT) and key in weights and _same(weights[key], t):
+        own = weights.get(key) if fqn.startswith(_ROOT) else None
+        if own is not None and _same(own, t):
             entry.update(source="weights", key=key)
+        elif own is not None and own.dtype != t.dtype and _same(own.to(t.dtype), t):
+            # The module's tensor cast (bf16 weights): the cast is redone at load, the weights
+            # are stored once.
+            entry.update(source="weights", key=key, cast_from=_dtype_name(own.dtype))
         else:
             entry.update(source="payload", key=fqn)
             payload[fqn] = t.to("cpu", copy=True).contiguous()
@@ -120,7 +132,8 @@ def tensors(
         source = weights if c["source"] == "weights" else stored
         t = source.get(c["key"])
         dtype = getattr(torch, c["dtype"])
-        if t is None or t.dtype != dtype or list(t.shape) != c["shape"]:
+        stored_dtype = getattr(torch, c.get("cast_from", c["dtype"]))
+        if t is None or t.dtype != stored_dtype or list(t.shape) != c["shape"]:
             got = "nothing" if t is None else f"{t.dtype} {list(t.shape)}"
             raise InputError(
                 f"AOTInductor package constant {c['fqn']!r} should be {c['dtype']} {c['shape']} "
