@@ -34,6 +34,7 @@ class Gated(Backend):
 
     gate: ClassVar[threading.Event] = threading.Event()
     builds: ClassVar[int] = 0
+    tolerances: ClassVar[list[float]] = []
     loads: ClassVar[int] = 0
     calls: ClassVar[int] = 0
     saves_payload = True
@@ -42,6 +43,7 @@ class Gated(Backend):
 
     def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
         Gated.builds += 1
+        Gated.tolerances.append(honed.config.stability_tolerance)  # what the tune measures with
         assert Gated.gate.wait(GATE_TIMEOUT_S), "the test never opened the gate"
         return _counted(module)
 
@@ -71,6 +73,7 @@ def jit(tmp_path: Path) -> Iterator[honed.jit.JitConfig]:
     honed.jit.config.reset()
     Gated.gate = threading.Event()
     Gated.builds = Gated.loads = Gated.calls = 0
+    Gated.tolerances = []
     faster = {"TorchEagerBackend": [2.0], "Gated": [1.0]}
     with (
         honed.config.patch(injected_latencies=faster),
@@ -174,6 +177,25 @@ def test_the_time_budget_is_the_tunes_budget(jit: honed.jit.JitConfig) -> None:
     assert record.tried == {"TorchEagerBackend": "ok", "Gated": "not tried"}
     assert record.selected == "TorchEagerBackend"  # the baseline, the one correct candidate
     assert "(first tune, budget 0.001s)" in record.line()
+
+
+def test_jit_tunes_measure_with_the_jit_stability_tolerance(jit: honed.jit.JitConfig) -> None:
+    """The program's own calls share the device with JIT's measurements: a JIT tune accepts
+    windows agreeing within jit's stability_tolerance (when larger), and only while it runs."""
+    assert jit.stability_tolerance == honed.config.jit_stability_tolerance == 0.25
+    jit.stability_tolerance = 0.4
+    first, second = TinyMLP().eval(), TinyMLP().eval()  # JIT holds modules weakly
+    with honed.config.patch(stability_tolerance=0.05):
+        run(first, batches(2, 4))
+        finish()
+        assert Gated.tolerances == [0.4]
+        assert honed.config.stability_tolerance == 0.05
+        (record,) = honed.jit.tunes()
+        assert record.selected == "Gated"
+        jit.stability_tolerance = 0.01  # never tighter than honed's own
+        run(second, batches(2, 4))
+        finish()
+        assert Gated.tolerances == [0.4, 0.05]
 
 
 def test_warm_restart_installs_the_cached_winner_without_building() -> None:

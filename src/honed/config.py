@@ -404,6 +404,18 @@ jit_cache_dir: str = _flag("jit_cache_dir", "HONED_JIT_CACHE_DIR", "", _Text())
 # At exit, print JIT's hierarchy and history to stderr (for scripts run with no code change).
 jit_report: bool = _flag("jit_report", "HONED_JIT_REPORT", False, _Bool())
 
+# JIT measures beside the program, whose own calls share the device: the medians of successive
+# windows wander with the program's load, so a JIT tune accepts windows agreeing within this
+# (instead of stability_tolerance, when larger). A decision still needs the 99 % interval of the
+# ratio above 1 + decision_margin, measured interleaved, so load that hits all alike decides
+# nothing.
+jit_stability_tolerance: float = _flag(
+    "jit_stability_tolerance",
+    "HONED_JIT_STABILITY_TOLERANCE",
+    0.25,
+    _Number(0, 1e9, lo_open=True),
+)
+
 # Samples kept per module while recording (the first ones, and new shapes up to twice this).
 jit_max_samples: int = _flag(
     "jit_max_samples", "HONED_JIT_MAX_SAMPLES", 8, _Number(1, 10_000, True)

@@ -54,6 +54,9 @@ class JitConfig:
             ``time_budget_s``; 0: none).
         batch_headroom: when the samples show a batch axis, also tune batches up to this
             factor times the largest one recorded (a power of two; 1: only those recorded).
+        stability_tolerance: how far the medians of a measurement's last windows may differ
+            in a JIT tune (when larger than honed.config.stability_tolerance): the program's
+            own calls share the device with the measuring worker.
     """
 
     min_samples: int = dataclasses.field(default_factory=lambda: _copy(_flags.jit_min_samples))
@@ -87,6 +90,9 @@ class JitConfig:
     )
     batch_headroom: int = dataclasses.field(
         default_factory=lambda: _copy(_flags.jit_batch_headroom)
+    )
+    stability_tolerance: float = dataclasses.field(
+        default_factory=lambda: _copy(_flags.jit_stability_tolerance)
     )
 
     def tune_strategy(self) -> TuneStrategy:

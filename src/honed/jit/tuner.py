@@ -180,7 +180,9 @@ def _jit_tuner(**settings: Any) -> Any:
 
     class JitTuner(Tuner):
         def run(self, func: Any, samples: list[Any], sizes: list[int]) -> Any:
-            with paused(), guidance.quiet():  # JIT tunes the program's own calls as they are
+            tolerance = max(_flags.stability_tolerance, config.stability_tolerance)
+            # JIT tunes the program's own calls as they are, measured beside them.
+            with paused(), guidance.quiet(), _flags.patch(stability_tolerance=tolerance):
                 return super().run(func, samples, sizes)
 
     return JitTuner(tracker=progress.Tracker(show=False), **settings)  # the program owns stderr
