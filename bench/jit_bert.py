@@ -98,7 +98,15 @@ def run_program(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
-        sys.exit(f"{tag} run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        # The whole stderr beside the JSON: JIT's report at exit follows the program's traceback.
+        log = Path(args.out).with_suffix(f".{tag}.stderr.txt")
+        log.write_text(proc.stderr)
+        errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "Traceback" in ln]
+        sys.exit(
+            f"{tag} run failed ({proc.returncode}), stderr in {log}:\n"
+            + "\n".join(errors[-20:])
+            + f"\n...\n{proc.stderr[-1500:]}"
+        )
     data = json.loads(out.read_text())
     data["wall_s"] = wall
     data["stderr"] = proc.stderr
