@@ -127,6 +127,38 @@ class TestOnCuda:
                 x = _x(4, seed)
                 torch.testing.assert_close(fn(x), model(x))
 
+    def test_a_capture_on_another_thread_leaves_this_threads_calls_alone(self) -> None:
+        """JIT captures on its own thread while the program keeps calling the model eagerly
+        on its thread: neither breaks the other."""
+        import threading
+
+        model = _cuda_mlp()
+        big = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(8)]).cuda().eval()
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def program() -> None:
+            x = torch.randn(256, 1024, device="cuda")
+            try:
+                with torch.no_grad():
+                    while not stop.is_set():
+                        big(x)
+                        torch.cuda.synchronize()
+            except BaseException as e:  # what a capture in global mode does to this thread
+                errors.append(e)
+
+        caller = threading.Thread(target=program)
+        caller.start()
+        try:
+            fns = [_build(model, _x(4, seed)) for seed in range(5)]
+        finally:
+            stop.set()
+            caller.join()
+        assert errors == []
+        with torch.no_grad():
+            for fn in fns:
+                torch.testing.assert_close(fn(_x(4, 9)), model(_x(4, 9)))
+
     def test_two_shapes_make_two_captures_and_alternate_correctly(self) -> None:
         model = _cuda_mlp()
         fn = _build(model, _x(4))

@@ -247,7 +247,14 @@ class CudaGraphed:
             try:
                 with (
                     _workspaces_in_graph_pool(),
-                    torch.cuda.graph(graph, pool=self._pool, stream=self._stream),
+                    # thread_local: a capture on one thread (JIT installs beside the program)
+                    # leaves other threads' CUDA work alone, and theirs does not break it.
+                    torch.cuda.graph(
+                        graph,
+                        pool=self._pool,
+                        stream=self._stream,
+                        capture_error_mode="thread_local",
+                    ),
                 ):
                     out = self._run(*args, **kwargs)
                     if eager_dtypes is not None:
