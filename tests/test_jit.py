@@ -110,6 +110,27 @@ def test_config_defaults_come_from_honed_config() -> None:
             pass
 
 
+def test_jit_default_candidates_capture_no_cuda_graphs() -> None:
+    """JIT installs on its own thread beside the program's CUDA work: its defaults leave out the
+    candidates whose install captures CUDA graphs; named explicitly, they are still tried."""
+    from honed.backend.cuda_graphs import CudaGraphsBackend
+    from honed.jit.strategy import captures_cuda_graphs
+
+    cuda = torch.device("cuda")
+    names = [b.name for b in honed.jit.JitConfig().tune_strategy().backends(cuda)]
+    every = honed.MaxThroughputStrategy().backends(cuda)
+    assert any(captures_cuda_graphs(b) for b in every)
+    assert names == [b.name for b in every if not captures_cuda_graphs(b)]
+    assert "TorchInductorBackend(mode=max-autotune-no-cudagraphs)" in names
+    assert not [n for n in names if "reduce-overhead" in n or n.startswith("CudaGraphs")]
+    cpu = torch.device("cpu")
+    assert [b.name for b in honed.jit.JitConfig().tune_strategy().backends(cpu)] == [
+        b.name for b in honed.MaxThroughputStrategy().backends(cpu)
+    ]
+    named = honed.jit.JitConfig(backends=[CudaGraphsBackend()]).tune_strategy()
+    assert [type(b) for b in named.backends(cuda)] == [CudaGraphsBackend]
+
+
 def test_config_from_environment_variables() -> None:
     env = dict(
         os.environ,

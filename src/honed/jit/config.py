@@ -111,6 +111,10 @@ class JitConfig:
                     f"honed.MaxThroughputStrategy(), got {type(self.strategy).__name__}"
                 )
             return self.strategy
+        if self.backends is None:
+            from honed.jit.strategy import JitDefaultStrategy
+
+            return JitDefaultStrategy()
         return MaxThroughputStrategy(self.backends)
 
     def reset(self) -> None:
