@@ -661,3 +661,38 @@ def test_precision_of_a_candidate_name_includes_cast_weights() -> None:
     assert suite.precision("TorchInductorAotBackend(fp16 weights, channels_last)") == "fp16"
     assert suite.precision("TorchInductorBackend(autocast_enabled=True)") == "bf16"
     assert suite.precision("TorchInductorBackend(tf32)") == "fp32"
+
+
+def test_report_takes_the_cpp_target_from_cpp_vs_python_when_the_suite_has_none(
+    tmp_path: Path,
+) -> None:
+    """A row of bench/cpp_vs_python.py (honed-run and both Python sides, several runs) decides
+    issue 22's C++ target: honed-run's median over the faster Python side's median."""
+
+    def record(repeat: int, cpp: float, python: float, best: float) -> dict[str, Any]:
+        return {
+            "model": "bert", "batch": 8, "repeat": repeat, "device": "cuda", "commit": "abc",
+            "gpu": "H100", "sizes": {"artifact_bytes": 110, "weights_bytes": 100,
+                                     "code_bytes": 5},
+            "cpp": {"median_ms": cpp, "load_s": 0.5},
+            "python": {"median_ms": python, "load_s": 2.0},
+            "python_best": {"median_ms": best, "load_s": 3.0},
+        }  # fmt: skip
+
+    runs = [record(0, 1.0, 2.0, 1.5), record(1, 1.2, 2.2, 1.3), record(2, 1.1, 2.1, 1.4)]
+    (tmp_path / "cpp-bert.json").write_text(json.dumps(runs))
+    (tmp_path / "cpp-bert.tunes.json").write_text(json.dumps([{"model": "bert"}]))
+    cpu = [{**r, "device": "cpu"} for r in runs]
+    (tmp_path / "cpp-cpu.json").write_text(json.dumps(cpu))
+    (row,) = report.cpp_records(tmp_path, "cuda")
+    assert (row["model"], row["batch"], row["runs"]) == ("bert", 8, 3)
+    assert row["cpp_ms"] == 1.1 and row["best_python_ms"] == 1.4  # medians; the faster side
+    assert row["vs_python"] == pytest.approx(1.1 / 1.4)
+    target = report._cpp_target([], "bert", 8, [row])
+    assert target["met"] is True and target["source"] == "bench/cpp_vs_python.py, abc"
+    slow = dict(row, vs_python=1.06)
+    assert report._cpp_target([], "bert", 8, [slow])["met"] is False
+    assert report._cpp_target([], "resnet50", 64, [row]) == {
+        "value": None, "source": None, "met": False
+    }  # fmt: skip
+    assert any("| bert | 8 | 3 | 1.100 |" in line for line in report._cpp_md([row]))
