@@ -144,3 +144,42 @@ def test_builtin_backends_declare_cost_and_precision(
     backend: Backend, cost: int, precision: str
 ) -> None:
     assert (backend.expected_build_cost(), backend.precision()) == (cost, precision)
+
+
+# -- the AOT-covers-JIT rule (CPU, default candidates) -----------------------------------------
+def _cpu_defaults() -> list[Backend]:
+    from honed.backend._defaults import default_candidates
+
+    return default_candidates(torch.device("cpu"), None)
+
+
+def test_on_cpu_aot_covers_the_jit_inductor_variants_of_the_defaults() -> None:
+    from honed.backend.torch_inductor_aot import TorchInductorAotBackend
+
+    cpu = GraphInfo(torch.device("cpu"), True, ((2, 16),), ((8, 16),), ((4, 16),))
+    items = planning.plan(_cpu_defaults(), cpu, defaults=True)
+    names = [p.backend.name for p in items]
+    aot = next(p for p in items if isinstance(p.backend, TorchInductorAotBackend))
+    jit = [p for p in items if type(p.backend) is TorchInductorBackend]
+    assert len(jit) == 2 and all(p.covered_by == [aot] for p in jit)
+    assert all(names.index(p.backend.name) > names.index(aot.backend.name) for p in jit)
+    assert all(planning.waits_for(p, items) == [aot] for p in jit)
+    # AOTInductor passed: the JIT variants are not tried, with the rule's reason.
+    why = planning.precision_skip(jit[0], [(aot, "ok", "")])
+    assert why.startswith("on CPU TorchInductorAotBackend built and passed")
+    # It failed or was rejected: they run.
+    assert planning.precision_skip(jit[0], [(aot, "failed", "export failed")]) == ""
+    assert planning.precision_skip(jit[0], [(aot, "rejected", "wrong outputs")]) == ""
+
+
+def test_the_aot_rule_leaves_given_lists_and_gpus_alone() -> None:
+    cpu = GraphInfo(torch.device("cpu"), True, ((2, 16),), ((8, 16),), ((4, 16),))
+    given = planning.plan(_cpu_defaults(), cpu, defaults=False)
+    assert all(not p.covered_by for p in given)
+    from honed.backend._defaults import default_candidates
+
+    cuda = GraphInfo(torch.device("cuda"), True, ((2, 16),), ((8, 16),), ((4, 16),))
+    on_gpu = planning.plan(default_candidates(torch.device("cuda"), None), cuda, defaults=True)
+    assert all(not p.covered_by for p in on_gpu)
+    assert honed.MaxThroughputStrategy().uses_defaults
+    assert not honed.MaxThroughputStrategy([TorchInductorBackend()]).uses_defaults

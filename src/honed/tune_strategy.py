@@ -50,6 +50,12 @@ class TuneStrategy:
     def __init__(self, backends: Sequence[Backend] | None = None) -> None:
         self._backends = _check_backends(type(self).__name__, backends)
 
+    @property
+    def uses_defaults(self) -> bool:
+        """Whether the candidates are honed's defaults (none were given): the planning rules
+        that prune defaults apply (honed.pipeline.planning)."""
+        return self._backends is None
+
     def backends(self, device: torch.device, graph: GraphInfo | None = None) -> list[Backend]:
         """The candidates to try on ``device``: the given ones, or every available default
         (fitted to the kind of model when ``graph`` says what its inputs are)."""

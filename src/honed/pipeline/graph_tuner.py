@@ -168,7 +168,12 @@ class GraphTuner:
         # Eager competes (and is the fallback) unless the tuned graph must run from C++.
         uses_baseline = self.strategy.uses_baseline and self.ctx.target == "python"
         baseline_backend = TorchEagerBackend()
-        items = plan(candidates, self.info, baseline_backend if uses_baseline else None)
+        items = plan(
+            candidates,
+            self.info,
+            baseline_backend if uses_baseline else None,
+            defaults=bool(getattr(self.strategy, "uses_defaults", False)),
+        )
         costs = [0] + [p.cost for p in items]
         self.tracker.at_graph(
             self.module.name, f"graph {self.index}", costs, self._parallel(len(costs))
@@ -462,7 +467,8 @@ class GraphTuner:
         still = []
         for i in held:
             probes = waits_for(items[i], items)
-            if not all(items.index(p) in known for p in probes):
+            skipped = {id(o.backend) for o in self.not_tried}  # a probe not tried decides nothing
+            if not all(items.index(p) in known or id(p.backend) in skipped for p in probes):
                 still.append(i)
                 continue
             why = self._precision_skip(items[i], items, known)

@@ -10,9 +10,16 @@ out, and the report lists it as "not tried" with the rule's reason:
   axes) would build the very same thing;
 - precision: a reduced-precision candidate that costs a compile is not tried when a cheap
   candidate (build cost 0 or 1) in the same precision was rejected for its outputs: the compiled
-  one computes in that precision too. It waits for those cheap candidates to finish.
+  one computes in that precision too. It waits for those cheap candidates to finish;
+- AOT covers JIT on CPU (default candidates only): Inductor's JIT variants in its default mode
+  are not tried when AOTInductor, in the same precision, built and passed for the graph. Both
+  compile the graph with Inductor's C++ code generator; what differs is the call path, and
+  AOTInductor's has no guards and no Python wrapper. On the 2-core CPU machine AOTInductor was
+  1.47x and 1.55x faster than the faster JIT variant (bench/results/tune_cost/), and the JIT
+  variants cost two of the three compiles of a default CPU tune. The JIT variants wait for
+  AOTInductor and run when it failed or was rejected.
 
-The time budget is the third way a candidate ends up "not tried" (honed.pipeline.graph_tuner).
+The time budget is the fourth way a candidate ends up "not tried" (honed.pipeline.graph_tuner).
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ class Planned:
     cost: int
     precision: str
     skip: str = ""  # the reason it is not tried ("" while it is)
+    # Candidates whose passing leaves this one out (the AOT-covers-JIT rule); it waits for them.
+    covered_by: list[Planned] = dataclasses.field(default_factory=list)
 
 
 def _identity(backend: Backend, graph: GraphInfo) -> str:
@@ -43,9 +52,14 @@ def _identity(backend: Backend, graph: GraphInfo) -> str:
 
 
 def plan(
-    backends: list[Backend], graph: GraphInfo, baseline: Backend | None = None
+    backends: list[Backend],
+    graph: GraphInfo,
+    baseline: Backend | None = None,
+    defaults: bool = False,
 ) -> list[Planned]:
-    """The candidates in the order they run, duplicates marked; the baseline is left out."""
+    """The candidates in the order they run, duplicates marked; the baseline is left out.
+    ``defaults``: the list is honed's defaults (not the user's), so the AOT-covers-JIT rule
+    applies."""
     seen: dict[str, str] = {}
     if baseline is not None:
         seen[_identity(baseline, graph)] = ""
@@ -60,20 +74,58 @@ def plan(
         else:
             seen[identity] = backend.name
         out.append(item)
-    out.sort(key=lambda p: p.cost)  # stable: the strategy's order among equal costs
+    if defaults and graph.device.type == "cpu":
+        _cover_jit_with_aot(out)
+    # Stable: the strategy's order among equal costs; a covered candidate after its covers.
+    out.sort(key=lambda p: (max([p.cost, *(c.cost for c in p.covered_by)]), bool(p.covered_by)))
     return out
 
 
+def _cover_jit_with_aot(items: list[Planned]) -> None:
+    from honed.backend.torch_inductor import TorchInductorBackend
+    from honed.backend.torch_inductor_aot import TorchInductorAotBackend
+
+    for item in items:
+        b = item.backend
+        if item.skip or type(b) is not TorchInductorBackend:
+            continue
+        if b.config.mode not in (None, "default") or b.config.autocast_enabled:
+            continue
+        item.covered_by = [
+            p
+            for p in items
+            if type(p.backend) is TorchInductorAotBackend
+            and not p.skip
+            and p.precision == item.precision
+            and not p.backend.config.autocast_enabled
+        ]
+
+
 def waits_for(item: Planned, items: list[Planned]) -> list[Planned]:
-    """The cheap candidates whose outcome decides whether ``item`` runs (the precision rule)."""
+    """The candidates whose outcome decides whether ``item`` runs (the precision rule's cheap
+    probes, the AOT-covers-JIT rule's AOTInductor)."""
+    covers = list(item.covered_by)
     if item.precision == "fp32" or item.cost <= CHEAP:
-        return []
-    return [p for p in items if p.precision == item.precision and p.cost <= CHEAP and not p.skip]
+        return covers
+    return [
+        p for p in items if p.precision == item.precision and p.cost <= CHEAP and not p.skip
+    ] + covers
 
 
 def precision_skip(item: Planned, probes: list[tuple[Planned, str, str]]) -> str:
-    """The precision rule's reason to skip ``item`` given its probes' (planned, status, reason)."""
+    """The reason to skip ``item`` given its probes' (planned, status, reason): the precision
+    rule's, or the AOT-covers-JIT rule's."""
+    covers = [id(c) for c in item.covered_by]
+    for probe, status, _ in probes:
+        if id(probe) in covers and status == "ok":
+            return (
+                f"on CPU {probe.backend.name} built and passed: it compiles this graph with the "
+                "same code generator and calls it without guards or a Python wrapper "
+                "(docs/tuning.md)"
+            )
     for probe, status, reason in probes:
+        if id(probe) in covers:
+            continue
         if status == "rejected":
             why = reason.split(";")[0]
             return (
