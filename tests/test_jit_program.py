@@ -112,7 +112,9 @@ def run(tmp_path: Path, mode: str, tag: str) -> tuple[subprocess.CompletedProces
         **fast_measurement_env(),
         # Every measurement is unstable, as beside a busy program: eager stays (no evidence),
         # and a restart must replay that decision rather than measure beside the program again.
+        # (JIT's tunes use the larger of the two tolerances.)
         HONED_STABILITY_TOLERANCE="1e-9",
+        HONED_JIT_STABILITY_TOLERANCE="1e-9",
     )
     out = tmp_path / f"{tag}.json"
     cmd = [sys.executable, str(script), mode, str(out)]
