@@ -256,6 +256,15 @@ class GraphTuner:
                 outcomes[i] = cached
             else:
                 pending.append(i)
+        # A candidate whose probes are all cached is decided now: a warm re-tune then starts no
+        # worker for a candidate a rule leaves out.
+        for i in list(pending):
+            probes = waits_for(items[i], items)
+            if probes and all(items.index(p) in outcomes for p in probes):
+                why = self._precision_skip(items[i], items, outcomes)
+                if why:
+                    self._skip(items[i], why)
+                    pending.remove(i)
         if (baseline is None or pending) and self._use_pool():
             baseline = self._run_in_pool(baseline, baseline_backend, items, pending, outcomes)
         else:
