@@ -1,7 +1,8 @@
 """src/honed/backend/_defaults.py: the default candidates, per device and kind of model.
 
 CPU: Inductor (dynamic as the profile needs, and specialized per shape), AOTInductor and ONNX
-Runtime (CPU provider).
+Runtime (CPU provider); the Inductor variants run only when AOTInductor does not pass
+(honed.pipeline.planning, "AOTInductor covers Inductor on CPU").
 
 CUDA: Inductor's modes (default, max-autotune without CUDA graphs, reduce-overhead), the same
 under bf16 autocast, reduce-overhead with the weights in bf16, CUDA graphs over eager (fp32 and
