@@ -8,7 +8,8 @@
 #     CUDA, its tests on CPU and CUDA (tune, save, honed-run --check, GoogleTest, examples/cpp),
 #     honed-run against honed.load on the same artifacts (bench/cpp_vs_python.py), and the
 #     per-call cost of honed::Model::run over libtorch's loader (bench/profile/run_overhead.sh);
-#     CPP_VS_PY=0 leaves out the measuring, RUNTIME_TESTS=0 the testing (two calls, each < 600 s).
+#     CPP_VS_PY=0 leaves out the measuring, RUNTIME_TESTS=0 the testing (two calls, each < 600 s);
+#   cpp-rows: issue 22's C++ rows (BERT b8, ResNet-50 b64) through bench/cpp_vs_python.py.
 # libzip: the machine has none; run scripts/fetch-device-deps.sh where apt works and carry .deps/.
 # Logs go to $OUT (or ./gpu-out) so they come back from the device.
 set -uo pipefail
@@ -165,6 +166,36 @@ if [ "$STAGE" = precision ]; then
     | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
     | tee "$OUT/precision-candidates.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: scripts/precision_candidates.py"; status=1; }
+fi
+
+# -- stage "cpp-rows" (not in "all"): issue 22's C++ rows ---------------------------------------
+# For each MODEL:BATCH of CPP_ROWS (default "bert:8 resnet50:64"), bench/cpp_vs_python.py tunes
+# target="cpp" (CPP_BUDGET s, default 200) and the suite's Python-only winners (--python-best),
+# then measures honed-run against both Python sides (CPP_REPEATS runs each, default 2); the
+# records go to $OUT/results/cpp/ (commit them to bench/results/cpp/; bench/report.py reads them).
+# Each row takes about 6 minutes on the H100: one row per device call. CPP_DEVICE (default cuda).
+if [ "$STAGE" = cpp-rows ]; then
+  RT=build/cpp-gpu-runtime
+  if [ ! -x $RT/cpp/runtime/honed-run ]; then
+    step "C++ runtime build for the C++ rows"
+    cmake -S . -B $RT -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=OFF \
+        -DHONED_BUILD_RUNTIME=ON -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null \
+      && cmake --build $RT --target honed-run 2>&1 | grep -E "error|FAILED" | tail -10
+  fi
+  mkdir -p "$OUT/results/cpp"
+  stamp=$(date -u +%Y%m%d-%H%M%S)
+  py=$(command -v "$PY"); [[ $py == /* ]] || py=$PWD/$py  # the rows run from bench/
+  for row in ${CPP_ROWS:-bert:8 resnet50:64}; do
+    model=${row%%:*}; batch=${row##*:}
+    step "C++ row: $model batch $batch (${CPP_DEVICE:-cuda})"
+    (cd bench && "$py" cpp_vs_python.py --honed-run "$PWD/../$RT/cpp/runtime/honed-run" \
+        --device "${CPP_DEVICE:-cuda}" --models "$model" --batches "$batch" \
+        --repeats "${CPP_REPEATS:-2}" --python-best --time-budget "${CPP_BUDGET:-200}" \
+        --json "$OUT/results/cpp/cpp-vs-python-${CPP_DEVICE:-cuda}-$stamp-$model-b$batch.json") 2>&1 \
+      | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn|^  (cpp|python)" \
+      | tail -14
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: C++ row $row"; status=1; }
+  done
 fi
 
 if [ "$STAGE" = runtime ] || [ "$STAGE" = all ]; then
