@@ -165,11 +165,11 @@ def test_on_cpu_aot_covers_the_jit_inductor_variants_of_the_defaults() -> None:
     assert all(names.index(p.backend.name) > names.index(aot.backend.name) for p in jit)
     assert all(planning.waits_for(p, items) == [aot] for p in jit)
     # AOTInductor passed: the JIT variants are not tried, with the rule's reason.
-    why = planning.precision_skip(jit[0], [(aot, "ok", "")])
+    why = planning.skip_reason(jit[0], [(aot, "ok", "")])
     assert why.startswith("on CPU TorchInductorAotBackend built and passed")
     # It failed or was rejected: they run.
-    assert planning.precision_skip(jit[0], [(aot, "failed", "export failed")]) == ""
-    assert planning.precision_skip(jit[0], [(aot, "rejected", "wrong outputs")]) == ""
+    assert planning.skip_reason(jit[0], [(aot, "failed", "export failed")]) == ""
+    assert planning.skip_reason(jit[0], [(aot, "rejected", "wrong outputs")]) == ""
 
 
 def test_the_aot_rule_leaves_given_lists_and_gpus_alone() -> None:

@@ -119,11 +119,10 @@ def _save_module(module: Module, entries: dict[str, bytes]) -> Any:
         graph = _core.ManifestGraph()
         graph.profile = variant.profile
         graph.backend = variant.backend.recipe()
-        graph.figures = _jsonable(variant.figures)
-        # The bar the tune's correctness check held float32 outputs to (bf16 weights, TF32):
+        # With the bar the tune's correctness check held float32 outputs to (bf16 weights, TF32):
         # honed-run --check compares the stored eager outputs with the same one.
         tol = float_tolerance(variant.backend, module.module, _device_of(module))
-        graph.figures = {**graph.figures, "check_tolerance": dataclasses.asdict(tol)}
+        graph.figures = {**_jsonable(variant.figures), "check_tolerance": dataclasses.asdict(tol)}
         graph.runnable_from_cpp = bool(getattr(variant.backend, "cpp_runnable", False))
         if variant.backend.saves_payload:
             payload = {}

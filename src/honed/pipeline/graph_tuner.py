@@ -44,7 +44,7 @@ from honed.pipeline.candidate import (
     measurement_record,
 )
 from honed.pipeline.isolation import GraphJobs, NotIsolatable, pool_size
-from honed.pipeline.planning import Planned, plan, precision_skip, waits_for
+from honed.pipeline.planning import Planned, plan, skip_reason, waits_for
 from honed.pipeline.pool import JobResult, WorkerPool, wait_all
 from honed.pipeline.progress import Tracker
 from honed.pipeline.shipping import from_cache_files, install_outcome, to_cache_files
@@ -259,9 +259,8 @@ class GraphTuner:
         # A candidate whose probes are all cached is decided now: a warm re-tune then starts no
         # worker for a candidate a rule leaves out.
         for i in list(pending):
-            probes = waits_for(items[i], items)
-            if probes and all(items.index(p) in outcomes for p in probes):
-                why = self._precision_skip(items[i], items, outcomes)
+            if waits_for(items[i], items) and self._probes_done(items[i], items, outcomes):
+                why = self._rule_skip(items[i], items, outcomes)
                 if why:
                     self._skip(items[i], why)
                     pending.remove(i)
@@ -353,7 +352,7 @@ class GraphTuner:
             if self.ctx.out_of_time():
                 self._skip(item, self.ctx.budget_reason())
                 continue
-            why = self._precision_skip(item, items, outcomes)
+            why = self._rule_skip(item, items, outcomes)
             if why:
                 self._skip(item, why)
                 continue
@@ -366,15 +365,22 @@ class GraphTuner:
             **self.key_parts, candidate=_backend_identity(backend), baseline=is_baseline
         )
 
-    def _precision_skip(
-        self, item: Planned, items: list[Planned], outcomes: dict[int, Outcome]
-    ) -> str:
+    def _probes_done(self, item: Planned, items: list[Planned], known: dict[int, Outcome]) -> bool:
+        """Whether every candidate ``item`` waits for has an outcome or was left out (a probe not
+        tried decides nothing)."""
+        skipped = {id(o.backend) for o in self.not_tried}
+        return all(
+            items.index(p) in known or id(p.backend) in skipped for p in waits_for(item, items)
+        )
+
+    def _rule_skip(self, item: Planned, items: list[Planned], outcomes: dict[int, Outcome]) -> str:
+        """The planning rules' reason to leave ``item`` out, from its probes' outcomes so far."""
         probes = []
         for probe in waits_for(item, items):
             j = items.index(probe)
             if j in outcomes:
                 probes.append((probe, outcomes[j].status, outcomes[j].reason))
-        return precision_skip(item, probes)
+        return skip_reason(item, probes)
 
     def _use_pool(self) -> bool:
         if self.ctx.isolation != "process" or self.ctx.pool is None:
@@ -472,15 +478,13 @@ class GraphTuner:
         known: dict[int, Outcome],
         submit: Callable[[int, Backend, bool, int], None],
     ) -> list[int]:
-        """Submit (or skip) the held candidates whose precision probes have all finished."""
+        """Submit (or skip) the held candidates whose probes have all finished."""
         still = []
         for i in held:
-            probes = waits_for(items[i], items)
-            skipped = {id(o.backend) for o in self.not_tried}  # a probe not tried decides nothing
-            if not all(items.index(p) in known or id(p.backend) in skipped for p in probes):
+            if not self._probes_done(items[i], items, known):
                 still.append(i)
                 continue
-            why = self._precision_skip(items[i], items, known)
+            why = self._rule_skip(items[i], items, known)
             if why:
                 self._skip(items[i], why)
             elif self.ctx.out_of_time():

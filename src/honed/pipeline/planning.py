@@ -112,7 +112,7 @@ def waits_for(item: Planned, items: list[Planned]) -> list[Planned]:
     ] + covers
 
 
-def precision_skip(item: Planned, probes: list[tuple[Planned, str, str]]) -> str:
+def skip_reason(item: Planned, probes: list[tuple[Planned, str, str]]) -> str:
     """The reason to skip ``item`` given its probes' (planned, status, reason): the precision
     rule's, or the AOT-covers-JIT rule's."""
     covers = [id(c) for c in item.covered_by]
