@@ -104,7 +104,7 @@ def _python_outputs(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     honed.load(module, path)
     artifact = honed.artifact.open_artifact(path)
     graph = artifact.manifest.modules[0].graphs[0]
-    sample = honed.artifact._decode_sample(artifact, graph.samples, torch.device(DEVICE))
+    sample = honed.artifact._decode_sample(artifact, graph, torch.device(DEVICE))
     with torch.no_grad():
         return sample.args[0], module(*sample.args).cpu()
 
@@ -300,6 +300,33 @@ def test_honed_run_gives_the_packages_the_module_weights(
         "package constant 'inner.fc1.weight' is stored as 'fc1.weight' in the weights, which "
         "holds no such tensor" in done.stderr
     ), done.stderr
+
+
+def test_a_large_sample_is_stored_as_its_first_items_and_checked_at_its_batch(
+    tuned: tuple[honed.TuneReport, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above honed.artifact.SAMPLE_MAX_BYTES only the first items of a sample are stored; both
+    readers repeat them up to the batch eager's stored outputs were computed at."""
+    from safetensors import safe_open
+
+    _, path = tuned
+    module = honed.Module(TinyMLP().eval(), "tiny").to(DEVICE)
+    honed.load(module, path)
+    whole, _ = _python_outputs(path)
+    monkeypatch.setattr(honed.artifact, "SAMPLE_MAX_BYTES", 1)  # room for one item only
+    small = honed.save(module, tmp_path / "small.honed")
+    manifest, entries = honed.artifact.read_artifact(small)
+    graph = manifest["modules"][0]["graphs"][0]
+    stored = tmp_path / "sample.safetensors"
+    stored.write_bytes(entries[graph["samples"]])
+    with safe_open(str(stored), "pt") as f:
+        assert f.get_tensor("leaf0").shape[0] == 1
+        assert json.loads(f.metadata()["treespec"])["batch"] == whole.shape[0]
+    inputs, outputs = _python_outputs(small)
+    assert inputs.shape == whole.shape and bool((inputs == inputs[:1]).all())
+    done = _run(HONED_RUN, small, "--device", DEVICE, "--check", "--iterations", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"check +graph 0: ok", done.stdout), done.stdout
 
 
 @pytest.mark.parametrize(

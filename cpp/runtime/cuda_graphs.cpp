@@ -17,12 +17,14 @@
 #include "cuda_graphs.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
@@ -62,6 +64,12 @@ std::string first_line(const char* what) {
 }  // namespace
 
 std::string cuda_graphs_unavailable() { return ""; }
+
+void start_cuda_libraries(const c10::Device& device) {
+  c10::cuda::CUDAGuard on(device.index());
+  at::cuda::getCurrentCUDABlasHandle();
+  at::cuda::getCurrentCUDABlasLtHandle();
+}
 
 struct CudaGraphs::Impl {
   Impl(const c10::Device& d, int max) : device(d), max_graphs(max) {}

@@ -20,6 +20,10 @@ namespace honed::detail {
 using PlainRun = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs,
                                                        void* cuda_stream)>;
 
+// Creates cuBLAS's handles on `device` (from any thread: they return to torch's pool when it
+// ends), so that the first call does not; nothing where this build has no CUDA runtime.
+void start_cuda_libraries(const c10::Device& device);
+
 // "" when this build captures CUDA graphs, else why it does not.
 std::string cuda_graphs_unavailable();
 

@@ -14,6 +14,8 @@ std::string cuda_graphs_unavailable() {
 #endif
 }
 
+void start_cuda_libraries(const c10::Device&) {}
+
 struct CudaGraphs::Impl {};
 
 CudaGraphs::CudaGraphs(const c10::Device&, int) {

@@ -196,13 +196,14 @@ bool Model::Impl::use_cuda_graphs() {
 }
 
 void Model::Impl::load(const std::string& artifact_path) {
-  // CUDA's start-up (driver, context, allocator) needs nothing from the file: it runs beside the
-  // reading and verifying, the two longest steps of a load.
+  // CUDA's start-up (driver, context, allocator, cuBLAS) needs nothing from the file: it runs
+  // beside the reading and verifying.
   std::future<void> cuda_started;
   if (device.is_cuda() && torch::cuda::is_available()) {
     cuda_started = std::async(std::launch::async, [where = device] {
       c10::OptionalDeviceGuard on(where);
       at::empty({1}, at::TensorOptions().device(where));
+      detail::start_cuda_libraries(where);
     });
   }
   auto start = std::chrono::steady_clock::now();
@@ -482,9 +483,14 @@ std::vector<Sample> Model::samples() const {
       s.rtol = tol->value("rtol", -1.0);
       s.min_cosine = tol->value("min_cosine", 0.0);
     }
-    for (at::Tensor& t : detail::tensors_with_prefix(impl_->artifact.entry(g.samples), "leaf")) {
+    const std::string_view stored = impl_->artifact.entry(g.samples);
+    for (at::Tensor& t : detail::tensors_with_prefix(stored, "leaf")) {
       s.inputs.push_back(t.to(impl_->device));
     }
+    // A large sample is stored as its first items (honed.save): repeated in turn up to the batch
+    // eager's outputs were computed at, as Python's reader does.
+    const int64_t batch = detail::stored_sample_batch(stored);
+    if (batch > 0) s.inputs = resize_batch(s.inputs, g.profile.batch_axes, batch);
     if (!g.outputs.empty()) {
       for (at::Tensor& t : detail::tensors_with_prefix(impl_->artifact.entry(g.outputs), "out")) {
         s.expected.push_back(t.to(impl_->device));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "honed/runtime.h"
@@ -94,6 +95,20 @@ std::vector<at::Tensor> tensors_with_prefix(std::string_view buffer, const std::
   std::vector<at::Tensor> out;
   for (auto& [index, t] : found) out.push_back(std::move(t));
   return out;
+}
+
+int64_t stored_sample_batch(std::string_view buffer) {
+  const SafeTensors st = parse_safetensors(buffer);
+  auto spec = st.metadata.find("treespec");
+  if (spec == st.metadata.end()) return 0;
+  const nlohmann::json meta = nlohmann::json::parse(spec->second, nullptr, false);
+  if (!meta.is_object() || !meta.contains("batch")) return 0;
+  const nlohmann::json& batch = meta.at("batch");
+  if (!batch.is_number_integer() || batch.get<int64_t>() < 1) {
+    throw RuntimeError("honed runtime: a stored sample's batch is " + batch.dump() +
+                       ", not a positive integer; re-save the artifact");
+  }
+  return batch.get<int64_t>();
 }
 
 }  // namespace detail

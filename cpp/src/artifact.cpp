@@ -160,6 +160,10 @@ std::string manifest_to_json(const Manifest& m) {
               {"machine", m.machine},
               {"modules", modules},
               {"entries", m.entries}};
+  if (!m.entry_chunks.empty()) {
+    out["entry_chunk_bytes"] = kEntryChunkBytes;
+    out["entry_chunks"] = m.entry_chunks;
+  }
   return out.dump(2);
 }
 
@@ -210,6 +214,25 @@ Manifest manifest_from_json(std::string_view text_in, const std::string& where) 
     out.modules.push_back(std::move(module));
   }
   out.entries = string_map(m, "entries", "", where);
+  if (auto it = m.find("entry_chunks"); it != m.end() && !it->is_null()) {
+    const json size = m.value("entry_chunk_bytes", json());
+    if (!size.is_number_unsigned() || size.get<uint64_t>() != kEntryChunkBytes) {
+      bad_field(where, "entry_chunk_bytes",
+                "must be " + std::to_string(kEntryChunkBytes) + ", not " + size.dump());
+    }
+    for (const auto& [name, pieces] : object(*it, "entry_chunks", where).items()) {
+      const std::string at = "entry_chunks." + name;
+      if (!out.entries.count(name)) bad_field(where, at, "names an entry the manifest does not list");
+      if (!pieces.is_array()) bad_field(where, at, "must be a list of SHA-256 digests");
+      std::vector<std::string>& digests = out.entry_chunks[name];
+      for (const json& d : pieces) {
+        if (!d.is_string() || d.get_ref<const std::string&>().size() != 64) {
+          bad_field(where, at, "must be a list of SHA-256 digests");
+        }
+        digests.push_back(d.get<std::string>());
+      }
+    }
+  }
   return out;
 }
 

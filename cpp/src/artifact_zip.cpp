@@ -7,11 +7,13 @@
 #include <zip.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <future>
 #include <random>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "honed/artifact.h"
 
@@ -157,6 +159,30 @@ struct ZipEntry {
   std::string name;
   std::string_view view;
 };
+
+// Calls job(0) .. job(n - 1) on up to one thread per core, the calling one included; rethrows
+// the first exception a job threw once all have stopped.
+template <typename Job>
+void in_parallel(size_t n, const Job& job) {
+  const size_t threads = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  std::mutex failed_lock;
+  std::exception_ptr failed;
+  auto work = [&] {
+    try {
+      for (size_t i = next++; i < n; i = next++) job(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> hold(failed_lock);
+      if (!failed) failed = std::current_exception();
+      next = n;
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& h : helpers) h.join();
+  if (failed) std::rethrow_exception(failed);
+}
 
 // Streams an entry through libzip to its end (libzip checks the CRC-32 there), hashing it and
 // comparing it with its view, in a fixed-size buffer. Returns the SHA-256 hex.
@@ -361,28 +387,53 @@ Artifact read_artifact(const std::string& path) {
     }
   }
   // Each listed entry's SHA-256, over its bytes where they lie in the mapping (index_entries
-  // placed every stored entry), the entries hashed side by side: one pass over the file instead
-  // of libzip's copy, a comparison and the hash. Only an entry whose hash differs is read again
-  // through libzip, whose CRC-32 then says whether the file was damaged or rewritten.
-  std::vector<std::pair<const ZipEntry*, const std::string*>> listed;
+  // placed every stored entry): one pass over the file instead of libzip's copy. A large entry is
+  // checked piece by piece against entry_chunks, so that the weights are not hashed on one core.
+  // Only an entry whose hash differs is read again through libzip, whose CRC-32 then says whether
+  // the file was damaged or rewritten.
+  struct Check {
+    size_t entry;            // index into listed
+    std::string_view bytes;  // the whole entry or one piece of it
+    const std::string* digest;
+  };
+  std::vector<const ZipEntry*> listed;
+  std::vector<Check> checks;
   for (const auto& [name, digest] : a.manifest.entries) {
     auto it = entries.find(name);
     if (it == entries.end()) {
       throw ArtifactError(path + " is missing entry " + named(name) +
                           "; the file is incomplete: re-save it from the tuned model");
     }
-    listed.emplace_back(&it->second, &digest);
+    const std::string_view view = it->second.view;
+    auto pieces = a.manifest.entry_chunks.find(name);
+    if (pieces == a.manifest.entry_chunks.end()) {
+      checks.push_back({listed.size(), view, &digest});
+    } else {
+      const size_t count = (view.size() + kEntryChunkBytes - 1) / kEntryChunkBytes;
+      if (pieces->second.size() != count) {
+        verify_entry(z.get(), it->second, path);
+        throw ArtifactError("entry " + named(name) + " of " + path + " is " +
+                            std::to_string(view.size()) + " bytes, which its manifest's " +
+                            std::to_string(pieces->second.size()) +
+                            " piece digests do not cover: the file was modified or damaged; "
+                            "re-save it from the tuned model");
+      }
+      for (size_t k = 0; k < count; ++k) {
+        checks.push_back({listed.size(), view.substr(k * kEntryChunkBytes, kEntryChunkBytes),
+                          &pieces->second[k]});
+      }
+    }
+    listed.push_back(&it->second);
   }
-  std::vector<std::future<std::string>> hashes;
-  hashes.reserve(listed.size());
-  for (const auto& [e, digest] : listed) {
-    const bool large = e->view.size() >= (8u << 20);
-    hashes.push_back(std::async(large ? std::launch::async : std::launch::deferred,
-                                [view = e->view] { return sha256_hex(view); }));
-  }
+  std::vector<char> matches(checks.size(), 0);
+  in_parallel(checks.size(), [&](size_t i) {
+    matches[i] = sha256_hex(checks[i].bytes) == *checks[i].digest;
+  });
+  std::vector<char> entry_ok(listed.size(), 1);
+  for (size_t i = 0; i < checks.size(); ++i) entry_ok[checks[i].entry] &= matches[i];
   for (size_t i = 0; i < listed.size(); ++i) {
-    const ZipEntry& e = *listed[i].first;
-    if (hashes[i].get() != *listed[i].second) {
+    const ZipEntry& e = *listed[i];
+    if (!entry_ok[i]) {
       verify_entry(z.get(), e, path);  // CRC-32: throws when the bytes were damaged
       throw ArtifactError("entry " + named(e.name) + " of " + path +
                           " does not match its SHA-256: the file was modified or damaged; "
@@ -444,14 +495,37 @@ void add_stored(zip_t* z, const std::string& name, std::string_view data, const 
 Manifest write_artifact(const std::string& path, Manifest manifest,
                         const std::vector<EntryData>& entries, const std::string& signing_key_pem) {
   manifest.entries.clear();
-  for (const EntryData& e : entries) {
+  manifest.entry_chunks.clear();
+  // Jobs: every entry whole (what readers before entry_chunks check), and each piece of those
+  // longer than one, hashed side by side.
+  struct Job {
+    const EntryData* entry;
+    std::string_view bytes;
+    std::string* digest;
+  };
+  std::set<std::string> names;
+  std::vector<std::string> whole(entries.size());
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const EntryData& e = entries[i];
     if (unsafe_name(e.name) || e.name == kManifestEntry || e.name == kSignatureEntry) {
       throw ArtifactError("write_artifact: entry name " + named(e.name) + " is not allowed");
     }
-    if (!manifest.entries.emplace(e.name, sha256_hex(e.data)).second) {
+    if (!names.insert(e.name).second) {
       throw ArtifactError("write_artifact: entry " + named(e.name) + " is given twice");
     }
+    jobs.push_back({&e, e.data, &whole[i]});
   }
+  for (const EntryData& e : entries) {
+    if (e.data.size() <= kEntryChunkBytes) continue;
+    std::vector<std::string>& pieces = manifest.entry_chunks[e.name];
+    pieces.resize((e.data.size() + kEntryChunkBytes - 1) / kEntryChunkBytes);
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      jobs.push_back({&e, e.data.substr(k * kEntryChunkBytes, kEntryChunkBytes), &pieces[k]});
+    }
+  }
+  in_parallel(jobs.size(), [&](size_t i) { *jobs[i].digest = sha256_hex(jobs[i].bytes); });
+  for (size_t i = 0; i < entries.size(); ++i) manifest.entries.emplace(entries[i].name, whole[i]);
   const std::string manifest_json = manifest_to_json(manifest);
   std::string signature_json;
   if (!signing_key_pem.empty()) {

@@ -214,6 +214,50 @@ TEST_F(ArtifactFile, ChangedEntryWithValidCrcFailsItsSha256) {
   EXPECT_HAS(msg, "SHA-256");
 }
 
+// An entry over kEntryChunkBytes is verified piece by piece (side by side), every byte of it.
+TEST_F(ArtifactFile, LargeEntryIsVerifiedByItsPieces) {
+  std::string& weights = data_["weights/m.safetensors"];
+  weights = std::string(2 * kEntryChunkBytes + 1000, 'w');
+  for (size_t i = 0; i < weights.size(); i += 4099) weights[i] = static_cast<char>(i % 251);
+  const Manifest written = write(path_);
+  ASSERT_EQ(written.entry_chunks.size(), 1u);  // the small entries are hashed whole only
+  const auto& pieces = written.entry_chunks.at("weights/m.safetensors");
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[2], sha256_hex(std::string_view(weights).substr(2 * kEntryChunkBytes)));
+  EXPECT_EQ(written.entries.at("weights/m.safetensors"), sha256_hex(weights));
+  Artifact a = read_artifact(path_.string());
+  EXPECT_EQ(a.manifest.entry_chunks, written.entry_chunks);
+  EXPECT_EQ(a.entry("weights/m.safetensors"), weights);
+
+  // One byte changed in the last piece, the CRC rewritten to match: its SHA-256 refuses it.
+  const std::string manifest = a.manifest_json;
+  auto with = [&](const std::string& manifest_json) {
+    std::vector<std::pair<std::string, std::string>> raw = {{kManifestEntry, manifest_json}};
+    for (const auto& [name, data] : data_) raw.emplace_back(name, data);
+    write_raw_zip(path_, raw);
+  };
+  weights[weights.size() - 10] ^= 1;
+  with(manifest);
+  std::string msg = error_of<ArtifactError>([&] { read_artifact(path_.string()); });
+  EXPECT_HAS(msg, "'weights/m.safetensors'");
+  EXPECT_HAS(msg, "SHA-256");
+  weights[weights.size() - 10] ^= 1;
+
+  // Pieces that do not cover the entry (one dropped), or a piece size this reader does not use.
+  json fewer = json::parse(manifest);
+  fewer["entry_chunks"]["weights/m.safetensors"].erase(2);
+  with(fewer.dump());
+  EXPECT_HAS(error_of<ArtifactError>([&] { read_artifact(path_.string()); }),
+             "piece digests do not cover");
+  json other = json::parse(manifest);
+  other["entry_chunk_bytes"] = 1 << 20;
+  with(other.dump());
+  EXPECT_HAS(error_of<ArtifactError>([&] { read_artifact(path_.string()); }),
+             "entry_chunk_bytes must be");
+  with(manifest);
+  EXPECT_EQ(read_artifact(path_.string()).entry("weights/m.safetensors"), weights);
+}
+
 TEST_F(ArtifactFile, DeclaredSizeBeyondTheFileIsRefusedBeforeReading) {
   // 3 GiB declared for a 13-byte entry, in the local header and the central directory.
   std::string bytes = slurp(path_);

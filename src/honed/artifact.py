@@ -132,13 +132,17 @@ def _save_module(module: Module, entries: dict[str, bytes]) -> Any:
                 payload[name] = entry
             graph.payload = payload
         if variant.warm_sample is not None:
-            encoded = _encode_sample(variant.warm_sample)
+            stored, batch = _stored_sample(variant.warm_sample, variant.profile)
+            encoded = _encode_sample(stored, batch)
             if encoded is not None:
                 entry = f"samples/{module.name}/{i}.safetensors"
                 spec, tensors = encoded
                 entries[entry] = st_save(tensors, metadata={"treespec": spec})
                 graph.samples = entry
-                outputs = _eager_outputs(module, variant.warm_sample)
+                # Eager's outputs for the sample as a reader rebuilds it (stored rows repeated).
+                axes = [int(a) for a in variant.profile.batch_axes]
+                full = stored if batch is None else resize_sample(stored, axes, batch)
+                outputs = _eager_outputs(module, full)
                 if outputs is not None:
                     entry = f"samples/{module.name}/{i}.outputs.safetensors"
                     entries[entry] = st_save(outputs)
@@ -169,7 +173,34 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: None))
 
 
-def _encode_sample(sample: Sample) -> tuple[str, dict[str, torch.Tensor]] | None:
+# A graph's stored sample (its warm-up input and honed-run --check's) holds at most this many
+# bytes of inputs: above it, only as many items along the batch axes as fit are stored, repeated
+# in turn up to the sample's batch when read (sweep.resize_sample, _core.batch_indices), so that
+# a batch of images does not outweigh the compiled code in the artifact.
+SAMPLE_MAX_BYTES = 2 << 20
+
+
+def _stored_sample(sample: Sample, profile: _core.GraphProfile) -> tuple[Sample, int | None]:
+    """The sample to store and the batch a reader restores it to (None: stored whole)."""
+    leaves = pytree.tree_leaves((sample.args, sample.kwargs))
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    axes = [int(a) for a in profile.batch_axes]
+    batched = [(t, axes[i]) for i, t in enumerate(tensors) if i < len(axes) and axes[i] >= 0]
+    if total <= SAMPLE_MAX_BYTES or not batched:
+        return sample, None
+    batch = int(batched[0][0].shape[batched[0][1]])
+    per_item = sum(t.numel() * t.element_size() for t, _ in batched) / max(batch, 1)
+    fixed = total - per_item * batch
+    keep = max(1, int((SAMPLE_MAX_BYTES - fixed) // per_item) if per_item else batch)
+    if keep >= batch:
+        return sample, None
+    return resize_sample(sample, axes, keep), batch
+
+
+def _encode_sample(
+    sample: Sample, batch: int | None = None
+) -> tuple[str, dict[str, torch.Tensor]] | None:
     leaves, spec = pytree.tree_flatten((sample.args, sample.kwargs))
     tensors: dict[str, torch.Tensor] = {}
     constants: list[Any] = []
@@ -185,7 +216,10 @@ def _encode_sample(sample: Sample) -> tuple[str, dict[str, torch.Tensor]] | None
         spec_json = pytree.treespec_dumps(spec)
     except Exception:
         return None
-    return json.dumps({"spec": spec_json, "leaves": constants}), tensors
+    meta: dict[str, Any] = {"spec": spec_json, "leaves": constants}
+    if batch is not None:
+        meta["batch"] = batch  # the stored items are repeated up to this batch when read
+    return json.dumps(meta), tensors
 
 
 # -- load --------------------------------------------------------------------------------------
@@ -380,8 +414,12 @@ def _safetensors(
     return tensors, dict(metadata)
 
 
-def _decode_sample(artifact: _core.Artifact, entry: str, device: torch.device) -> Sample:
-    """The stored sample of a graph: tensors, constants and the treespec that nests them."""
+def _decode_sample(
+    artifact: _core.Artifact, graph: _core.ManifestGraph, device: torch.device
+) -> Sample:
+    """The stored sample of a graph: tensors, constants and the treespec that nests them, its
+    items repeated up to the batch it was taken at when only some were stored."""
+    entry = graph.samples
     tensors, metadata = _safetensors(artifact, entry)
     try:
         meta = json.loads(metadata["treespec"])
@@ -391,7 +429,11 @@ def _decode_sample(artifact: _core.Artifact, entry: str, device: torch.device) -
             for i, leaf in enumerate(meta["leaves"])
         ]
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        return Sample(tuple(args), dict(kwargs))
+        sample = Sample(tuple(args), dict(kwargs))
+        if meta.get("batch") is not None:
+            axes = [int(a) for a in graph.profile.batch_axes]
+            sample = resize_sample(sample, axes, int(meta["batch"]))
+        return sample
     except Exception as e:
         raise ArtifactError(
             f"honed.load: {artifact.path}: entry {entry!r} has a bad treespec "
@@ -430,7 +472,7 @@ def _rebuild(
         )
         return None
     profile = graph.profile
-    sample = _decode_sample(artifact, graph.samples, device) if graph.samples else None
+    sample = _decode_sample(artifact, graph, device) if graph.samples else None
     info = graph_info(profile, device)
     examples = [sample] if sample is not None else []
     payload = graph.payload

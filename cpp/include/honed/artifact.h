@@ -18,6 +18,8 @@ namespace honed {
 
 inline constexpr const char* kArtifactFormat = "honed";
 inline constexpr int kArtifactFormatVersion = 1;
+// The piece size of Manifest::entry_chunks, stored beside them as "entry_chunk_bytes".
+inline constexpr size_t kEntryChunkBytes = size_t{16} << 20;
 inline constexpr const char* kManifestEntry = "manifest.json";
 // The Ed25519 signature of manifest.json's bytes (which hold every other entry's SHA-256).
 inline constexpr const char* kSignatureEntry = "manifest.sig";
@@ -83,6 +85,10 @@ struct Manifest {
   nlohmann::json machine = nlohmann::json::object();      // where it was measured; no rule reads it
   std::vector<ManifestModule> modules;
   std::map<std::string, std::string> entries;  // entry -> SHA-256 (write_artifact fills it)
+  // entry -> the SHA-256 of each kEntryChunkBytes piece, for entries longer than one piece
+  // (write_artifact fills it): a reader verifies those pieces side by side instead of hashing a
+  // large entry on one core. Readers that predate it check `entries` alone.
+  std::map<std::string, std::vector<std::string>> entry_chunks;
 
   ArtifactEnvironment env() const;  // the fields of `environment` the rules read
   bool has_payload() const;         // any graph with a compiled payload
