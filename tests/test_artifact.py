@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import types
 import zipfile
 from pathlib import Path
 
@@ -160,3 +161,30 @@ def test_save_to_a_directory_is_an_input_error(
 ) -> None:
     with pytest.raises(honed.InputError, match="is a directory"):
         honed.save(inductor_tuned, tmp_path)
+
+
+def test_a_large_sample_of_static_shapes_keeps_its_leading_items(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No batch axis in the profile: the leading axis of the inputs as long as the first one's is
+    cut to what fits, and the stored metadata says how a reader restores it."""
+    from honed.artifact import _encode_sample, _stored_sample
+    from honed.backend.base import Sample
+    from honed.pipeline.sweep import resize_sample
+
+    profile = types.SimpleNamespace(batch_axes=[-1, -1, -1])  # what _stored_sample reads
+    x, mask, scale = torch.randn(6, 4), torch.ones(6, 3), torch.randn(5)
+    sample = Sample((x, mask), {"scale": scale})
+    per_item = (4 + 3) * 4
+    monkeypatch.setattr(honed.artifact, "SAMPLE_MAX_BYTES", 2 * per_item + 5 * 4)
+    stored, repeat = _stored_sample(sample, profile)  # type: ignore[arg-type]
+    assert repeat == (6, [0, 0, -1])
+    assert stored.args[0].shape == (2, 4) and stored.args[1].shape == (2, 3)
+    assert torch.equal(stored.kwargs["scale"], scale)
+    meta, _ = _encode_sample(stored, repeat)
+    assert json.loads(meta)["batch"] == 6 and json.loads(meta)["batch_axes"] == [0, 0, -1]
+    restored = resize_sample(stored, repeat[1], repeat[0])
+    assert torch.equal(restored.args[0], x[[0, 1, 0, 1, 0, 1]])
+    monkeypatch.setattr(honed.artifact, "SAMPLE_MAX_BYTES", 10**6)
+    assert _stored_sample(sample, profile) == (sample, None)  # type: ignore[arg-type]
+

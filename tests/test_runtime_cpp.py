@@ -104,7 +104,7 @@ def _python_outputs(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     honed.load(module, path)
     artifact = honed.artifact.open_artifact(path)
     graph = artifact.manifest.modules[0].graphs[0]
-    sample = honed.artifact._decode_sample(artifact, graph, torch.device(DEVICE))
+    sample = honed.artifact._decode_sample(artifact, graph.samples, torch.device(DEVICE))
     with torch.no_grad():
         return sample.args[0], module(*sample.args).cpu()
 

@@ -489,8 +489,8 @@ std::vector<Sample> Model::samples() const {
     }
     // A large sample is stored as its first items (honed.save): repeated in turn up to the batch
     // eager's outputs were computed at, as Python's reader does.
-    const int64_t batch = detail::stored_sample_batch(stored);
-    if (batch > 0) s.inputs = resize_batch(s.inputs, g.profile.batch_axes, batch);
+    const detail::StoredBatch repeat = detail::stored_sample_batch(stored);
+    if (repeat.batch > 0) s.inputs = resize_batch(s.inputs, repeat.axes, repeat.batch);
     if (!g.outputs.empty()) {
       for (at::Tensor& t : detail::tensors_with_prefix(impl_->artifact.entry(g.outputs), "out")) {
         s.expected.push_back(t.to(impl_->device));

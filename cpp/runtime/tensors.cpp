@@ -97,18 +97,23 @@ std::vector<at::Tensor> tensors_with_prefix(std::string_view buffer, const std::
   return out;
 }
 
-int64_t stored_sample_batch(std::string_view buffer) {
+StoredBatch stored_sample_batch(std::string_view buffer) {
   const SafeTensors st = parse_safetensors(buffer);
   auto spec = st.metadata.find("treespec");
-  if (spec == st.metadata.end()) return 0;
+  if (spec == st.metadata.end()) return {};
   const nlohmann::json meta = nlohmann::json::parse(spec->second, nullptr, false);
-  if (!meta.is_object() || !meta.contains("batch")) return 0;
+  if (!meta.is_object() || !meta.contains("batch")) return {};
   const nlohmann::json& batch = meta.at("batch");
-  if (!batch.is_number_integer() || batch.get<int64_t>() < 1) {
-    throw RuntimeError("honed runtime: a stored sample's batch is " + batch.dump() +
-                       ", not a positive integer; re-save the artifact");
+  const nlohmann::json axes = meta.value("batch_axes", nlohmann::json());
+  const bool axes_ok = axes.is_array() && std::all_of(axes.begin(), axes.end(), [](const auto& a) {
+                         return a.is_number_integer();
+                       });
+  if (!batch.is_number_integer() || batch.get<int64_t>() < 1 || !axes_ok) {
+    throw RuntimeError("honed runtime: a stored sample's batch is " + batch.dump() + " along " +
+                       axes.dump() + ", not a positive integer along integer axes; re-save the "
+                       "artifact");
   }
-  return batch.get<int64_t>();
+  return {batch.get<int64_t>(), axes.get<std::vector<int>>()};
 }
 
 }  // namespace detail

@@ -21,9 +21,14 @@ at::Tensor view_tensor(const RawTensor& raw);
 // (args, kwargs)), or of an outputs entry ("out<i>", in flatten order of the outputs).
 std::vector<at::Tensor> tensors_with_prefix(std::string_view buffer, const std::string& prefix);
 
-// The batch a sample written by honed.save is to be restored to when only its first items were
-// stored (its "treespec" metadata's "batch"); 0 when it was stored whole.
-int64_t stored_sample_batch(std::string_view buffer);
+// The batch a sample written by honed.save is to be restored to, and along which axis of each
+// tensor, when only its first items were stored (its "treespec" metadata's "batch" and
+// "batch_axes"); batch 0 when it was stored whole.
+struct StoredBatch {
+  int64_t batch = 0;
+  std::vector<int> axes;
+};
+StoredBatch stored_sample_batch(std::string_view buffer);
 
 // "torch.float32" or "float32" -> c10::ScalarType; throws honed::RuntimeError when unknown.
 c10::ScalarType dtype_from_name(std::string name);

@@ -132,16 +132,15 @@ def _save_module(module: Module, entries: dict[str, bytes]) -> Any:
                 payload[name] = entry
             graph.payload = payload
         if variant.warm_sample is not None:
-            stored, batch = _stored_sample(variant.warm_sample, variant.profile)
-            encoded = _encode_sample(stored, batch)
+            stored, repeat = _stored_sample(variant.warm_sample, variant.profile)
+            encoded = _encode_sample(stored, repeat)
             if encoded is not None:
                 entry = f"samples/{module.name}/{i}.safetensors"
                 spec, tensors = encoded
                 entries[entry] = st_save(tensors, metadata={"treespec": spec})
                 graph.samples = entry
-                # Eager's outputs for the sample as a reader rebuilds it (stored rows repeated).
-                axes = [int(a) for a in variant.profile.batch_axes]
-                full = stored if batch is None else resize_sample(stored, axes, batch)
+                # Eager's outputs for the sample as a reader rebuilds it (stored items repeated).
+                full = stored if repeat is None else resize_sample(stored, repeat[1], repeat[0])
                 outputs = _eager_outputs(module, full)
                 if outputs is not None:
                     entry = f"samples/{module.name}/{i}.outputs.safetensors"
@@ -180,26 +179,38 @@ def _jsonable(value: Any) -> Any:
 SAMPLE_MAX_BYTES = 2 << 20
 
 
-def _stored_sample(sample: Sample, profile: _core.GraphProfile) -> tuple[Sample, int | None]:
-    """The sample to store and the batch a reader restores it to (None: stored whole)."""
-    leaves = pytree.tree_leaves((sample.args, sample.kwargs))
-    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+def _stored_sample(
+    sample: Sample, profile: _core.GraphProfile
+) -> tuple[Sample, tuple[int, list[int]] | None]:
+    """The sample to store, and the batch and axes a reader repeats it along (None: whole).
+
+    The axes are the profile's batch axes, or for a graph of static shapes the leading axis of
+    every input as long as the first one's."""
+    tensors = [
+        t for t in pytree.tree_leaves((sample.args, sample.kwargs)) if isinstance(t, torch.Tensor)
+    ]
     total = sum(t.numel() * t.element_size() for t in tensors)
-    axes = [int(a) for a in profile.batch_axes]
-    batched = [(t, axes[i]) for i, t in enumerate(tensors) if i < len(axes) and axes[i] >= 0]
-    if total <= SAMPLE_MAX_BYTES or not batched:
+    if total <= SAMPLE_MAX_BYTES or not tensors:
+        return sample, None
+    axes = [int(a) for a in profile.batch_axes][: len(tensors)]
+    axes += [-1] * (len(tensors) - len(axes))
+    if not any(a >= 0 for a in axes) and tensors[0].dim() > 0:
+        lead = tensors[0].shape[0]
+        axes = [0 if t.dim() > 0 and t.shape[0] == lead else -1 for t in tensors]
+    batched = [(t, a) for t, a in zip(tensors, axes, strict=True) if a >= 0]
+    if not batched:
         return sample, None
     batch = int(batched[0][0].shape[batched[0][1]])
     per_item = sum(t.numel() * t.element_size() for t, _ in batched) / max(batch, 1)
     fixed = total - per_item * batch
-    keep = max(1, int((SAMPLE_MAX_BYTES - fixed) // per_item) if per_item else batch)
+    keep = max(1, int((SAMPLE_MAX_BYTES - fixed) // per_item)) if per_item else batch
     if keep >= batch:
         return sample, None
-    return resize_sample(sample, axes, keep), batch
+    return resize_sample(sample, axes, keep), (batch, axes)
 
 
 def _encode_sample(
-    sample: Sample, batch: int | None = None
+    sample: Sample, repeat: tuple[int, list[int]] | None = None
 ) -> tuple[str, dict[str, torch.Tensor]] | None:
     leaves, spec = pytree.tree_flatten((sample.args, sample.kwargs))
     tensors: dict[str, torch.Tensor] = {}
@@ -217,8 +228,8 @@ def _encode_sample(
     except Exception:
         return None
     meta: dict[str, Any] = {"spec": spec_json, "leaves": constants}
-    if batch is not None:
-        meta["batch"] = batch  # the stored items are repeated up to this batch when read
+    if repeat is not None:  # the stored items are repeated up to this batch when read
+        meta["batch"], meta["batch_axes"] = repeat
     return json.dumps(meta), tensors
 
 
@@ -414,12 +425,9 @@ def _safetensors(
     return tensors, dict(metadata)
 
 
-def _decode_sample(
-    artifact: _core.Artifact, graph: _core.ManifestGraph, device: torch.device
-) -> Sample:
+def _decode_sample(artifact: _core.Artifact, entry: str, device: torch.device) -> Sample:
     """The stored sample of a graph: tensors, constants and the treespec that nests them, its
     items repeated up to the batch it was taken at when only some were stored."""
-    entry = graph.samples
     tensors, metadata = _safetensors(artifact, entry)
     try:
         meta = json.loads(metadata["treespec"])
@@ -431,7 +439,7 @@ def _decode_sample(
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         sample = Sample(tuple(args), dict(kwargs))
         if meta.get("batch") is not None:
-            axes = [int(a) for a in graph.profile.batch_axes]
+            axes = [int(a) for a in meta["batch_axes"]]
             sample = resize_sample(sample, axes, int(meta["batch"]))
         return sample
     except Exception as e:
@@ -472,7 +480,7 @@ def _rebuild(
         )
         return None
     profile = graph.profile
-    sample = _decode_sample(artifact, graph, device) if graph.samples else None
+    sample = _decode_sample(artifact, graph.samples, device) if graph.samples else None
     info = graph_info(profile, device)
     examples = [sample] if sample is not None else []
     payload = graph.payload
