@@ -272,6 +272,48 @@ def test_retune_on_new_shapes(jit: honed.jit.JitConfig) -> None:
     assert "state=tuned🎯 (TorchInductorBackend) retunes=1 call_count=" in line
 
 
+def test_a_restart_installs_the_cached_winner_then_tries_the_rest(
+    jit: honed.jit.JitConfig,
+) -> None:
+    """A run that decided among some candidates (here: a shorter list; in practice a time budget
+    that ran out) is replayed from the cache first, and only then are the others tried."""
+    inductor = honed.backend.TorchInductorBackend()
+    onnx = honed.backend.ONNXRuntimeBackend()
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    first_wins = dict(min_speedup=1e-6)  # the first correct candidate wins: no timing luck
+    with jit.patch(strategy=honed.FirstWinsStrategy([inductor], **first_wins)):
+        run(model, batches(2, 4))
+    assert [r.status for r in honed.jit.tunes()] == ["installed"]
+
+    honed.jit.reset()  # the restart: a new JIT state over the same cache
+    honed.jit.enable_jit_tuning()
+    with jit.patch(strategy=honed.FirstWinsStrategy([inductor, onnx], **first_wins)):
+        outs = run(model, batches(2, 4))
+    assert_close(outs, eager(model, batches(2, 4)))
+    cached, tuned = honed.jit.tunes()
+    assert (cached.reason, cached.status, cached.evidence) == (
+        "cached decision", "installed", "cache"
+    )
+    assert cached.selected == "TorchInductorBackend"
+    assert cached.tried["TorchInductorBackend"] == "ok (cached)"
+    assert cached.tried["ONNXRuntimeBackend"] == "not tried"
+    assert tuned.reason == "first tune" and tuned.ran_meanwhile == "the previous variant"
+    assert tuned.tried["TorchInductorBackend"] == "ok (cached)"
+    assert tuned.tried["ONNXRuntimeBackend"] in ("ok", "failed", "rejected")
+    assert any(
+        s.startswith("Installed TorchInductorBackend for TinyMLP 📊676 from the cached decision")
+        and s.endswith("tuning goes on with 1 candidate(s) not tried before: ONNXRuntimeBackend")
+        for s in honed.jit.history()
+    )
+
+    honed.jit.reset()  # a third run: every outcome is cached, the plain replay, no extra pass
+    honed.jit.enable_jit_tuning()
+    with jit.patch(strategy=honed.FirstWinsStrategy([inductor, onnx], **first_wins)):
+        run(model, batches(2, 4))
+    assert [r.reason for r in honed.jit.tunes()] == ["first tune"]
+
+
 def test_graph_break_check_is_cached(jit: honed.jit.JitConfig) -> None:
     jit.dry_run = True  # stops right after the check: no compile needed here
     for attempt in range(2):

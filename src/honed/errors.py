@@ -36,6 +36,12 @@ class TuneCancelled(TuneError):
     before eager, the reference every candidate is compared with, was measured."""
 
 
+class CachedPassDeclined(TuneError):
+    """A cached-only tune (``Tuner(cached_only=True)``, JIT's first pass on a restart) has
+    nothing to add: no cached outcome to decide with (eager's, or every candidate's, is
+    missing), or every candidate's is cached, which a plain tune replays as it is."""
+
+
 class ArtifactError(HonedError):
     """A .honed artifact is missing, damaged, tampered with, or made for something else."""
 

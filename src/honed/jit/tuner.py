@@ -196,9 +196,12 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     if module is None:
         return
     strategy = config.tune_strategy()
-    wrapper = Module(module, node.name, strategy=strategy)
     sizes = headroom_sizes(dataset)
     budget = config.time_budget_s or None
+    if reason == "first tune" and _flags.cache_enabled:
+        if not _cached_pass(node, dataset, sizes, strategy):
+            return
+    wrapper = Module(module, node.name, strategy=strategy)
     record = TuneRecord(node.short(), reason, len(dataset), _batches(dataset, sizes), budget)
     record.ran_meanwhile = "the previous variant" if node.state is State.TUNED else "eager"
     background.add_record(record)
@@ -265,6 +268,58 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     _install(node, wrapper, backend, report)
     add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
     add_step(record.line())
+
+
+def _cached_pass(node: Node, dataset: list[Any], sizes: list[int], strategy: Any) -> bool:
+    """A restart's first step: when an earlier run's tune stopped before every candidate (its
+    time budget), install the winner among the candidates it decided, from the cache, before
+    anything is built or measured; the tune then goes on with the rest. Returns whether the
+    tune should still run (False: the program is ending)."""
+    from honed.errors import CachedPassDeclined
+    from honed.module import Module
+    from honed.pipeline.graph_tuner import CACHED_ONLY_REASON
+
+    assert node.module is not None  # checked by the caller
+    wrapper = Module(node.module, node.name, strategy=strategy)
+    tuner = _jit_tuner(
+        strategy=strategy,
+        device=config.device,
+        cache_dir=Path(config.cache_dir) if config.cache_dir else None,
+        isolation=_flags.isolation,
+        reuse_unstable=True,
+        cached_only=True,
+    )
+    node.tuner = tuner
+    if not background.set_current(tuner):
+        return False
+    started = time.perf_counter()
+    try:
+        report = tuner.start(wrapper, dataset, sizes).result()
+    except CachedPassDeclined:
+        return True  # nothing cached (a first run), or all of it: the tune decides or replays
+    except Exception as e:  # the tune proper says what is wrong, if anything
+        add_step(f"Cached pass for {node.short()}: {type(e).__name__}: {e}", logging.DEBUG)
+        return True
+    finally:
+        background.set_current(None)
+    rows = [c for g in report.graphs for c in g.candidates]
+    left = [c.name for c in rows if c.status == "not tried" and c.reason == CACHED_ONLY_REASON]
+    if not wrapper.is_tuned:
+        return True  # eager leads among the cached outcomes
+    took = time.perf_counter() - started
+    backend = ", ".join(sorted({type(v.backend).__name__ for v in wrapper.variants}))
+    record = TuneRecord(node.short(), "cached decision", len(dataset), _batches(dataset, sizes))
+    record.tried = {c.name: c.status + (" (cached)" if c.cached else "") for c in rows}
+    record.status, record.selected, record.evidence, record.took_s = (
+        "installed", backend, "cache", took
+    )
+    background.add_record(record)
+    _install(node, wrapper, backend, report)
+    add_step(
+        f"Installed {backend} for {node.short()} from the cached decision in {took:.2f}s; "
+        f"tuning goes on with {len(left)} candidate(s) not tried before: {', '.join(left)}"
+    )
+    return True
 
 
 def _install(node: Node, wrapper: Any, backend: str, report: Any) -> None:

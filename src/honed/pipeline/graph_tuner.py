@@ -30,7 +30,7 @@ from honed import _core, config
 from honed.backend.base import Backend, Sample
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.environment import fingerprint
-from honed.errors import InputError, TuneCancelled
+from honed.errors import CachedPassDeclined, InputError, TuneCancelled
 from honed.module import GraphRecording, Module, Variant
 from honed.pipeline import buildlog
 from honed.pipeline import figures as fig
@@ -55,6 +55,9 @@ from honed.tune_strategy import TuneStrategy
 
 log = logging.getLogger("honed")
 
+# Why a cached-only tune left a candidate out (its outcome is not cached yet).
+CACHED_ONLY_REASON = "cached pass: no outcome in the cache yet"
+
 TARGETS = ("python", "cpp")
 
 
@@ -78,6 +81,9 @@ class TuneContext:
     stopped: str = ""  # why the tune stopped trying candidates early (Tuner.cancel)
     abandoned: bool = False  # Tuner.cancel(abandon=True): nothing is selected or installed
     reuse_unstable: bool = False  # cached outcomes count even when their figures were unstable
+    # Decide from cached outcomes alone, candidates without one not tried; a graph with an
+    # uncached eager, no cached candidate or nothing uncached raises CachedPassDeclined.
+    cached_only: bool = False
 
     def model_fingerprint(self, module: torch.nn.Module) -> str:
         if id(module) not in self.fingerprints:
@@ -256,6 +262,17 @@ class GraphTuner:
                 outcomes[i] = cached
             else:
                 pending.append(i)
+        if self.ctx.cached_only:
+            if baseline is None or not outcomes or not pending:
+                what = (
+                    "no cached outcome of eager" if baseline is None
+                    else "no cached candidate outcome" if not outcomes
+                    else "every candidate's outcome is cached"
+                )  # fmt: skip
+                raise CachedPassDeclined(f"honed.tune: {self.module.name}: {what}")
+            for i in pending:
+                self._skip(items[i], CACHED_ONLY_REASON)
+            return baseline, [outcomes[i] for i in sorted(outcomes)]
         # A candidate whose probes are all cached is decided now: a warm re-tune then starts no
         # worker for a candidate a rule leaves out.
         for i in list(pending):

@@ -155,9 +155,11 @@ class Tuner:
         time_budget_s: float | None = None,
         tracker: progress.Tracker | None = None,
         reuse_unstable: bool = False,
+        cached_only: bool = False,
     ) -> None:
         self.strategy = strategy
         self.reuse_unstable = reuse_unstable
+        self.cached_only = cached_only
         self.device = device
         self.cache_dir = Path(cache_dir) if cache_dir is not None else config.cache_dir
         self.clear_cache = clear_cache
@@ -266,6 +268,7 @@ class Tuner:
             budget_s=self.time_budget_s,
             pool=(lambda jobs: self._pool(jobs, device)) if self.isolation == "process" else None,
             reuse_unstable=self.reuse_unstable,
+            cached_only=self.cached_only,
         )
 
     def _pool(self, jobs: int, device: torch.device) -> WorkerPool:
