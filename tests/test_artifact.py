@@ -187,4 +187,3 @@ def test_a_large_sample_of_static_shapes_keeps_its_leading_items(
     assert torch.equal(restored.args[0], x[[0, 1, 0, 1, 0, 1]])
     monkeypatch.setattr(honed.artifact, "SAMPLE_MAX_BYTES", 10**6)
     assert _stored_sample(sample, profile) == (sample, None)  # type: ignore[arg-type]
-

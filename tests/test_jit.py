@@ -293,7 +293,9 @@ def test_a_restart_installs_the_cached_winner_then_tries_the_rest(
     assert_close(outs, eager(model, batches(2, 4)))
     cached, tuned = honed.jit.tunes()
     assert (cached.reason, cached.status, cached.evidence) == (
-        "cached decision", "installed", "cache"
+        "cached decision",
+        "installed",
+        "cache",
     )
     assert cached.selected == "TorchInductorBackend"
     assert cached.tried["TorchInductorBackend"] == "ok (cached)"

@@ -324,6 +324,7 @@ def test_a_large_sample_is_stored_as_its_first_items_and_checked_at_its_batch(
         assert json.loads(f.metadata()["treespec"])["batch"] == whole.shape[0]
     inputs, outputs = _python_outputs(small)
     assert inputs.shape == whole.shape and bool((inputs == inputs[:1]).all())
+    torch.testing.assert_close(outputs, outputs[:1].expand_as(outputs))  # one item, repeated
     done = _run(HONED_RUN, small, "--device", DEVICE, "--check", "--iterations", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"check +graph 0: ok", done.stdout), done.stdout

@@ -110,7 +110,8 @@ StoredBatch stored_sample_batch(std::string_view buffer) {
                        });
   if (!batch.is_number_integer() || batch.get<int64_t>() < 1 || !axes_ok) {
     throw RuntimeError("honed runtime: a stored sample's batch is " + batch.dump() + " along " +
-                       axes.dump() + ", not a positive integer along integer axes; re-save the "
+                       axes.dump() +
+                       ", not a positive integer along integer axes; re-save the "
                        "artifact");
   }
   return {batch.get<int64_t>(), axes.get<std::vector<int>>()};

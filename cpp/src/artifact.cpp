@@ -222,7 +222,8 @@ Manifest manifest_from_json(std::string_view text_in, const std::string& where) 
     }
     for (const auto& [name, pieces] : object(*it, "entry_chunks", where).items()) {
       const std::string at = "entry_chunks." + name;
-      if (!out.entries.count(name)) bad_field(where, at, "names an entry the manifest does not list");
+      if (!out.entries.count(name))
+        bad_field(where, at, "names an entry the manifest does not list");
       if (!pieces.is_array()) bad_field(where, at, "must be a list of SHA-256 digests");
       std::vector<std::string>& digests = out.entry_chunks[name];
       for (const json& d : pieces) {

@@ -10,8 +10,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -426,9 +426,8 @@ Artifact read_artifact(const std::string& path) {
     listed.push_back(&it->second);
   }
   std::vector<char> matches(checks.size(), 0);
-  in_parallel(checks.size(), [&](size_t i) {
-    matches[i] = sha256_hex(checks[i].bytes) == *checks[i].digest;
-  });
+  in_parallel(checks.size(),
+              [&](size_t i) { matches[i] = sha256_hex(checks[i].bytes) == *checks[i].digest; });
   std::vector<char> entry_ok(listed.size(), 1);
   for (size_t i = 0; i < checks.size(); ++i) entry_ok[checks[i].entry] &= matches[i];
   for (size_t i = 0; i < listed.size(); ++i) {

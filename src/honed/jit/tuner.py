@@ -311,7 +311,10 @@ def _cached_pass(node: Node, dataset: list[Any], sizes: list[int], strategy: Any
     record = TuneRecord(node.short(), "cached decision", len(dataset), _batches(dataset, sizes))
     record.tried = {c.name: c.status + (" (cached)" if c.cached else "") for c in rows}
     record.status, record.selected, record.evidence, record.took_s = (
-        "installed", backend, "cache", took
+        "installed",
+        backend,
+        "cache",
+        took,
     )
     background.add_record(record)
     _install(node, wrapper, backend, report)
