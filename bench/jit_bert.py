@@ -136,6 +136,13 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         "steady_median_ms": round(steady, 4),
         "seconds_to_tuned_speed": None if tuned_at is None else round(tuned_at, 3),
     }
+    # Per 5 s of the loop: its start, the median and the slowest call (where the time went).
+    windows: dict[int, list[float]] = {}
+    for t, m in calls:
+        windows.setdefault(int(t // 5), []).append(m)
+    out["timeline"] = [
+        [5 * w, round(statistics.median(v), 3), round(max(v), 3)] for w, v in sorted(windows.items())
+    ]
     if eager_ms:
         out["slowest_vs_eager_median"] = round(slowest / eager_ms, 3)
         out["steady_speedup_vs_eager"] = round(eager_ms / steady, 3)

@@ -165,6 +165,27 @@ def test_wait_mode_makes_the_call_that_starts_a_tune_wait(jit: honed.jit.JitConf
     assert root.state is State.TUNED and not root.busy and Gated.builds == 1
 
 
+def test_jit_thread_ends_when_idle_and_a_new_one_takes_the_next_job(
+    jit: honed.jit.JitConfig,
+) -> None:
+    """A thread that ran torch ops keeps its OpenMP team: left alive, it slows the program's CPU
+    ops (background.py), so JIT's thread ends once its queue is empty."""
+    from honed.jit import background
+
+    jit.wait = True
+    Gated.gate.set()
+    run(TinyMLP().eval(), batches(2, 4))
+    assert honed.jit.wait(GATE_TIMEOUT_S)
+    deadline = time.monotonic() + 10  # the thread ends right after its last job
+    while background._WORKER.thread is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert background._WORKER.thread is None
+    assert not any(t.name == "honed-jit" and t.is_alive() for t in threading.enumerate())
+    ran: list[str] = []
+    assert background.submit(lambda: ran.append(threading.current_thread().name))
+    assert honed.jit.wait(GATE_TIMEOUT_S) and ran == ["honed-jit"]
+
+
 def test_the_time_budget_is_the_tunes_budget(jit: honed.jit.JitConfig) -> None:
     jit.time_budget_s = 0.001  # spent by the eager baseline's warm-up (2 ms) alone
     model = TinyMLP().eval()

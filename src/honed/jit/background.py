@@ -111,16 +111,24 @@ class _Worker:
             if self.exiting:
                 return False
             self.pending += 1
+            self.jobs.put((job, args))  # under the lock: an idle thread ends only when empty
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._loop, name="honed-jit", daemon=True)
                 self.thread.start()
-        self.jobs.put((job, args))
         return True
 
     def _loop(self) -> None:
         from honed.jit.patcher import paused
 
         while True:
+            # The thread ends when the queue is empty and a new one takes the next job: a thread
+            # that has run torch ops keeps its OpenMP team, and with more OpenMP threads than
+            # cores libgomp stops spin-waiting, so every parallel op of the program's calls
+            # waits for its workers to wake (several times slower on a 2-core machine).
+            with self.lock:
+                if self.jobs.empty():
+                    self.thread = None
+                    return
             job, args = self.jobs.get()
             try:
                 if self.exiting:
