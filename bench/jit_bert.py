@@ -141,7 +141,8 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     for t, m in calls:
         windows.setdefault(int(t // 5), []).append(m)
     out["timeline"] = [
-        [5 * w, round(statistics.median(v), 3), round(max(v), 3)] for w, v in sorted(windows.items())
+        [5 * w, round(statistics.median(v), 3), round(max(v), 3)]
+        for w, v in sorted(windows.items())
     ]
     if eager_ms:
         out["slowest_vs_eager_median"] = round(slowest / eager_ms, 3)

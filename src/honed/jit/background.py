@@ -17,13 +17,14 @@ hooks (the HONED_JIT_REPORT report) run, so the report shows the cancelled tune.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger("honed.jit")
@@ -133,7 +134,7 @@ class _Worker:
             try:
                 if self.exiting:
                     continue  # queued before the program ended: left undone
-                with paused():  # JIT's own calls of the modules run their originals
+                with paused(), _prompt_gil():  # JIT's calls of the modules run their originals
                     job(*args)
             except Exception:  # a job's failure is logged; the program and other jobs go on
                 log.warning("honed.jit: a background job failed", exc_info=True)
@@ -145,6 +146,22 @@ class _Worker:
     def wait(self, timeout_s: float | None) -> bool:
         with self.lock:
             return self.lock.wait_for(lambda: self.pending == 0, timeout_s)
+
+
+# Python's switch interval while a JIT job runs: the job's in-process Python (the graph-break
+# check's trace, the install) holds the GIL, and each torch op of the program's call that gives
+# the GIL up waits up to this long to get it back (5 ms by default).
+SWITCH_INTERVAL_S = 0.0005
+
+
+@contextlib.contextmanager
+def _prompt_gil() -> Iterator[None]:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, SWITCH_INTERVAL_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 _WORKER = _Worker()
