@@ -272,6 +272,16 @@ def test_retune_on_new_shapes(jit: honed.jit.JitConfig) -> None:
     assert "state=tuned🎯 (TorchInductorBackend) retunes=1 call_count=" in line
 
 
+class PreferInductor(honed.TuneStrategy):
+    """Inductor when it is correct, whatever the timings say (on a loaded machine the evidence
+    rule may keep eager): what is installed from where is what these tests check."""
+
+    def select(self, candidates: list[honed._core.CandidateResult]) -> honed._core.Decision:
+        for c in candidates:  # fresh copies of the results, for this choice only
+            c.ok = c.ok and c.backend == "TorchInductorBackend"  # eager too: no timing compared
+        return honed._core.select_first_wins(candidates, 1.0)
+
+
 def test_a_restart_installs_the_cached_winner_then_tries_the_rest(
     jit: honed.jit.JitConfig,
 ) -> None:
@@ -281,14 +291,13 @@ def test_a_restart_installs_the_cached_winner_then_tries_the_rest(
     onnx = honed.backend.ONNXRuntimeBackend()
     torch.manual_seed(0)
     model = TinyMLP().eval()
-    first_wins = dict(min_speedup=1e-6)  # the first correct candidate wins: no timing luck
-    with jit.patch(strategy=honed.FirstWinsStrategy([inductor], **first_wins)):
+    with jit.patch(strategy=PreferInductor([inductor])):
         run(model, batches(2, 4))
     assert [r.status for r in honed.jit.tunes()] == ["installed"]
 
     honed.jit.reset()  # the restart: a new JIT state over the same cache
     honed.jit.enable_jit_tuning()
-    with jit.patch(strategy=honed.FirstWinsStrategy([inductor, onnx], **first_wins)):
+    with jit.patch(strategy=PreferInductor([inductor, onnx])):
         outs = run(model, batches(2, 4))
     assert_close(outs, eager(model, batches(2, 4)))
     cached, tuned = honed.jit.tunes()
@@ -311,7 +320,7 @@ def test_a_restart_installs_the_cached_winner_then_tries_the_rest(
 
     honed.jit.reset()  # a third run: every outcome is cached, the plain replay, no extra pass
     honed.jit.enable_jit_tuning()
-    with jit.patch(strategy=honed.FirstWinsStrategy([inductor, onnx], **first_wins)):
+    with jit.patch(strategy=PreferInductor([inductor, onnx])):
         run(model, batches(2, 4))
     assert [r.reason for r in honed.jit.tunes()] == ["first tune"]
 
