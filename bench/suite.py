@@ -552,7 +552,10 @@ def first_line(e: BaseException) -> str:
 
 def _default_name(args: argparse.Namespace) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"suite-{args.device.split(':')[0]}-{stamp}-{commit()}.json"
+    # Letters, digits, "." and "-" only: the GPU machine returns no file with another character
+    # in its name (a HONED_COMMIT of "abc+" lost a run's JSON).
+    label = re.sub(r"[^A-Za-z0-9.-]", "-", commit())
+    return f"suite-{args.device.split(':')[0]}-{stamp}-{label}.json"
 
 
 @contextlib.contextmanager

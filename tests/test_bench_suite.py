@@ -696,3 +696,12 @@ def test_report_takes_the_cpp_target_from_cpp_vs_python_when_the_suite_has_none(
         "value": None, "source": None, "met": False
     }  # fmt: skip
     assert any("| bert | 8 | 3 | 1.100 |" in line for line in report._cpp_md([row]))
+
+
+def test_the_default_json_name_holds_only_characters_the_gpu_machine_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HONED_COMMIT", "65c8c26+dirty/x")
+    name = suite._default_name(argparse.Namespace(device="cuda:0"))
+    assert name.startswith("suite-cuda-") and name.endswith("-65c8c26-dirty-x.json"), name
+    assert all(c.isalnum() or c in ".-" for c in name), name
