@@ -198,8 +198,9 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     strategy = config.tune_strategy()
     sizes = headroom_sizes(dataset)
     budget = config.time_budget_s or None
+    fingerprints: dict[int, str] = {}  # the weights are hashed once for both passes
     if reason == "first tune" and _flags.cache_enabled:
-        if not _cached_pass(node, dataset, sizes, strategy):
+        if not _cached_pass(node, dataset, sizes, _new_tuner(strategy, fingerprints, None, True)):
             return
     wrapper = Module(module, node.name, strategy=strategy)
     record = TuneRecord(node.short(), reason, len(dataset), _batches(dataset, sizes), budget)
@@ -210,14 +211,7 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     importlib.import_module("torch._dynamo")  # every compile needs it: counts as rebuild time
     import_s = time.perf_counter() - started
     isolation = _flags.isolation
-    tuner = _jit_tuner(
-        strategy=strategy,
-        device=config.device,
-        cache_dir=Path(config.cache_dir) if config.cache_dir else None,
-        isolation=isolation,
-        time_budget_s=budget,
-        reuse_unstable=True,  # a restart replays the decision instead of measuring beside calls
-    )
+    tuner = _new_tuner(strategy, fingerprints, budget, False)
     node.tuner = tuner
     record.progress = lambda: (node.call_count - calls_before, _tried_so_far(tuner))
     if not background.set_current(tuner):
@@ -242,7 +236,7 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     took = time.perf_counter() - started
     record.took_s = took
     rows = [c for g in report.graphs for c in g.candidates]
-    record.tried = {c.name: c.status + (" (cached)" if c.cached else "") for c in rows}
+    record.tried = _tried(rows)
     record.evidence = (
         "cache"
         if rows and all(c.cached for c in rows)
@@ -263,14 +257,39 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
         if node.state is not State.TUNED:
             _eager(node, "no variant selected")
         return
-    backend = ", ".join(sorted({type(v.backend).__name__ for v in wrapper.variants}))
+    backend = _backends(wrapper)
     record.status, record.selected = "installed", backend
     _install(node, wrapper, backend, report)
     add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
     add_step(record.line())
 
 
-def _cached_pass(node: Node, dataset: list[Any], sizes: list[int], strategy: Any) -> bool:
+def _new_tuner(
+    strategy: Any, fingerprints: dict[int, str], budget: float | None, cached: bool
+) -> Any:
+    """JIT's Tuner: a restart replays the cached decision instead of measuring beside calls
+    (reuse_unstable); ``cached``: the cached-only pass."""
+    return _jit_tuner(
+        strategy=strategy,
+        device=config.device,
+        cache_dir=Path(config.cache_dir) if config.cache_dir else None,
+        isolation=_flags.isolation,
+        time_budget_s=budget,
+        reuse_unstable=True,
+        cached_only=cached,
+        fingerprints=fingerprints,
+    )
+
+
+def _tried(rows: list[Any]) -> dict[str, str]:
+    return {c.name: c.status + (" (cached)" if c.cached else "") for c in rows}
+
+
+def _backends(wrapper: Any) -> str:
+    return ", ".join(sorted({type(v.backend).__name__ for v in wrapper.variants}))
+
+
+def _cached_pass(node: Node, dataset: list[Any], sizes: list[int], tuner: Any) -> bool:
     """A restart's first step: when an earlier run's tune stopped before every candidate (its
     time budget), install the winner among the candidates it decided, from the cache, before
     anything is built or measured; the tune then goes on with the rest. Returns whether the
@@ -280,15 +299,7 @@ def _cached_pass(node: Node, dataset: list[Any], sizes: list[int], strategy: Any
     from honed.pipeline.graph_tuner import CACHED_ONLY_REASON
 
     assert node.module is not None  # checked by the caller
-    wrapper = Module(node.module, node.name, strategy=strategy)
-    tuner = _jit_tuner(
-        strategy=strategy,
-        device=config.device,
-        cache_dir=Path(config.cache_dir) if config.cache_dir else None,
-        isolation=_flags.isolation,
-        reuse_unstable=True,
-        cached_only=True,
-    )
+    wrapper = Module(node.module, node.name, strategy=tuner.strategy)
     node.tuner = tuner
     if not background.set_current(tuner):
         return False
@@ -302,14 +313,14 @@ def _cached_pass(node: Node, dataset: list[Any], sizes: list[int], strategy: Any
         return True
     finally:
         background.set_current(None)
-    rows = [c for g in report.graphs for c in g.candidates]
-    left = [c.name for c in rows if c.status == "not tried" and c.reason == CACHED_ONLY_REASON]
     if not wrapper.is_tuned:
         return True  # eager leads among the cached outcomes
+    rows = [c for g in report.graphs for c in g.candidates]
+    left = [c.name for c in rows if c.status == "not tried" and c.reason == CACHED_ONLY_REASON]
     took = time.perf_counter() - started
-    backend = ", ".join(sorted({type(v.backend).__name__ for v in wrapper.variants}))
+    backend = _backends(wrapper)
     record = TuneRecord(node.short(), "cached decision", len(dataset), _batches(dataset, sizes))
-    record.tried = {c.name: c.status + (" (cached)" if c.cached else "") for c in rows}
+    record.tried = _tried(rows)
     record.status, record.selected, record.evidence, record.took_s = (
         "installed",
         backend,

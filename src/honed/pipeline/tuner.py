@@ -156,10 +156,14 @@ class Tuner:
         tracker: progress.Tracker | None = None,
         reuse_unstable: bool = False,
         cached_only: bool = False,
+        fingerprints: dict[int, str] | None = None,
     ) -> None:
         self.strategy = strategy
         self.reuse_unstable = reuse_unstable
         self.cached_only = cached_only
+        # Model fingerprints (a hash of the weights) by id(module), shared with another tune of
+        # the same modules in the same moment (JIT's cached pass and the tune after it).
+        self.fingerprints = fingerprints if fingerprints is not None else {}
         self.device = device
         self.cache_dir = Path(cache_dir) if cache_dir is not None else config.cache_dir
         self.clear_cache = clear_cache
@@ -269,6 +273,7 @@ class Tuner:
             pool=(lambda jobs: self._pool(jobs, device)) if self.isolation == "process" else None,
             reuse_unstable=self.reuse_unstable,
             cached_only=self.cached_only,
+            fingerprints=self.fingerprints,
         )
 
     def _pool(self, jobs: int, device: torch.device) -> WorkerPool:
