@@ -348,6 +348,24 @@ def test_incomplete_payload_is_refused() -> None:
         TorchInductorAotBackend().load_payload({PAYLOAD_PACKAGE: b""}, TinyMLP(), _profile(1, 1, 1))
 
 
+def test_cuda_graphs_on_a_cpu_graph_are_refused_before_anything_compiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("exported or compiled before the config was checked")
+
+    monkeypatch.setattr(torch.export, "export", refuse)
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", refuse)
+    backend = TorchInductorAotBackend(TorchInductorAotBackendConfig(cuda_graphs=True))
+    assert backend.name == "TorchInductorAotBackend(CUDA graphs)"
+    with pytest.raises(honed.InputError, match="set cuda_graphs=False, or move the model"):
+        backend.build_graph(TinyMLP(), _samples(torch.randn(2, 16)), _profile(2, 2, 2))
+    with pytest.raises(honed.InputError, match="runs on cpu"):
+        backend.load_payload(
+            {PAYLOAD_PACKAGE: b"", PAYLOAD_CALLING: b"{}"}, TinyMLP(), _profile(2, 2, 2)
+        )
+
+
 def test_export_payload_refuses_foreign_callables() -> None:
     with pytest.raises(TypeError, match="takes what its build returned"):
         TorchInductorAotBackend().export_payload(TinyMLP())
@@ -592,3 +610,79 @@ def test_compiling_twice_in_new_processes_skips_the_isa_check_the_second_time(
             x = batches(5)[0]
             torch.testing.assert_close(module(x), module.module(x))
     assert seen == [None, True]
+
+
+def _cuda_static(batch: int) -> GraphInfo:
+    shapes = ((batch, 16),)
+    return GraphInfo(torch.device("cuda"), False, shapes, shapes, shapes)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_replay_the_package_and_outputs_survive_the_next_call() -> None:
+    torch.manual_seed(0)
+    model = TinyMLP().cuda().eval()
+    graph = _cuda_static(4)
+    backend = TorchInductorAotBackend(TorchInductorAotBackendConfig(cuda_graphs=True))
+    fn = backend.build_graph(model, _samples(torch.randn(4, 16, device="cuda")), graph)
+    assert fn.graphed is not None and fn.graphed.captures == 1  # captured at build
+    loaded = backend.load_payload(backend.export_payload(fn), model, graph)
+    assert loaded.graphed is not None and loaded.graphed.captures == 0  # on first sight
+    x1, x2 = torch.randn(4, 16, device="cuda"), torch.randn(4, 16, device="cuda")
+    with torch.no_grad():
+        for f in (fn, loaded):
+            out1 = f(x1)
+            out2 = f(x2)  # a replay: must not overwrite out1
+            torch.testing.assert_close(out1, model(x1))
+            torch.testing.assert_close(out2, model(x2))
+            assert f.graphed is not None and f.graphed.captures == 1
+        with pytest.raises(honed.InputError, match="compiled for other inputs"):
+            fn(torch.randn(5, 16, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_capture_on_another_thread_leaves_the_programs_cuda_work_alone() -> None:
+    """JIT loads and captures a winner on its own thread while the program's thread keeps
+    running CUDA work and synchronizing: neither may fail, and both compute right."""
+    import threading
+
+    torch.manual_seed(0)
+    model = TinyMLP().cuda().eval()
+    graph = _cuda_static(8)
+    backend = TorchInductorAotBackend(TorchInductorAotBackendConfig(cuda_graphs=True))
+    files = backend.export_payload(
+        backend.build_graph(model, _samples(torch.randn(8, 16, device="cuda")), graph)
+    )
+    x = torch.randn(8, 16, device="cuda")
+    a = torch.randn(512, 512, device="cuda")
+    errors: list[BaseException] = []
+    done = threading.Event()
+    captured: list[AotCompiled] = []
+
+    def install() -> None:
+        try:
+            for _ in range(5):
+                fn = backend.load_payload(files, model, graph)
+                fn.capture(Sample((x,), {}))
+                captured.append(fn)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=install)
+    thread.start()
+    program = 0
+    with torch.no_grad():
+        while not done.is_set() or program < 50:
+            b = a @ a  # the program's own work, allocations and host syncs included
+            torch.cuda.synchronize()
+            assert torch.isfinite(b).all().item()
+            program += 1
+    thread.join()
+    assert not errors, errors
+    assert len(captured) == 5
+    with torch.no_grad():
+        for fn in captured:
+            torch.testing.assert_close(fn(x), model(x))

@@ -159,9 +159,13 @@ def test_default_backends_fit_the_kind_of_model(monkeypatch: pytest.MonkeyPatch)
     names_tokens = [b.name for b in default_candidates(cuda, tokens)]
     wanted = "TorchInductorBackend(mode=reduce-overhead, bf16 weights, channels_last)"
     assert wanted in names_image and wanted not in names_tokens
-    assert "TorchInductorAotBackend(bf16 weights, channels_last)" in names_image
+    assert "TorchInductorAotBackend(bf16 weights, channels_last, CUDA graphs)" in names_image
     assert "TorchInductorBackend(mode=reduce-overhead, bf16 weights)" in names_tokens
-    assert "TorchInductorAotBackend(bf16 weights)" in names_tokens
+    assert "TorchInductorAotBackend(bf16 weights, CUDA graphs)" in names_tokens
+    # On CUDA every AOTInductor candidate replays CUDA graphs, and max-autotune without CUDA
+    # graphs (never within 3 % of a suite row's best, the longest builds) is not a default.
+    assert all("CUDA graphs" in n for n in names_tokens if n.startswith("TorchInductorAot"))
+    assert not [n for n in names_image + names_tokens if "max-autotune" in n]
     assert not any("channels_last" in b.name for b in default_candidates(cuda, None))
     cpu = [b.name for b in default_candidates(torch.device("cpu"), image)]
     assert cpu == [
@@ -183,7 +187,9 @@ def test_candidates_say_what_they_cost_and_may_gain() -> None:
         b.name: b for b in default_candidates(cuda, GraphInfo(cuda, min_shapes=((1, 3, 8, 8),)))
     }
     eager = honed.backend.TorchEagerBackend()
-    autotune = by_name["TorchInductorBackend(mode=max-autotune-no-cudagraphs)"]
+    autotune = honed.backend.TorchInductorBackend(
+        honed.backend.TorchInductorBackendConfig(mode="max-autotune-no-cudagraphs")
+    )
     default = by_name["TorchInductorBackend"]
     assert eager.expected_cost == 0 < default.expected_cost < autotune.expected_cost
     bf16 = by_name["TorchInductorBackend(mode=reduce-overhead, bf16 weights)"]

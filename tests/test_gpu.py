@@ -133,6 +133,9 @@ def _gpu_backends() -> list[honed.backend.Backend]:
         b.TorchInductorBackend(),
         b.TorchInductorBackend(b.TorchInductorBackendConfig(mode="reduce-overhead", **bf16)),
         b.TorchInductorAotBackend(),
+        b.TorchInductorAotBackend(
+            b.TorchInductorAotBackendConfig(precision="bf16", cuda_graphs=True)
+        ),
         b.CudaGraphsBackend(),
         b.CudaGraphsBackend(b.CudaGraphsBackendConfig(**bf16)),
     ]

@@ -142,16 +142,17 @@ def vec_isa_known() -> Iterator[None]:
 
 
 # -- loading ---------------------------------------------------------------------------------------
-def load_package(package: bytes, device_type: str) -> Any:
-    """Load a .pt2 from bytes; the loader extracts what it needs, so the file can go after."""
+def load_package(package: bytes, device_type: str, single_threaded: bool = False) -> Any:
+    """Load a .pt2 from bytes; the loader extracts what it needs, so the file can go after.
+    ``single_threaded``: see load_runner."""
     with tempfile.TemporaryDirectory(prefix="honed-aot-") as tmp:
         path = Path(tmp) / PACKAGE_NAME
         path.write_bytes(package)
         probe_loading(path, device_type)
-        return load_runner(str(path), device_type)
+        return load_runner(str(path), device_type, single_threaded)
 
 
-def load_runner(path: str, device_type: str) -> Any:
+def load_runner(path: str, device_type: str, single_threaded: bool = False) -> Any:
     """AOTInductor's package loader, without torch's device-information check.
 
     ``torch._inductor.aoti_load_package`` first compares the package's metadata with this
@@ -159,6 +160,10 @@ def load_runner(path: str, device_type: str) -> Any:
     programs in child processes, which dominates loading. honed checks the environment itself
     (the artifact's fingerprint) and loads with libtorch's loader directly, as the C++ runtime
     does; torch's function is the fallback where that loader's Python binding differs.
+
+    ``single_threaded``: one runner that records no CUDA event per call. The pooled runner does,
+    and an event recorded while a CUDA graph captures the call can no longer be queried, which
+    fails the next plain call; a package called through CUDA graphs is loaded this way.
     """
     import torch._inductor
 
@@ -167,8 +172,10 @@ def load_runner(path: str, device_type: str) -> Any:
         from torch._inductor.package import AOTICompiledModel  # type: ignore[attr-defined]
 
         index = torch.cuda.current_device() if device_type == "cuda" else -1
-        loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, index)
+        loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", single_threaded, 1, index)
     except (ImportError, AttributeError, TypeError):
+        if single_threaded:
+            return torch._inductor.aoti_load_package(path, run_single_threaded=True)
         return torch._inductor.aoti_load_package(path)
     return AOTICompiledModel(loader)
 

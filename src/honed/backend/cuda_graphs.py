@@ -147,9 +147,14 @@ class CudaGraphed:
     """A module called through CUDA graphs captured per input signature."""
 
     def __init__(
-        self, module: torch.nn.Module, device: torch.device, config: CudaGraphsBackendConfig
+        self,
+        module: Callable[..., Any],
+        device: torch.device,
+        config: CudaGraphsBackendConfig,
+        what: str | None = None,
     ) -> None:
         self.module = module
+        self.what = what or type(module).__name__  # how a failed capture names what it ran
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
         self.config = config
@@ -268,7 +273,7 @@ class CudaGraphed:
                 self._pool = torch.cuda.graph_pool_handle() if cfg.pool_sharing else None
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 raise TuneError(
-                    f"CUDA graph capture of {type(self.module).__name__} failed "
+                    f"CUDA graph capture of {self.what} failed "
                     f"({type(e).__name__}: {first}); the module must not synchronize with the "
                     "host while running (.item(), .cpu(), printing tensors, data-dependent "
                     "Python control flow, dynamic output shapes): remove those or use another "

@@ -36,6 +36,7 @@ from honed.backend._precision import (
     tolerance,
 )
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
+from honed.backend.cuda_graphs import CudaGraphed, CudaGraphsBackendConfig
 from honed.errors import ConfigError, InputError, TuneError
 from honed.pipeline.correctness import Tolerance
 
@@ -65,6 +66,10 @@ class TorchInductorAotBackendConfig(BackendConfig):
     memory_format: str | None = memory_format_field()
     # Inductor's max_autotune (benchmarks GEMM and convolution templates while compiling).
     max_autotune: bool = flag_field("max-autotune")
+    # CUDA only: each input shape's call captured in a CUDA graph on first sight (the recorded
+    # samples' at build) and replayed afterwards, as the C++ runtime does by default; the
+    # package's kernel launches leave the call path.
+    cuda_graphs: bool = flag_field("CUDA graphs")
 
     def __post_init__(self) -> None:
         check_config(
@@ -135,6 +140,7 @@ class AotCompiled(GuardedPayload):
         calling: Calling,
         check_inputs: bool = True,
         constants: dict[str, bytes] | None = None,
+        graphs_on: torch.device | None = None,
     ) -> None:
         from torch.utils._pytree import treespec_loads
 
@@ -142,6 +148,15 @@ class AotCompiled(GuardedPayload):
         self.runner = runner
         self.package = package
         self.constants = constants or {}  # constants.json (+ .safetensors) for the payload
+        # graphs_on: calls replayed from CUDA graphs on that device (the runner single-threaded).
+        self.graphed: CudaGraphed | None = None
+        if graphs_on is not None:
+            self.graphed = CudaGraphed(
+                self._flat_run,
+                graphs_on,
+                CudaGraphsBackendConfig(warmup_iters=2),
+                what="the AOTInductor package",
+            )
         # The fast path skips AOTICompiledModel.__call__, which parses its call spec as JSON on
         # every call; its inputs are exactly our flat tensors.
         loader: Any = getattr(runner, "loader", None)
@@ -154,6 +169,19 @@ class AotCompiled(GuardedPayload):
             self._single_output = bool(self._out_spec.is_leaf())
 
     def run(self, tensors: list[Any]) -> Any:
+        if self.graphed is not None:
+            return self.graphed(*tensors)
+        return self._plain_run(tensors)
+
+    def capture(self, sample: Sample) -> None:
+        """Capture the graph of this sample's shapes now (a no-op without CUDA graphs)."""
+        if self.graphed is not None:
+            self.graphed.capture_for(tuple(self.flatten(sample.args, sample.kwargs)), {})
+
+    def _flat_run(self, *tensors: Any) -> Any:
+        return self._plain_run(list(tensors))
+
+    def _plain_run(self, tensors: list[Any]) -> Any:
         if self._boxed_run is None:
             return self.runner(*tensors)
         outs = self._boxed_run(tensors)
@@ -185,7 +213,8 @@ class TorchInductorAotBackend(Backend):
 
     @property
     def expected_gain(self) -> float:
-        return 1.5 if self.config.precision != "fp32" or self.config.autocast_enabled else 1.2
+        reduced = self.config.precision != "fp32" or self.config.autocast_enabled
+        return (1.5 if reduced else 1.2) * (1.3 if self.config.cuda_graphs else 1.0)
 
     def tolerance(self) -> Tolerance | None:
         return tolerance(self.config.precision)
@@ -196,6 +225,7 @@ class TorchInductorAotBackend(Backend):
         if not example_inputs:
             raise InputError("TorchInductorAotBackend needs at least one recorded sample")
         cfg = self.config
+        graphs_on = _graphs_device(cfg, graph)  # refused before anything compiles
         exported_plan = plan(example_inputs, graph, cfg.dynamic, "TorchInductorAotBackend")
         example = exported_plan.example
         inner = converted(module, example_inputs, cfg.precision, cfg.memory_format, self.name)
@@ -209,12 +239,15 @@ class TorchInductorAotBackend(Backend):
             wrapper, exported_plan, cfg.strict, type(module).__name__, "AOTInductor"
         )
         package = _compile(exported, cfg.inductor_configs())
-        runner = _aoti_env.load_package(package, graph.device.type)
+        runner = _aoti_env.load_package(package, graph.device.type, graphs_on is not None)
         constants = _aoti_constants.plan(runner.loader, exported, module)
         _aoti_constants.give(runner.loader, constants.live)
-        return AotCompiled(
-            runner, package, exported_plan.calling, cfg.check_inputs, constants.files()
+        fn = AotCompiled(
+            runner, package, exported_plan.calling, cfg.check_inputs, constants.files(), graphs_on
         )
+        for sample in example_inputs:  # the recorded shapes are captured now: build time
+            fn.capture(sample)
+        return fn
 
     def export_payload(self, fn: Callable[..., Any]) -> dict[str, bytes]:
         if not isinstance(fn, AotCompiled):
@@ -237,15 +270,28 @@ class TorchInductorAotBackend(Backend):
                 f"TorchInductorAotBackend payload lacks {missing}; the artifact is incomplete: "
                 "save it again"
             )
+        graphs_on = _graphs_device(self.config, graph)
         package = files[PAYLOAD_PACKAGE]
         calling = Calling.from_json(files[PAYLOAD_CALLING].decode(), graph.profile)
-        runner = _aoti_env.load_package(package, graph.device.type)
+        runner = _aoti_env.load_package(package, graph.device.type, graphs_on is not None)
         # Packages saved before the weights were stored apart hold their constants themselves.
         constants = _aoti_constants.tensors(files, module, graph.device)
         if constants is not None:
             _aoti_constants.give(runner.loader, constants)
         kept = {n: files[n] for n in _aoti_constants.FILES if n in files}
-        return AotCompiled(runner, package, calling, self.config.check_inputs, kept)
+        return AotCompiled(runner, package, calling, self.config.check_inputs, kept, graphs_on)
+
+
+def _graphs_device(cfg: TorchInductorAotBackendConfig, graph: GraphInfo) -> torch.device | None:
+    """The device whose CUDA graphs replay the package's calls, None without ``cuda_graphs``."""
+    if not cfg.cuda_graphs:
+        return None
+    if graph.device.type != "cuda":
+        raise InputError(
+            f"TorchInductorAotBackend(cuda_graphs=True) replays CUDA graphs, but this graph runs "
+            f"on {graph.device}; set cuda_graphs=False, or move the model and its inputs to CUDA"
+        )
+    return graph.device
 
 
 def _compile(exported: Any, inductor_configs: dict[str, Any]) -> bytes:

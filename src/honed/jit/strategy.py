@@ -24,10 +24,11 @@ class JitDefaultStrategy(MaxThroughputStrategy):
     """honed's default candidates, less those whose install captures CUDA graphs.
 
     JIT installs a winner on its own thread while the program keeps running CUDA work on its
-    thread, and a capture there is not safe: on the H100 the BERT script of issue 23 crashed with
-    "operation not permitted when stream is capturing" while JIT installed a CUDA-graph variant,
-    and Inductor's CUDA-graph trees recorded on JIT's thread failed on the program's. Naming
-    such candidates in ``honed.jit.config.backends`` still tries them.
+    thread: on the H100 the BERT script of issue 23 crashed with "operation not permitted when
+    stream is capturing" while JIT installed a CUDA-graph variant, and Inductor's CUDA-graph
+    trees recorded on JIT's thread failed on the program's. AOTInductor's CUDA graphs stay:
+    honed captures them itself in thread-local mode. Naming the others in
+    ``honed.jit.config.backends`` still tries them.
     """
 
     def backends(self, device: torch.device, graph: GraphInfo | None = None) -> list[Backend]:
