@@ -378,6 +378,19 @@ def test_cached_payloads_are_signed_and_a_tampered_one_is_evaluated_again(
     assert Packed.builds == 3
 
 
+def test_payloads_cached_before_the_first_save_are_reused_after_it() -> None:
+    """The first honed.save makes the user's signing key; entries the tune cached before it were
+    signed with the per-user cache key and stay this user's own."""
+    assert honed.trust.signing_key() is None  # a fresh user: the cache key signs
+    Packed.builds = Packed.loads = 0
+    _tune_packed()
+    honed.trust.key_for_save()  # what the first honed.save does
+    assert honed.trust.signing_key() is not None
+    report = _tune_packed()
+    assert (Packed.builds, Packed.loads) == (1, 1)  # loaded from the cache, not built again
+    assert any(c.cached for g in report.graphs for c in g.candidates if c.name == "Packed")
+
+
 def test_a_cache_folder_others_can_write_is_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -185,6 +185,23 @@ def _cache_key() -> str:
         return str(private_pem)
 
 
+def _cache_public_keys() -> list[str]:
+    """The keys this user's cache entries may be signed with: the current one, and the per-user
+    cache key too when it exists. A first honed.save makes the signing key, and entries signed
+    before it are still this user's own (without this a re-tune after the first save would
+    rebuild every payload candidate)."""
+    keys = [str(_core.public_key_of(_cache_key()))]
+    try:
+        earlier = (config.config_dir / CACHE_KEY).read_text()
+    except OSError:
+        return keys
+    try:
+        keys.append(str(_core.public_key_of(earlier)))
+    except _core.ArtifactError:
+        pass  # not a key: signs nothing, so it vouches for nothing
+    return keys
+
+
 def _payload_digest(key: str, hashes: dict[str, str]) -> bytes:
     lines = [f"honed-cache-payload\n{key}"] + [f"{n}\t{h}" for n, h in sorted(hashes.items())]
     return "\n".join(lines).encode()
@@ -218,9 +235,7 @@ def payload_problem(key: str, record: dict[str, Any], files: dict[str, bytes] | 
     try:
         public, signature = str(sig["public_key"]), bytes.fromhex(str(sig["ed25519"]))
         ok = _core.verify(public, _payload_digest(key, hashes), signature)
-        known = {
-            _core.key_id(k) for k in [*trusted_public_keys(), _core.public_key_of(_cache_key())]
-        }
+        known = {_core.key_id(k) for k in [*trusted_public_keys(), *_cache_public_keys()]}
     except (KeyError, ValueError, _core.ArtifactError, ConfigError):
         return "its payload signature is malformed"
     if not ok:
