@@ -151,6 +151,22 @@ def test_unstable_measurements_are_never_cached_as_decisions(tmp_path: Any) -> N
     )
 
 
+def test_an_unstable_record_slower_at_its_fastest_than_the_best_stable_one_is_reused(
+    tmp_path: Any,
+) -> None:
+    """A warm re-tune measures again only what might win: SameWork's windows swing between 5 and
+    10 ms (unstable), but even its fastest call is slower than eager's stable 3 ms."""
+    timings = {"TorchEagerBackend": [3.0], "SameWork": [5.0, 5.0, 5.0, 10.0, 10.0, 10.0]}
+    first = _tune(batches(8), timings, cache_enabled=True, cache_dir=tmp_path)
+    assert _rows(first)["SameWork"].stable is False
+    again = _tune(batches(8), timings, cache_enabled=True, cache_dir=tmp_path)
+    rows = _rows(again)
+    assert rows["TorchEagerBackend"].cached is True
+    assert rows["SameWork"].cached is True  # decided without measuring again
+    assert rows["SameWork"].stable is False  # and still reported as it was measured
+    assert again.graphs[0].selected == "TorchEagerBackend"
+
+
 def test_reusable_records() -> None:
     assert figures.reusable({"status": "failed", "measurement": None})
     assert figures.reusable({"status": "ok", "measurement": {"stable": True}})

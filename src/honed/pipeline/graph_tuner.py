@@ -253,15 +253,33 @@ class GraphTuner:
         outcomes: dict[int, Outcome] = {}
         baseline = self._cached(baseline_backend, True)
         pending = []
+        unsure: dict[int, Outcome] = {}
         for i, item in enumerate(items):
             if item.skip:
                 self._skip(item, item.skip)
                 continue
-            cached = self._cached(item.backend, False)
-            if cached is not None:
+            cached = self._cached(item.backend, False, unstable_too=True)
+            if cached is None:
+                pending.append(i)
+            elif self.ctx.reuse_unstable or reusable_outcome(cached):
                 outcomes[i] = cached
             else:
+                unsure[i] = cached
+        bar = _bar([baseline, *outcomes.values()])
+        for i, cached in unsure.items():
+            if outranked(cached, bar):
+                outcomes[i] = cached
+            else:  # it might win: measured again
                 pending.append(i)
+        pending.sort()
+        for o in [baseline, *outcomes.values()]:
+            if o is not None:
+                self.tracker.finished(
+                    "cached",
+                    candidate=o.backend.name,
+                    seconds=0.0,
+                    cost=o.backend.expected_build_cost(),
+                )
         if self.ctx.cached_only:
             if baseline is None or not outcomes or not pending:
                 what = (
@@ -289,12 +307,15 @@ class GraphTuner:
             self._run_here(items, pending, outcomes)
         return baseline, [outcomes[i] for i in sorted(outcomes)]
 
-    def _cached(self, backend: Backend, is_baseline: bool) -> Outcome | None:
-        """The cached outcome of ``backend``, or None (no cache, a miss, or a malformed entry)."""
+    def _cached(
+        self, backend: Backend, is_baseline: bool, unstable_too: bool = False
+    ) -> Outcome | None:
+        """The cached outcome of ``backend``, or None (no cache, a miss, or a malformed entry);
+        one measured unstable only with ``unstable_too`` (or the context's reuse_unstable)."""
         key = self._key_of(backend, is_baseline)
         if self.ctx.cache is None or key is None or self.ctx.refresh:
             return None
-        record = self.ctx.cache.get(key, unstable_too=self.ctx.reuse_unstable)
+        record = self.ctx.cache.get(key, unstable_too=unstable_too or self.ctx.reuse_unstable)
         if record is None:
             return None
         try:
@@ -307,9 +328,6 @@ class GraphTuner:
             )
             return None
         from_cache_files(outcome, self.ctx.cache.files(key, record))
-        self.tracker.finished(
-            "cached", candidate=backend.name, seconds=0.0, cost=backend.expected_build_cost()
-        )
         return outcome
 
     def _skip(self, item: Planned, reason: str) -> None:
@@ -613,6 +631,34 @@ def _result_of(future: concurrent.futures.Future[Any]) -> JobResult:
         return JobResult(failure="cancelled", cancelled=True)
     result: JobResult = future.result()
     return result
+
+
+def reusable_outcome(outcome: Outcome) -> bool:
+    """Whether a cached outcome decides by itself: no measurement (a failure) or a stable one."""
+    m = outcome.measurement
+    return m is None or bool(m.stable)
+
+
+def _bar(outcomes: list[Outcome | None]) -> float | None:
+    """The best median among cached outcomes that passed with stable figures (None: none did)."""
+    medians = [
+        float(o.measurement.median_ms)
+        for o in outcomes
+        if o is not None and o.passed and o.measurement is not None and o.measurement.stable
+    ]
+    return min(medians) if medians else None
+
+
+def outranked(outcome: Outcome, bar: float | None) -> bool:
+    """Whether a cached outcome measured unstable is decided all the same: even its fastest call
+    was slower than the typical call (median) of a candidate measured stable. Noise only adds
+    time to a call, so its true figure lies above that fastest call, and it cannot win; a warm
+    re-tune then measures it no more. Anything closer is measured again."""
+    m = outcome.measurement
+    if bar is None or m is None or not outcome.passed:
+        return False
+    samples = list(m.samples_ms)
+    return bool(samples) and min(samples) > bar
 
 
 def _backend_identity(backend: Backend) -> dict[str, Any]:
