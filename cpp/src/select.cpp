@@ -137,6 +137,22 @@ RatioInterval ratio_of(const CandidateResult& incumbent, const CandidateResult& 
   return r;
 }
 
+// Whether a stable challenger beats an incumbent measured unstable all the same: noise only adds
+// time to a call, so the incumbent's true figure is no better than its fastest call, and a
+// challenger whose own figure (per sample, with the margin) beats even that call is better.
+// The CPU-bound eager baseline measured beside parallel builds is the common case.
+bool beats_fastest_call(const CandidateResult& incumbent, const CandidateResult& challenger,
+                        Statistic stat, Figure figure, double threshold) {
+  const auto& theirs = incumbent.measurement.samples_ms;
+  const double fastest = *std::min_element(theirs.begin(), theirs.end());
+  double mine = statistic_of(challenger.measurement.samples_ms, stat);
+  if (figure == Figure::throughput) {  // per sample, as ratio_of compares them
+    mine *= static_cast<double>(incumbent.measurement.batch_size) /
+            static_cast<double>(challenger.measurement.batch_size);
+  }
+  return mine > 0 && fastest / mine > threshold;
+}
+
 // The candidate `among` that stays: the baseline (else the simplest, best-scoring one) unless a
 // candidate beats it with evidence; challengers come simplest first, so where two cannot be told
 // apart the simpler one stays. `notes` gets why each better-looking candidate did not win.
@@ -171,6 +187,10 @@ std::string describe(const Cands& cands, int pick, Figure figure, const std::str
   std::string line = c.name + ": ";
   if (base >= 0 && base != pick) {
     line += ratio_text(ratio_of(cands[base], c, figure), cands[base], figure) + ", " + why;
+    if (!cands[base].measurement.stable) {
+      line += "; " + cands[base].name + " " + unstable_note(cands[base]) +
+              ", slower even at its fastest call";
+    }
   } else if (base == pick && !notes.empty()) {
     line += "baseline kept (" + figure_value(c, figure) + ")";
   } else {
@@ -227,7 +247,12 @@ Evidence weigh(const CandidateResult& incumbent, const CandidateResult& challeng
   if (!challenger.measurement.stable) {
     e.why = figures + " but its measurement is " + unstable_note(challenger);
   } else if (!incumbent.measurement.stable) {
-    e.why = figures + " but " + incumbent.name + "'s measurement is " + unstable_note(incumbent);
+    if (beats_fastest_call(incumbent, challenger, stat, figure, threshold)) {
+      e.beats = true;
+    } else {
+      e.why = figures + " but " + incumbent.name + "'s measurement is " + unstable_note(incumbent) +
+              " and " + challenger.name + " is not faster than its fastest call";
+    }
   } else if (!(e.interval.lo > threshold)) {
     e.why = figures.substr(0, figures.size() - 1) + ", needs > " + ratio_digits(threshold) + "x)";
   } else {

@@ -146,13 +146,23 @@ TEST(Select, AnUnstableMeasurementNeverWins) {
     EXPECT_TRUE(contains(d.reason, "not enough evidence: onnx ")) << d.reason;
     EXPECT_TRUE(contains(d.reason, "but its measurement is unstable (CV ")) << d.reason;
   }
-  // Nor does a stable candidate beat an unstable baseline.
-  auto shaky = measured("eager", 0, around(2.0));
+  // An unstable baseline whose calls range from 1.0 to 3.0 ms: a stable candidate at 1.0 ms is
+  // not faster than its fastest call, so the baseline stays.
+  auto shaky = measured("eager", 0, around(2.0, 0.5));
   shaky.measurement.stable = false;
   const Decision d = honed::select_max_throughput({shaky, measured("inductor", 1, around(1.0))});
   EXPECT_EQ(d.index, 0) << d.reason;
   EXPECT_TRUE(contains(d.reason, "but eager's measurement is unstable (CV ")) << d.reason;
+  EXPECT_TRUE(contains(d.reason, "inductor is not faster than its fastest call")) << d.reason;
   EXPECT_TRUE(contains(d.reason, "; eager unstable (CV ")) << d.reason;
+  // A stable candidate at 0.5 ms beats it even at its fastest call (noise only adds time).
+  for (const Decision& wins :
+       {honed::select_max_throughput({shaky, measured("inductor", 1, around(0.5))}),
+        honed::select_min_latency({shaky, measured("inductor", 1, around(0.5))})}) {
+    EXPECT_EQ(wins.index, 1) << wins.reason;
+    EXPECT_TRUE(contains(wins.reason, "; eager unstable (CV ")) << wins.reason;
+    EXPECT_TRUE(contains(wins.reason, "slower even at its fastest call")) << wins.reason;
+  }
   // Against a stable, simpler inductor at 1.0 ms the unstable candidate loses too.
   const Decision vs = honed::select_min_latency({measured("inductor", 1, around(1.0)), noisy});
   EXPECT_EQ(vs.index, 0) << vs.reason;
