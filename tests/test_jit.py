@@ -575,3 +575,16 @@ def test_plain_script_is_tuned_and_the_second_run_reuses_the_cache(tmp_path: Pat
     with torch.no_grad():
         for x, y in zip(saved["inputs"], saved["outputs"], strict=True):
             torch.testing.assert_close(y, _ORIGINAL_CALL(model, x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_tune_record_names_the_selected_candidate_with_its_config() -> None:
+    """The history says which candidate won (bf16 weights, CUDA graphs...), not only its class."""
+    from types import SimpleNamespace
+
+    from honed.jit.tuner import _backends
+
+    aot = honed.backend.TorchInductorAotBackend(
+        honed.backend.TorchInductorAotBackendConfig(precision="bf16", cuda_graphs=True)
+    )
+    wrapper = SimpleNamespace(variants=[SimpleNamespace(backend=aot)])
+    assert _backends(wrapper) == "TorchInductorAotBackend(bf16 weights, CUDA graphs)"

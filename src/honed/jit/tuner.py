@@ -286,7 +286,7 @@ def _tried(rows: list[Any]) -> dict[str, str]:
 
 
 def _backends(wrapper: Any) -> str:
-    return ", ".join(sorted({type(v.backend).__name__ for v in wrapper.variants}))
+    return ", ".join(sorted({v.backend.name for v in wrapper.variants}))
 
 
 def _cached_pass(node: Node, dataset: list[Any], sizes: list[int], tuner: Any) -> bool:
