@@ -186,20 +186,15 @@ def _cache_key() -> str:
 
 
 def _cache_public_keys() -> list[str]:
-    """The keys this user's cache entries may be signed with: the current one, and the per-user
-    cache key too when it exists. A first honed.save makes the signing key, and entries signed
-    before it are still this user's own (without this a re-tune after the first save would
+    """The per-user cache key's public half, when that key exists. With trusted_public_keys()
+    (the signing key's public half among them) these are every key this user's cache entries
+    may be signed with: a first honed.save makes the signing key, and entries the cache key
+    signed before it are still this user's own (without it a re-tune after the first save would
     rebuild every payload candidate)."""
-    keys = [str(_core.public_key_of(_cache_key()))]
     try:
-        earlier = (config.config_dir / CACHE_KEY).read_text()
-    except OSError:
-        return keys
-    try:
-        keys.append(str(_core.public_key_of(earlier)))
-    except _core.ArtifactError:
-        pass  # not a key: signs nothing, so it vouches for nothing
-    return keys
+        return [str(_core.public_key_of((config.config_dir / CACHE_KEY).read_text()))]
+    except (OSError, _core.ArtifactError):  # none made yet, or not a key: it vouches for nothing
+        return []
 
 
 def _payload_digest(key: str, hashes: dict[str, str]) -> bytes:
