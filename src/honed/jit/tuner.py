@@ -115,7 +115,10 @@ def _try_children(node: Node) -> None:
 def _breaks(node: Node, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
     """Whether torch._dynamo.explain finds a graph break (or cannot trace) on a recorded sample.
 
-    The answer is kept in the persistent cache (decisions.py): a restarted script reuses it.
+    The trace runs in a worker process (isolation "process"): in this process it would hold the
+    GIL beside the program's calls. A worker that ends without an answer (crash, hang) counts as
+    a break, not cached. The answer is kept in the persistent cache (decisions.py): a restarted
+    script reuses it.
     """
     module = node.module
     assert module is not None  # checked by the caller
@@ -123,9 +126,9 @@ def _breaks(node: Node, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
     key = graph_break_key(module, sample)
     found = cached_graph_breaks(key)
     if found is None:
-        count, reasons = _explain(module, sample)
-        store_graph_breaks(key, count, reasons)
-        how = "Checking"
+        count, reasons, how, keep = _check(node, module, sample)
+        if keep:
+            store_graph_breaks(key, count, reasons)
     else:
         count, reasons = found
         how = "Reusing the cached check"
@@ -140,31 +143,58 @@ def _breaks(node: Node, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
     return True
 
 
+def _check(
+    node: Node, module: torch.nn.Module, sample: tuple[tuple[Any, ...], dict[str, Any]]
+) -> tuple[int, list[str], str, bool]:
+    """(breaks, reasons, how the history says it was found, whether it is an answer to keep)."""
+    if _flags.isolation != "process":
+        return (*_explain(module, sample), "Checking", True)
+    from honed.pipeline.isolation import IsolatedCheck, NotIsolatable
+
+    try:
+        check = IsolatedCheck(module, sample, _device_of(module, sample))
+    except NotIsolatable as e:
+        add_step(
+            f"{node.short()} cannot be sent to a worker process ({e}); checking its graph "
+            "breaks in this process",
+            logging.WARNING,
+        )
+        return (*_explain(module, sample), "Checking", True)
+    if not background.set_current(check):
+        return 1, ["the program ended before the check"], "Checking", False
+    try:
+        answer = check.run()
+    finally:
+        background.set_current(None)
+    if isinstance(answer, str):
+        add_step(f"The graph-break check of {node.short()} failed: {answer}", logging.WARNING)
+        return 1, [f"the check failed in a worker: {answer}"], "Checking", False
+    return (*answer, "Checking in a worker", True)
+
+
+def _device_of(module: torch.nn.Module, sample: Any) -> str:
+    """Where the check runs: the first CUDA tensor's device among the weights and the sample."""
+    leaves = [*module.parameters(), *module.buffers(), *torch.utils._pytree.tree_leaves(sample)]
+    cuda = next((t for t in leaves if isinstance(t, torch.Tensor) and t.is_cuda), None)
+    return str(cuda.device) if cuda is not None else "cpu"
+
+
 def _explain(
     module: torch.nn.Module, sample: tuple[tuple[Any, ...], dict[str, Any]]
 ) -> tuple[int, list[str]]:
+    """The check in this process, JIT's patch bypassed while Dynamo traces."""
     import torch._dynamo
 
-    args, kwargs = sample
+    from honed.pipeline.graph_breaks import explain
+
     STATE.bypass += 1
     try:
-        with torch.no_grad():
-            explained = torch._dynamo.explain(module)(*args, **kwargs)
-        count = int(explained.graph_break_count)
-        reasons = sorted({_reason(r) for r in explained.break_reasons})
-    except Exception as e:  # dynamo could not trace it at all: as good as a break
-        count, reasons = 1, [f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
+        return explain(module, sample)
     finally:
         STATE.bypass -= 1
         if not any(n.state is State.TUNED for n in STATE.nodes.values()):
             # a reset would also drop the compiled code of variants the program runs now
             torch._dynamo.reset()
-    return count, reasons
-
-
-def _reason(r: Any) -> str:
-    text = str(getattr(r, "reason", r)).strip().splitlines()
-    return text[0][:200] if text else "unknown"
 
 
 def _jit_tuner(**settings: Any) -> Any:

@@ -12,8 +12,9 @@ Run as ``python -m honed.pipeline._worker`` by honed.pipeline.pool, which talks 
     pool -> ("exit",) or end of file          the worker leaves
 
 Jobs are "evaluate" (candidate.evaluate, exactly as an in-process tune would, plus what the
-caller needs to install the candidate without building it again) and "interleave" (the
-finalists, loaded from what their workers shipped, measured side by side). Limits (time,
+caller needs to install the candidate without building it again), "interleave" (the
+finalists, loaded from what their workers shipped, measured side by side) and "explain"
+(JIT's graph-break check, honed.pipeline.graph_breaks). Limits (time,
 memory) and crashes are the pool's business: this process just works.
 """
 
@@ -104,7 +105,9 @@ class _Server:
             if message[0] == "context":
                 self.context_key, self.context, self.placed = message[1], {}, {}
                 try:
-                    self.context = pickle.loads(message[2])
+                    from honed.pipeline.sharing import loads
+
+                    self.context = loads(message[2])
                     self.context_error = ""
                 except Exception as e:  # the next job says so
                     traceback.print_exc()
@@ -119,15 +122,18 @@ class _Server:
             if self.context_error:
                 raise RuntimeError(self.context_error)
             request: dict[str, Any] = pickle.loads(blob)
-            ctx = self.context_on(request["device"])
             if request["device"].startswith("cuda"):
                 import torch
 
                 torch.cuda.set_device(request["device"])  # captures and streams follow it
-            if kind == "evaluate":
-                reply = evaluate_for_caller(ctx, request, self.phase)
+            if kind == "explain":  # its context is a module and one sample, where they were
+                from honed.pipeline.graph_breaks import explain_job
+
+                reply = explain_job(self.context)
+            elif kind == "evaluate":
+                reply = evaluate_for_caller(self.context_on(request["device"]), request, self.phase)
             elif kind == "interleave":
-                reply = interleave_shipped(ctx, request, self.phase)
+                reply = interleave_shipped(self.context_on(request["device"]), request, self.phase)
             else:
                 raise ValueError(f"unknown job kind {kind!r}")
         except SystemExit:

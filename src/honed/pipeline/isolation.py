@@ -2,7 +2,8 @@
 
 The graph's module, samples and eager references travel once per worker as the job context
 (cloudpickle, so modules and backends defined in the user's ``__main__`` script or inside
-functions work); each candidate is one job. A crash, hang, out-of-memory or an exit without a
+functions work; CUDA tensors as IPC handles the worker copies from, honed.pipeline.sharing); each
+candidate is one job. A crash, hang, out-of-memory or an exit without a
 result fails that candidate with a one-line reason and the tune goes on (honed.pipeline.pool). What
 cannot be pickled is evaluated in the tune's process instead (the caller warns once).
 """
@@ -14,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,7 @@ from honed import config
 from honed.backend.base import Backend
 from honed.pipeline.candidate import Outcome, measurement_from_record, per_call_ms
 from honed.pipeline.pool import Context, Job, JobResult, WorkerPool, wait_all
+from honed.pipeline.sharing import Shared
 
 log = logging.getLogger("honed")
 
@@ -106,12 +109,24 @@ def spreads(backend: Backend) -> bool:
     return not backend.saves_payload and (backend.jit or backend.expected_build_cost() <= 1)
 
 
+def shared_context(fields: dict[str, Any], what: str) -> Context:
+    """``fields`` as a job context: CUDA tensors go as IPC handles, copied by the worker as it
+    loads them (honed.pipeline.sharing), everything else by value; raises NotIsolatable."""
+    try:
+        shared = Shared(fields)
+    except Exception as e:
+        raise NotIsolatable(f"{what}: {type(e).__name__}: {e}") from e
+    if not shared.cuda_tensors:
+        blob = shared.blob()
+        return Context(hashlib.sha256(blob).hexdigest(), blob)
+    return Context(uuid.uuid4().hex, b"", fresh=shared.blob)
+
+
 class GraphJobs:
-    """One graph's jobs: the shared context (pickled once) and a job per candidate."""
+    """One graph's jobs: the shared context (sent once per worker) and a job per candidate."""
 
     def __init__(self, fields: dict[str, Any], device: str) -> None:
-        blob = _pickled(fields, "the module, its samples or outputs")
-        self.context = Context(hashlib.sha256(blob).hexdigest(), blob)
+        self.context = shared_context(fields, "the module, its samples or outputs")
         self.device = device
 
     def limits(self) -> dict[str, float]:
@@ -219,3 +234,45 @@ class GraphJobs:
             broken.status = "failed"
             broken.reason = f"loading it in a fresh worker for the re-measure: {result.failure}"
             log.warning("honed: finalist %s: %s", broken.backend.name, broken.reason)
+
+
+class IsolatedCheck:
+    """JIT's graph-break check (honed.pipeline.graph_breaks) in a worker process of its own:
+    the trace holds no lock of the program's, a crash or hang ends only the worker. Raises
+    NotIsolatable when the module or sample does not pickle."""
+
+    def __init__(self, module: Any, sample: Any, device: str) -> None:
+        self.context = shared_context({"module": module, "sample": sample}, "the module or sample")
+        self.device = device
+        self.pool: WorkerPool | None = None
+        self.future: concurrent.futures.Future[JobResult] | None = None
+        self.cancelled = ""
+
+    def cancel(self, abandon: bool = False, reason: str = "cancelled") -> None:
+        """End the check (the program is ending): its result is the failure "cancelled"."""
+        self.cancelled = reason
+        pool, future = self.pool, self.future
+        if pool is not None and future is not None:
+            pool.cancel(future)
+
+    def run(self) -> tuple[int, list[str]] | str:
+        """(graph breaks, reasons), or why the worker gave no answer."""
+        job = Job(
+            "explain",
+            {},
+            self.context,
+            self.device,
+            {"build": config.build_timeout_s},
+            label="graph-break check",
+        )
+        with new_pool(1) as pool:
+            self.pool = pool
+            self.future = pool.submit(job)
+            if self.cancelled:
+                pool.cancel(self.future)
+            result = next(iter(wait_all([self.future]))).result()
+            self.pool = self.future = None
+        if not result.ok:
+            return self.cancelled or result.failure
+        reply = result.reply
+        return int(reply["graph_breaks"]), [str(r) for r in reply["reasons"]]

@@ -57,10 +57,15 @@ _RECYCLE_SHARE = 0.5  # a worker above this share of its memory ceiling is repla
 
 @dataclasses.dataclass
 class Context:
-    """Data many jobs share (module, samples, references): pickled once, sent once per worker."""
+    """Data many jobs share (module, samples, references), sent once per worker: ``blob``, or
+    ``fresh()`` when each worker needs a blob of its own (honed.pipeline.sharing's handles)."""
 
     key: str
     blob: bytes
+    fresh: Callable[[], bytes] | None = None
+
+    def payload(self) -> bytes:
+        return self.fresh() if self.fresh is not None else self.blob
 
 
 @dataclasses.dataclass
@@ -341,7 +346,7 @@ class _Slot:
                 self.worker.cancel()
             if job.context is not None and job.context.key != self.context_key:
                 event = self.worker.send(
-                    pickle.dumps(("context", job.context.key, job.context.blob)), -1
+                    pickle.dumps(("context", job.context.key, job.context.payload())), -1
                 )
                 if event.kind != "sent":
                     return self._failed(event, "sending the job", job)

@@ -1,0 +1,121 @@
+"""src/honed/pipeline/sharing.py: what a worker gets of the caller's tensors: CUDA ones by handle.
+
+Pickling a CUDA module for a worker by value copies every weight to host bytes in the caller,
+holding the GIL: the program's calls stop for that long. Here a CUDA tensor travels as a CUDA IPC
+handle instead (torch.multiprocessing's own reduction), and the worker copies it into memory of
+its own while it loads the blob (``loads``), then lets the handle go. So what a worker holds after
+loading is its own: it cannot change the program's weights, samples or references, and the
+program's memory is mapped in the worker only while it loads. Tensors sharing a storage share its
+copy, as they did in the caller. CPU tensors, and CUDA tensors the reduction refuses, travel by
+value as before.
+
+Each IPC share is counted by torch (the caller keeps the memory while a worker holds it), so a
+blob with handles is loaded once: ``Shared.blob()`` pickles afresh for each worker.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+from typing import Any
+
+import cloudpickle
+import torch
+
+log = logging.getLogger("honed")
+
+# While a blob loads: the shared storage's address -> (that storage, the worker's copy). Holding
+# the shared storage keeps its address unique until the load ends.
+_COPIES: dict[int, tuple[Any, Any]] = {}
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, CUDA tensors as IPC handles (``share``) or as placeholders (a dry run)."""
+
+    def __init__(self, file: io.BytesIO, share: bool) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.share = share
+        self.cuda_tensors = 0
+
+    def reducer_override(self, obj: Any) -> Any:
+        if not _shareable(obj):
+            return super().reducer_override(obj)
+        self.cuda_tensors += 1
+        if not self.share:
+            return _placeholder, ()
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        try:
+            rebuild, args = reduce_tensor(obj)
+        except Exception as e:  # e.g. memory the driver cannot share: send its bytes
+            log.debug("honed: a CUDA tensor travels by value (%s: %s)", type(e).__name__, e)
+            return super().reducer_override(obj)
+        return _received, (rebuild, args)
+
+
+def _shareable(obj: Any) -> bool:
+    return (
+        type(obj) in (torch.Tensor, torch.nn.Parameter)
+        and obj.is_cuda
+        and obj.layout == torch.strided
+        and obj.grad_fn is None
+    )
+
+
+def _placeholder() -> None:
+    return None
+
+
+def _received(rebuild: Any, args: tuple[Any, ...]) -> Any:
+    """In the worker: the tensor the handle names, copied into the worker's own memory."""
+    shared = rebuild(*args)
+    storage = shared.untyped_storage()
+    if storage.data_ptr() not in _COPIES:
+        _COPIES[storage.data_ptr()] = (storage, storage.clone())
+    copy = _COPIES[storage.data_ptr()][1]
+    with torch.no_grad():
+        own = torch.empty((0,), dtype=shared.dtype, device=shared.device)
+        own.set_(copy, shared.storage_offset(), shared.size(), shared.stride())
+    if isinstance(shared, torch.nn.Parameter):
+        return torch.nn.Parameter(own, requires_grad=shared.requires_grad)
+    return own.requires_grad_(shared.requires_grad)
+
+
+def dumps(value: Any, share: bool = True) -> tuple[bytes, int]:
+    """``value`` pickled for a worker, and how many CUDA tensors it holds.
+
+    share: CUDA tensors as IPC handles; False: as placeholders (checks that the rest pickles,
+    and counts them, without sharing anything).
+    """
+    buffer = io.BytesIO()
+    pickler = _Pickler(buffer, share)
+    pickler.dump(value)
+    return buffer.getvalue(), pickler.cuda_tensors
+
+
+def loads(blob: bytes) -> Any:
+    """In the worker: ``blob`` loaded; every shared CUDA tensor already copied and let go."""
+    try:
+        return pickle.loads(blob)
+    finally:
+        # Letting the shared storages go closes their handles; torch first waits for the copies
+        # queued on the stream, then tells the caller the memory is no longer used here.
+        _COPIES.clear()
+
+
+class Shared:
+    """A value for workers, checked once here; ``blob()`` pickles it for one worker's load."""
+
+    def __init__(self, value: Any) -> None:
+        probe, self.cuda_tensors = dumps(value, share=False)  # raises when it does not pickle
+        self.value = value if self.cuda_tensors else None  # kept alive while handles may go out
+        self._by_value = probe if not self.cuda_tensors else b""
+
+    def blob(self) -> bytes:
+        if not self.cuda_tensors:
+            return self._by_value
+        return dumps(self.value)[0]
+
+
+__all__ = ["Shared", "dumps", "loads"]

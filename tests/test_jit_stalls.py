@@ -1,0 +1,251 @@
+"""tests/test_jit_stalls.py: what JIT keeps out of the program's process while it tunes beside it.
+
+The graph-break check runs in a worker process (its answer cached as before); a CUDA module
+goes to the workers as IPC handles that each worker copies from as it loads them, never as
+bytes copied in the program's process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import honed
+import honed.jit
+from honed.jit import State
+from honed.pipeline import sharing
+from honed.pipeline.isolation import GraphJobs, NotIsolatable, shared_context
+
+from conftest import TinyMLP, batches
+
+pytestmark = pytest.mark.integration  # worker processes that import torch
+
+
+class Branchy(nn.Module):
+    """A graph break: forward branches on the data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.child_a = nn.Linear(16, 20)
+        self.child_b = nn.Linear(16, 20)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return self.child_a(x)
+        return self.child_b(x)
+
+
+class DiesElsewhere(nn.Module):
+    """Runs in the process that built it; kills any other process that runs it (a worker)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.owner = os.getpid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.getpid() != self.owner:
+            os._exit(3)
+        return self.proj(x)
+
+
+@pytest.fixture(autouse=True)
+def jit(tmp_path: Path) -> Iterator[honed.jit.JitConfig]:
+    """JIT in wait mode, dry run (everything up to the tune), workers on, a private cache."""
+    honed.jit.reset()
+    honed.jit.config.reset()
+    with (
+        honed.jit.config.patch(
+            min_parameters=100,
+            max_depth_level=0,
+            dry_run=True,
+            cache_dir=str(tmp_path / "jit-cache"),
+            wait=True,
+        ),
+        honed.config.patch(isolation="process"),
+    ):
+        honed.jit.enable_jit_tuning()
+        try:
+            yield honed.jit.config
+        finally:
+            honed.jit.reset()
+
+
+@pytest.fixture
+def traced_here(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the modules torch._dynamo.explain traced in this process."""
+    import torch._dynamo
+
+    calls: list[str] = []
+    real = torch._dynamo.explain
+
+    def recording(module: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(type(module).__name__)
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch._dynamo, "explain", recording)
+    return calls
+
+
+def run(model: nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [model(x) for x in inputs]
+
+
+def eager(model: nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    honed.jit.disable_jit_tuning()
+    try:
+        return run(model, inputs)
+    finally:
+        honed.jit.enable_jit_tuning()
+
+
+def check_steps(name: str) -> list[str]:
+    return [s for s in honed.jit.history() if f"in {name} " in s and "took" in s]
+
+
+def test_graph_break_check_runs_in_a_worker_and_its_answer_is_cached(
+    traced_here: list[str],
+) -> None:
+    inputs = [x + 0.1 for x in batches(2, 4)] + [-x - 0.1 for x in batches(2, 4)]
+    for attempt in range(2):
+        honed.jit.reset()
+        honed.jit.enable_jit_tuning()
+        torch.manual_seed(0)  # the same weights: the same cache key
+        model = Branchy().eval()
+        got = run(model, inputs)
+        for a, b in zip(got, eager(model, inputs), strict=True):
+            assert torch.equal(a, b)
+        (step,) = check_steps("Branchy")
+        how = "Checking in a worker took" if attempt == 0 else "Reusing the cached check took"
+        assert step.startswith("1 graph break(s) in Branchy") and how in step, step
+        assert honed.jit.roots()[0].state is State.EAGER
+    assert traced_here == []
+
+
+def test_a_module_without_breaks_is_checked_in_a_worker(traced_here: list[str]) -> None:
+    torch.manual_seed(0)
+    run(TinyMLP().eval(), batches(2, 4))
+    (step,) = check_steps("TinyMLP")
+    assert step.startswith("No graph breaks in TinyMLP") and "Checking in a worker" in step
+    assert honed.jit.roots()[0].reason == "dry run"
+    assert traced_here == []
+
+
+def test_a_worker_dying_during_the_check_is_a_break_and_is_not_cached() -> None:
+    inputs = batches(2, 4, 2)
+    for _ in range(2):
+        honed.jit.reset()
+        honed.jit.enable_jit_tuning()
+        torch.manual_seed(0)
+        model = DiesElsewhere().eval()
+        got = run(model, inputs)
+        for a, b in zip(got, eager(model, inputs), strict=True):
+            assert torch.equal(a, b)
+        root = honed.jit.roots()[0]
+        assert root.state is State.EAGER and root.reason == "graph breaks"
+        (step,) = check_steps("DiesElsewhere")
+        assert "the check failed in a worker" in step and "Checking took" in step, step
+        assert any("graph-break check of DiesElsewhere" in s for s in honed.jit.history())
+
+
+def test_the_check_runs_here_without_isolation(traced_here: list[str]) -> None:
+    with honed.config.patch(isolation="none"):
+        torch.manual_seed(0)
+        run(TinyMLP().eval(), batches(2, 4))
+    (step,) = check_steps("TinyMLP")
+    assert "No graph breaks" in step and "Checking took" in step
+    assert traced_here == ["TinyMLP"]
+
+
+# -- the hand-off to the workers ---------------------------------------------------------------
+def test_cpu_tensors_travel_by_value() -> None:
+    weight = nn.Parameter(torch.randn(8, 8))
+    value = {"weight": weight, "view": weight.data[2:4], "n": 3}
+    blob, cuda = sharing.dumps(value)
+    assert cuda == 0
+    back = sharing.loads(blob)
+    assert isinstance(back["weight"], nn.Parameter) and back["n"] == 3
+    assert torch.equal(back["weight"], weight) and torch.equal(back["view"], weight[2:4])
+    context = shared_context(value, "test")
+    assert context.fresh is None and context.payload() == context.blob
+
+
+def test_what_does_not_pickle_is_not_isolatable() -> None:
+    import threading
+
+    with pytest.raises(NotIsolatable, match=r"the module.*lock"):
+        GraphJobs({"module": threading.Lock()}, "cpu")
+
+
+_LOAD_IN_ANOTHER_PROCESS = """
+import json, sys, torch
+from honed.pipeline.sharing import loads
+value = loads(sys.stdin.buffer.read())
+w, v = value["weight"], value["view"]
+out = {
+    "parameter": isinstance(w, torch.nn.Parameter),
+    "sum": float(w.double().sum()),
+    "view_sum": float(v.double().sum()),
+    "aliased": v.untyped_storage().data_ptr() == w.untyped_storage().data_ptr(),
+}
+w.data.fill_(7.0)  # the worker's copy: the program's weight must not change
+torch.cuda.synchronize()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_travel_as_handles_and_the_worker_owns_its_copy() -> None:
+    weight = nn.Parameter(torch.randn(2048, 2048, device="cuda"))  # 16 MiB
+    before = weight.detach().clone()
+    blob, cuda = sharing.dumps({"weight": weight, "view": weight.data[5:9]})
+    assert cuda == 2 and len(blob) < 64 * 1024  # handles, not 16 MiB of bytes
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_IN_ANOTHER_PROCESS],
+        input=blob,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    out = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert out["parameter"] and out["aliased"]
+    assert out["sum"] == pytest.approx(float(before.double().sum()), rel=1e-9, abs=1e-6)
+    assert out["view_sum"] == pytest.approx(float(before[5:9].double().sum()), rel=1e-9, abs=1e-6)
+    torch.cuda.synchronize()
+    assert torch.equal(weight.detach(), before)
+
+
+@pytest.mark.gpu
+def test_a_cuda_graph_context_is_sent_as_handles() -> None:
+    module = nn.Linear(2048, 2048).cuda()  # 16 MiB of weights
+    jobs = GraphJobs({"module": module, "samples": [torch.randn(4, 2048, device="cuda")]}, "cuda:0")
+    first, second = jobs.context.payload(), jobs.context.payload()
+    assert len(first) < 64 * 1024 and len(second) < 64 * 1024
+    assert first != second  # each worker's load gets shares of its own (torch counts them)
+
+
+@pytest.mark.gpu
+def test_the_graph_break_check_of_a_cuda_module_runs_in_a_worker(traced_here: list[str]) -> None:
+    torch.manual_seed(0)
+    model = Branchy().eval().cuda()
+    inputs = [x.cuda() for x in batches(2, 4)]
+    inputs = [inputs[0] + 0.1, -inputs[1] - 0.1]
+    weights = [p.detach().clone() for p in model.parameters()]
+    got = run(model, inputs)
+    for a, b in zip(got, eager(model, inputs), strict=True):
+        assert torch.equal(a, b)
+    (step,) = check_steps("Branchy")
+    assert "graph break(s)" in step and "Checking in a worker" in step, step
+    assert traced_here == []
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
