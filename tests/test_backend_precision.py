@@ -223,6 +223,50 @@ def test_cast_keeps_integer_inputs_and_nested_outputs() -> None:
     assert compare(ref, out, tolerance=REDUCED).ok
 
 
+class _Layer:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values = keys, values
+
+
+class _Cache:
+    """Like a transformers KV cache: an object pytree does not know, holding tensors."""
+
+    def __init__(self) -> None:
+        self.layers: list[_Layer] = []
+        self._scratch = torch.zeros(1)  # private: neither compared nor cast
+
+
+class _WithCache(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> dict[str, Any]:
+        cache = _Cache()
+        cache.layers.append(_Layer(self.k(x), self.v(x)))
+        return {"logits": self.k(x).sum(-1), "past_key_values": cache}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "autocast"])
+def test_tensors_inside_a_returned_cache_object_come_back_in_eagers_dtype(precision: str) -> None:
+    model = _WithCache().eval()
+    x = torch.randn(2, 4, 8)
+    config = (
+        TorchEagerBackendConfig(autocast_enabled=True, autocast_dtype=torch.bfloat16)
+        if precision == "autocast"
+        else TorchEagerBackendConfig(precision=precision)
+    )
+    backend = TorchEagerBackend(config)
+    fn = backend.build(model, [Sample((x,), {})])
+    with torch.no_grad():
+        out, ref = fn(x), model(x)
+    layer = out["past_key_values"].layers[0]
+    assert layer.keys.dtype == layer.values.dtype == out["logits"].dtype == torch.float32
+    assert out["past_key_values"]._scratch.dtype == torch.float32
+    assert not torch.equal(layer.keys, ref["past_key_values"].layers[0].keys)  # ran reduced
+    assert compare(ref, out, tolerance=REDUCED).ok
+
+
 @pytest.mark.integration  # a real compile
 def test_channels_last_with_inductor_on_cpu_matches_eager() -> None:
     model = _convnet()

@@ -64,6 +64,25 @@ def test_transformers_models_tiny(name: str) -> None:
 
 
 @needs_transformers
+def test_llama_in_bf16_weights_returns_its_kv_cache_in_eagers_dtype() -> None:
+    """The KV cache Llama's prefill returns is an object pytree does not know: honed's bf16
+    cast reaches into it, so the candidate passes the check that compares it."""
+    from honed.backend import Sample, TorchEagerBackend, TorchEagerBackendConfig
+    from honed.pipeline.correctness import REDUCED, compare
+
+    spec = models.SPECS["llama"]
+    model, x = spec.build(tiny=True), spec.inputs(2, CPU, tiny=True)
+    backend = TorchEagerBackend(TorchEagerBackendConfig(precision="bf16"))
+    fn = backend.build(model, [Sample((x,), {})])
+    with torch.no_grad():
+        out, ref = fn(x), model(x)
+    tensors = variants.output_tensors(out)
+    assert len(tensors) == 5 and all(t.dtype == torch.float32 for t in tensors)
+    assert all(layer.dtype == torch.float32 for layer in out.past_key_values.layers)
+    assert compare(ref, out, tolerance=REDUCED).ok
+
+
+@needs_transformers
 def test_full_size_configs_have_their_published_sizes() -> None:
     """Built on the meta device (no memory): BERT-base, GPT-2 small (tied head), ~100M Llama."""
     assert models.parameters("bert") == 109_482_240

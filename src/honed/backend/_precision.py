@@ -111,8 +111,10 @@ def converted(
     first = samples[0]
     with torch.no_grad():
         eager_out = module(*first.args, **first.kwargs)
-    leaves = tree_leaves(eager_out)
-    out_dtypes = [t.dtype if isinstance(t, torch.Tensor) else None for t in leaves]
+    leaves = output_tensors(eager_out)
+    out_dtypes: list[torch.dtype | None] = [
+        t if isinstance(t, torch.dtype) else t.dtype for t in leaves
+    ]
     out_plain = [isinstance(t, torch.Tensor) and t.is_contiguous() for t in leaves]
     return CastModule(_copy(module, dtype, fmt, who), dtype, out_dtypes, fmt, out_plain).eval()
 
@@ -175,40 +177,82 @@ class CastModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = tree_map(self._input, (args, kwargs))
         out = self.inner(*args, **kwargs)
-        leaves, spec = tree_flatten(out)
-        if len(leaves) != len(self.out_dtypes):
+        if len(output_tensors(out)) != len(self.out_dtypes):
             return out
-        return tree_unflatten(
-            [
-                _as_eager(t, d, plain)
-                for t, d, plain in zip(leaves, self.out_dtypes, self.out_contiguous, strict=True)
-            ],
-            spec,
-        )
+        wanted = iter(zip(self.out_dtypes, self.out_contiguous, strict=True))
+        return map_output_tensors(out, lambda t: _as_eager(t, *next(wanted)))
 
 
-def _as_eager(t: Any, dtype: torch.dtype | None, contiguous: bool) -> Any:
-    if not isinstance(t, torch.Tensor):
-        return t
+def _as_eager(t: Typed, dtype: torch.dtype | None, contiguous: bool) -> Typed:
+    if isinstance(t, torch.dtype):  # a dtype the output records: eager's
+        return dtype if dtype is not None else t
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     return t.contiguous() if contiguous else t
+
+
+# Objects of these types are values, never opened up (see map_output_tensors).
+_VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+_MAX_OBJECT_DEPTH = 4
+Typed = torch.Tensor | torch.dtype
+
+
+def map_output_tensors(value: Any, fn: Callable[[Typed], Typed], depth: int = 0) -> Any:
+    """``value`` with ``fn`` applied to each tensor and dtype in it, in a fixed order: pytree's,
+    and inside an object pytree does not know (a transformers KV cache), its public attributes in
+    name order, replaced in place. Such an object is made by the call that returned it, and the
+    correctness check compares it by those attributes (honed.pipeline.correctness), so its tensors
+    come back in eager's dtypes, and a dtype it records with them says so too."""
+    leaves, spec = tree_flatten(value)
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, (torch.Tensor, torch.dtype)):
+            leaf = fn(leaf)
+        elif depth < _MAX_OBJECT_DEPTH and not isinstance(leaf, _VALUE_TYPES):
+            found = getattr(leaf, "__dict__", None)
+            attrs = found if isinstance(found, dict) else {}
+            for name in sorted(k for k in attrs if not k.startswith("_")):
+                before = attrs[name]
+                after = map_output_tensors(before, fn, depth + 1)
+                if after is not before:
+                    setattr(leaf, name, after)
+        out.append(leaf)
+    if all(a is b for a, b in zip(out, leaves, strict=True)):
+        return value
+    return tree_unflatten(out, spec)
+
+
+def output_tensors(value: Any) -> list[Typed]:
+    """The tensors and dtypes of an output, in map_output_tensors' order (objects opened up)."""
+    found: list[Typed] = []
+
+    def keep(t: Typed) -> Typed:
+        found.append(t)
+        return t
+
+    map_output_tensors(value, keep)
+    return found
 
 
 # -- autocast and TF32 around a call ------------------------------------------------------------
 def autocast_wrapper(
     fn: Callable[..., Any], device_type: str, dtype: torch.dtype
 ) -> Callable[..., Any]:
-    """Run ``fn`` under autocast and cast floating outputs back to float32 like eager returns."""
+    """Run ``fn`` under autocast and cast its outputs in ``dtype`` back to float32 as eager
+    returns them (inside objects too, as map_output_tensors opens them)."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device_type=device_type, dtype=dtype):
             out = fn(*args, **kwargs)
-        return tree_map(
-            lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == dtype else t, out
-        )
+        return map_output_tensors(out, lambda t: _float32(t, dtype))
 
     return run
+
+
+def _float32(t: Typed, dtype: torch.dtype) -> Typed:
+    if isinstance(t, torch.dtype):
+        return torch.float32 if t == dtype else t
+    return t.float() if t.dtype == dtype else t
 
 
 @contextlib.contextmanager
