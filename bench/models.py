@@ -46,7 +46,7 @@ def _vit_b_16(tiny: bool) -> nn.Module:
     from torchvision.models import VisionTransformer, vit_b_16
 
     if tiny:
-        return VisionTransformer(
+        model = VisionTransformer(
             image_size=TINY_IMAGE,
             patch_size=16,
             num_layers=2,
@@ -55,7 +55,12 @@ def _vit_b_16(tiny: bool) -> nn.Module:
             mlp_dim=64,
             num_classes=10,
         )
-    return vit_b_16()
+    else:
+        model = vit_b_16()
+    # torchvision starts the classifier at zero: every variant would return zeros and the
+    # correctness columns would compare nothing. Random weights make the logits carry the errors.
+    nn.init.normal_(model.heads.head.weight, std=0.02)
+    return model
 
 
 def _mobilenet_v3_large(tiny: bool) -> nn.Module:

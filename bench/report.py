@@ -450,7 +450,9 @@ def _correctness_md(merged: dict[str, Any]) -> list[str]:
         cells = []
         for name in ("oneliner", "expert", "honed"):
             v = row["variants"].get(name) or {}
-            if "cosine" in v:
+            if "cosine" in v and v.get("max_ref") == 0:
+                cells.append("eager returns zeros: nothing compared")
+            elif "cosine" in v:
                 cells.append(f"{v['max_abs_error']:.2e} / {v['cosine']:.6f}")
             else:
                 cells.append(v.get("status", "-"))

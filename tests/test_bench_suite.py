@@ -99,6 +99,7 @@ def test_vision_models_tiny(name: str) -> None:
     with torch.no_grad():
         y = model(spec.inputs(2, CPU, tiny=True))
     assert y.shape == (2, 10) and torch.isfinite(y).all()
+    assert y.abs().max() > 0  # a classifier left at zero would make every check compare zeros
 
 
 def test_missing_library_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -654,6 +655,19 @@ def test_report_merges_and_computes_targets(fixture_runs: list[Path], tmp_path: 
     for name in ("speedup.png", "latency_bert.png", "latency_resnet50.png", "latency_llama.png"):
         assert (out_dir / name).read_bytes()[:8] == PNG_MAGIC
         assert f"]({name})" in text
+
+
+def test_report_says_when_eager_returns_zeros(fixture_runs: list[Path], tmp_path: Path) -> None:
+    """A model whose outputs are all zeros (torchvision's ViT with its classifier at zero) has
+    nothing to compare: the table says so instead of a 0 / 0 cosine."""
+    run = json.loads(fixture_runs[2].read_text())
+    llama = next(r for r in run["rows"] if r["model"] == "llama")
+    llama["variants"]["expert"].update(max_ref=0.0, max_abs_error=0.0, cosine=0.0)
+    fixture_runs[2].write_text(json.dumps(run))
+    report.generate(fixture_runs, tmp_path / "out")
+    text = (tmp_path / "out" / "RESULTS.md").read_text()
+    row = "| llama | 1 | 1.00e-03 / 0.999900 | eager returns zeros: nothing compared | failed |"
+    assert row in text
 
 
 def test_report_prunes_only_superseded_runs(fixture_runs: list[Path], tmp_path: Path) -> None:
