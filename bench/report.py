@@ -71,6 +71,13 @@ MLPERF = [
 
 
 # -- loading and merging -----------------------------------------------------------------------
+
+
+def _install_s(job: dict[str, Any]) -> float:
+    """Seconds a tune job spent installing its winner (0 when its report does not say)."""
+    return float((job.get("report") or {}).get("install_s") or 0.0)
+
+
 def load_runs(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """The suite runs in ``paths`` (others are skipped with a message), oldest first."""
     runs = []
@@ -234,14 +241,16 @@ def targets(merged: dict[str, Any]) -> dict[str, Any]:
         "sound": len(sound),
         "met": bool(sound) and all(c["value"] <= COLD_RATIO_GOAL for *_, c in sound),
     }
+    # The goal is the re-tune's own time "plus installing the winner": the install (an Inductor
+    # compile from its cache, a package load, CUDA-graph captures) is counted apart.
     retunes = [
-        (r["model"], r["batch"], r["cold"]["retune"]["tune_s"])
+        (r["model"], r["batch"], r["cold"]["retune"]["tune_s"], _install_s(r["cold"]["retune"]))
         for r in merged["rows"]
         if (r.get("cold", {}).get("retune") or {}).get("status") == "ok"
     ]
     out["retune"] = {
         "rows": retunes,
-        "met": bool(retunes) and all(s <= WARM_RETUNE_GOAL_S for *_, s in retunes),
+        "met": bool(retunes) and all(s - i <= WARM_RETUNE_GOAL_S for *_, s, i in retunes),
     }
     for batch in (1, 64):
         at = [
@@ -355,7 +364,13 @@ def _targets_md(goals: dict[str, Any]) -> list[str]:
         )
         or "not measured"
     )
-    retune = ", ".join(f"{m} b{b}: {s:.1f} s" for m, b, s in goals["retune"]["rows"]) or "-"
+    retune = (
+        ", ".join(
+            f"{m} b{b}: {s:.1f} s" + (f" (install {i:.1f} s)" if i >= 0.05 else "")
+            for m, b, s, i in goals["retune"]["rows"]
+        )
+        or "-"
+    )
     lines = [
         "## Targets",
         "",

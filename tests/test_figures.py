@@ -167,6 +167,21 @@ def test_an_unstable_record_slower_at_its_fastest_than_the_best_stable_one_is_re
     assert again.graphs[0].selected == "TorchEagerBackend"
 
 
+def test_finalists_from_the_cache_are_not_measured_again_for_a_fresh_slow_candidate() -> None:
+    """A warm re-tune that measures an unstable eager again re-measures the finalists only when
+    that eager is one of them: cached finalists already carry interleaved figures."""
+
+    def outcome(ms: float, cached: bool) -> candidate.Outcome:
+        m = _core.Measurement.from_samples([ms] * 5, 1, 0.0, 1, True)
+        return candidate.Outcome(SameWork(), measurement=m, cached=cached)
+
+    cached = [outcome(ms, True) for ms in (0.7, 0.75, 0.9, 2.0)]
+    assert not candidate.needs_interleave([outcome(4.4, False), *cached])  # eager, slowest
+    assert candidate.needs_interleave([outcome(0.8, False), *cached])  # fresh, and a finalist
+    assert candidate.needs_interleave([outcome(0.1, False), *cached])
+    assert not candidate.needs_interleave(cached)
+
+
 def test_reusable_records() -> None:
     assert figures.reusable({"status": "failed", "measurement": None})
     assert figures.reusable({"status": "ok", "measurement": {"stable": True}})

@@ -368,6 +368,13 @@ def finalists(outcomes: list[Outcome]) -> list[Outcome]:
     return real[:_FINALISTS] if len(real) >= 2 else []
 
 
+def needs_interleave(outcomes: list[Outcome]) -> bool:
+    """Whether the finalists are re-measured side by side: unless each of them comes from the
+    cache, whose figures are already those of an earlier interleaved run. A candidate measured
+    afresh that is no finalist (an unstable eager on a warm re-tune) does not need it."""
+    return not all(o.cached for o in finalists(outcomes))
+
+
 def _median_ms(outcome: Outcome) -> float:
     m = outcome.measurement
     return m.median_ms if m is not None else math.inf

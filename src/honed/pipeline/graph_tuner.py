@@ -42,6 +42,7 @@ from honed.pipeline.candidate import (
     finalists,
     measure_interleaved,
     measurement_record,
+    needs_interleave,
 )
 from honed.pipeline.isolation import GraphJobs, NotIsolatable, pool_size
 from honed.pipeline.planning import Planned, plan, skip_reason, waits_for
@@ -187,7 +188,7 @@ class GraphTuner:
         baseline, outcomes = self._evaluate_all(baseline_backend, items)
         self.ctx.check_abandoned(self.module.name)
         competing = ([baseline] if uses_baseline else []) + outcomes
-        if not all(o.cached for o in competing):  # all cached: their figures are the final ones
+        if needs_interleave(competing):
             self._interleave(competing)
         self.ctx.check_abandoned(self.module.name)
         decision, chosen = self._select(competing)
