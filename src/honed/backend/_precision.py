@@ -28,7 +28,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from honed.errors import ConfigError, InputError, TuneError
-from honed.pipeline.correctness import REDUCED, TF32, Tolerance
+from honed.pipeline.correctness import MAX_OBJECT_DEPTH, REDUCED, TF32, VALUE_TYPES, Tolerance
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 MEMORY_FORMATS = (None, "channels_last")
@@ -191,9 +191,6 @@ def _as_eager(t: Typed, dtype: torch.dtype | None, contiguous: bool) -> Typed:
     return t.contiguous() if contiguous else t
 
 
-# Objects of these types are values, never opened up (see map_output_tensors).
-_VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
-_MAX_OBJECT_DEPTH = 4
 Typed = torch.Tensor | torch.dtype
 
 
@@ -208,7 +205,7 @@ def map_output_tensors(value: Any, fn: Callable[[Typed], Typed], depth: int = 0)
     for leaf in leaves:
         if isinstance(leaf, (torch.Tensor, torch.dtype)):
             leaf = fn(leaf)
-        elif depth < _MAX_OBJECT_DEPTH and not isinstance(leaf, _VALUE_TYPES):
+        elif depth < MAX_OBJECT_DEPTH and not isinstance(leaf, VALUE_TYPES):
             found = getattr(leaf, "__dict__", None)
             attrs = found if isinstance(found, dict) else {}
             for name in sorted(k for k in attrs if not k.startswith("_")):

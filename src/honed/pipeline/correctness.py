@@ -96,9 +96,10 @@ def compare(
     return result
 
 
-# Leaves of these types compare by value; any other object is opened up (see _flatten).
-_VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
-_MAX_OBJECT_DEPTH = 4
+# Leaves of these types compare by value; any other object is opened up (see _flatten). The
+# precision candidates restore eager's dtypes by the same rule (honed.backend._precision).
+VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+MAX_OBJECT_DEPTH = 4
 
 
 def _flatten(value: Any, depth: int = 0) -> tuple[list[Any], Any]:
@@ -109,13 +110,13 @@ def _flatten(value: Any, depth: int = 0) -> tuple[list[Any], Any]:
     order, under a spec that records the object's type.
     """
     leaves, spec = pytree.tree_flatten(value)
-    if depth >= _MAX_OBJECT_DEPTH:
+    if depth >= MAX_OBJECT_DEPTH:
         return leaves, spec
     out: list[Any] = []
     specs: list[Any] = []
     for leaf in leaves:
         attrs = getattr(leaf, "__dict__", None)
-        if isinstance(leaf, (torch.Tensor, *_VALUE_TYPES)) or not isinstance(attrs, dict):
+        if isinstance(leaf, (torch.Tensor, *VALUE_TYPES)) or not isinstance(attrs, dict):
             out.append(leaf)
             specs.append(None)
             continue
