@@ -56,8 +56,7 @@ def test_tracker_records_phases_in_order() -> None:
         "record",
         *("build", "check", "measure"),  # the eager baseline
         *("build", "check", "measure"),  # Plain
-        "interleave",
-        "install",
+        "install",  # Plain alone competes: nothing to re-measure side by side
     ]
     assert [e.candidate for e in tracker.events[1:7]] == ["TorchEagerBackend"] * 3 + ["Plain"] * 3
     assert {(e.module, e.graph) for e in tracker.events[1:]} == {("tiny", "graph 0")}
@@ -66,6 +65,23 @@ def test_tracker_records_phases_in_order() -> None:
         ("Plain", "ok"),
     ]
     assert all(f.seconds >= 0 for f in tracker.done)
+
+
+def test_finalists_are_re_measured_side_by_side_when_two_compete() -> None:
+    console, _ = _console()
+    tracker = progress.Tracker(console, show=False)
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "tiny")
+    with progress.tracking(tracker):
+        honed.tune(model, batches(2, 4), strategy=honed.MaxThroughputStrategy(backends=[Plain()]))
+    phases = [e.phase for e in tracker.events]
+    assert phases == [
+        "record",
+        *("build", "check", "measure"),  # the eager baseline, which competes here
+        *("build", "check", "measure"),  # Plain
+        "interleave",
+        "install",
+    ]
 
 
 def test_shown_tracker_prints_one_line_per_candidate() -> None:
