@@ -144,10 +144,22 @@ def measure(name: str, device: str) -> dict[str, Any]:
     """The three steps of one model, each in a fresh process with its own caches."""
     with tempfile.TemporaryDirectory(prefix="honed-tune-cost-") as tmp:
         base = dict(os.environ, HONED_PROGRESS="off")
+        # Inductor keeps some things under the temporary folder whatever its cache folder is
+        # (precompiled headers): each side gets its own, empty one, and the re-tune cold's.
+        for side in ("oneliner", "honed"):
+            os.makedirs(f"{tmp}/tmp-{side}")
         one = _run_step(
-            "oneliner", name, device, dict(base, TORCHINDUCTOR_CACHE_DIR=f"{tmp}/oneliner")
+            "oneliner",
+            name,
+            device,
+            dict(base, TORCHINDUCTOR_CACHE_DIR=f"{tmp}/oneliner", TMPDIR=f"{tmp}/tmp-oneliner"),
         )
-        env = dict(base, TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor", HONED_CACHE_DIR=f"{tmp}/honed")
+        env = dict(
+            base,
+            TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor",
+            HONED_CACHE_DIR=f"{tmp}/honed",
+            TMPDIR=f"{tmp}/tmp-honed",
+        )
         cold = _run_step("cold", name, device, env)
         warm = _run_step("warm", name, device, env)
     return {

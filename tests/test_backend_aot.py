@@ -488,6 +488,46 @@ def test_a_successful_probe_is_remembered_across_processes(
         assert len(probes) == 2
 
 
+def test_a_tunes_worker_loads_without_the_probe_and_spares_later_processes_it(
+    mlp: nn.Module, dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A worker is itself isolated: its load is the probe, and its verdict serves the caller."""
+    from honed.backend import _aoti_env as aot
+
+    backend = TorchInductorAotBackend()
+    files = backend.export_payload(dynamic_fn)
+    graph = _profile(1, 1, 8, ("batch", ""))
+    probes: list[list[str]] = []
+    real_run = subprocess.run
+
+    def counting_run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        probes.append(cmd)
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(subprocess, "run", counting_run)
+    with honed.config.patch(cache_dir=tmp_path):
+        monkeypatch.setattr(aot, "PROBED", {})
+        monkeypatch.setattr(aot, "IN_WORKER", True)
+        x = batches(3)[0]
+        torch.testing.assert_close(backend.load_payload(files, _copy(mlp), graph)(x), dynamic_fn(x))
+        assert probes == []
+        assert list((tmp_path / "aoti-probe").glob("cpu-*.ok"))
+        monkeypatch.setattr(aot, "PROBED", {})  # the caller, after the worker's load
+        monkeypatch.setattr(aot, "IN_WORKER", False)
+        backend.load_payload(files, _copy(mlp), graph)
+        assert probes == []
+
+
+def test_cpu_packages_build_without_a_precompiled_header_unless_the_user_asks() -> None:
+    cpu = TorchInductorAotBackendConfig().inductor_configs("cpu")
+    assert cpu["aot_inductor.precompile_headers"] is False
+    assert "aot_inductor.precompile_headers" not in TorchInductorAotBackendConfig().inductor_configs(
+        "cuda"
+    )
+    mine = TorchInductorAotBackendConfig(options={"aot_inductor.precompile_headers": True})
+    assert mine.inductor_configs("cpu")["aot_inductor.precompile_headers"] is True
+
+
 def test_loading_skips_torchs_device_information_probe(
     mlp: nn.Module, dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -419,3 +419,27 @@ def test_a_tune_on_a_host_with_two_gpus_selects_on_the_target() -> None:
     assert all(c.status == "ok" for c in rows.values()), rows
     x = batches(3, seed=1)[0].cuda()
     torch.testing.assert_close(model(x), model.module(x))
+
+
+class NeedsAWorker(Backend):
+    """Builds only where honed's AOTInductor loader knows it runs in a tune's worker (whose
+    loads then need no probe process: a crash there fails only the job)."""
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        from honed.backend import _aoti_env
+
+        if not _aoti_env.IN_WORKER:
+            raise RuntimeError("not marked as a worker")
+        return module
+
+
+def test_workers_mark_themselves_so_aotinductor_loads_skip_the_probe() -> None:
+    from honed.backend import _aoti_env
+
+    model = honed.Module(TinyMLP().eval(), "m")
+    report = honed.tune(
+        model, batches(2), strategy=honed.OneBackendStrategy(NeedsAWorker()), isolation="process"
+    )
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert rows["NeedsAWorker"].status == "ok", rows["NeedsAWorker"].reason
+    assert not _aoti_env.IN_WORKER  # the caller probes before its own first load

@@ -149,7 +149,10 @@ def load_package(package: bytes, device_type: str, single_threaded: bool = False
         path = Path(tmp) / PACKAGE_NAME
         path.write_bytes(package)
         probe_loading(path, device_type)
-        return load_runner(str(path), device_type, single_threaded)
+        runner = load_runner(str(path), device_type, single_threaded)
+        if IN_WORKER:
+            _loaded_here(device_type)
+        return runner
 
 
 def load_runner(path: str, device_type: str, single_threaded: bool = False) -> Any:
@@ -193,12 +196,22 @@ PROBE_CODE = (
     "load_runner(sys.argv[1], sys.argv[2])"
 )
 PROBED: dict[str, str] = {}
+# A tune's worker process is itself the child such a crash stays in (the pool fails only that
+# job), so it loads without a probe and, once a load returns, records the verdict that spares
+# later processes the probe: the caller installing the winner among them.
+IN_WORKER = False
 
 
 def probe_loading(path: Path, device_type: str) -> None:
     if device_type not in PROBED:  # once per process and device type
-        PROBED[device_type] = _probe(path, device_type)
+        PROBED[device_type] = "" if IN_WORKER else _probe(path, device_type)
     check_probe(device_type)
+
+
+def _loaded_here(device_type: str) -> None:
+    verdict = verdict_file(device_type)
+    if verdict is not None and not verdict.exists():
+        remember(verdict, f"loads: torch {torch.__version__}, {sys.executable} (a tune's worker)")
 
 
 def _probe(path: Path, device_type: str) -> str:

@@ -86,9 +86,15 @@ class TorchInductorAotBackendConfig(BackendConfig):
                 f"got {type(self.options).__name__}"
             )
 
-    def inductor_configs(self) -> dict[str, Any]:
-        """What aoti_compile_and_package gets as ``inductor_configs``."""
-        configs = dict(self.options or {})
+    def inductor_configs(self, device_type: str) -> dict[str, Any]:
+        """What aoti_compile_and_package gets as ``inductor_configs`` for a graph on
+        ``device_type``; the user's ``options`` win over every default set here."""
+        configs: dict[str, Any] = {}
+        if device_type == "cpu":
+            # A precompiled header pays off over many compiles; a tune builds one package per
+            # graph, where making the header costs more than it saves (docs/tuning.md).
+            configs["aot_inductor.precompile_headers"] = False
+        configs.update(self.options or {})
         configs.update(_aoti_constants.NO_CONSTANTS_IN_SO)  # weights stored once (see there)
         if self.max_autotune:
             configs["max_autotune"] = True
@@ -238,7 +244,7 @@ class TorchInductorAotBackend(Backend):
         exported = export_program(
             wrapper, exported_plan, cfg.strict, type(module).__name__, "AOTInductor"
         )
-        package = _compile(exported, cfg.inductor_configs())
+        package = _compile(exported, cfg.inductor_configs(graph.device.type))
         runner = _aoti_env.load_package(package, graph.device.type, graphs_on is not None)
         constants = _aoti_constants.plan(runner.loader, exported, module)
         _aoti_constants.give(runner.loader, constants.live)

@@ -161,6 +161,9 @@ def _hello(channel: _Channel) -> bool:
     import torch._dynamo
     import torch._inductor.compile_fx
 
+    from honed.backend import _aoti_env
+
+    _aoti_env.IN_WORKER = True  # a loader crash here fails only this worker's job
     del torch
     return True
 
