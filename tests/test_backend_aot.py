@@ -521,8 +521,9 @@ def test_a_tunes_worker_loads_without_the_probe_and_spares_later_processes_it(
 def test_cpu_packages_build_without_a_precompiled_header_unless_the_user_asks() -> None:
     cpu = TorchInductorAotBackendConfig().inductor_configs("cpu")
     assert cpu["aot_inductor.precompile_headers"] is False
-    assert "aot_inductor.precompile_headers" not in TorchInductorAotBackendConfig().inductor_configs(
-        "cuda"
+    assert (
+        "aot_inductor.precompile_headers"
+        not in TorchInductorAotBackendConfig().inductor_configs("cuda")
     )
     mine = TorchInductorAotBackendConfig(options={"aot_inductor.precompile_headers": True})
     assert mine.inductor_configs("cpu")["aot_inductor.precompile_headers"] is True
