@@ -88,15 +88,17 @@ def remember(verdict: Path, text: str) -> None:
         verdict.write_text(text + "\n")
 
 
-# -- torch's CPU vector-ISA check, remembered ------------------------------------------------------
+# -- torch's CPU vector-ISA check, side by side and remembered -----------------------------------
 # Before its first compile in a process, torch builds a test program per CPU vector ISA (AVX2,
-# AVX-512, ...) the CPU's flags name and imports each in a child interpreter; every worker
-# process pays that again. Once every flagged ISA has passed (same torch, interpreter, compiler
-# and CPU flags), later processes tell torch so (``cpp.vec_isa_ok``) and skip the test builds.
-# A failed ISA is never remembered, so torch keeps checking on such machines, and a user's own
-# ``cpp.vec_isa_ok`` (TORCHINDUCTOR_VEC_ISA_OK) always wins.
-def flagged_vec_isas() -> list[str] | None:
-    """The vector ISAs torch would test here (those the CPU's flags name), or None off x86."""
+# AVX-512, ...) the CPU's flags name and imports each in a child interpreter, one after another,
+# and every worker process pays that again. honed runs torch's own checks side by side instead
+# (threads waiting on the children), which torch then finds answered. Once every flagged ISA has
+# passed (same torch, interpreter, compiler and CPU flags), later processes tell torch so
+# (``cpp.vec_isa_ok``) and skip the test builds. A failed ISA is never remembered, so torch keeps
+# checking on such machines, and a user's own ``cpp.vec_isa_ok`` (TORCHINDUCTOR_VEC_ISA_OK)
+# always wins.
+def _flagged() -> list[Any] | None:
+    """torch's ISA objects that this CPU's flags name, or None off x86 Linux."""
     import platform
 
     if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
@@ -106,7 +108,7 @@ def flagged_vec_isas() -> list[str] | None:
 
         flags = cpu_vec_isa.x86_isa_checker()
         return [
-            str(isa)
+            isa
             for isa in cpu_vec_isa.supported_vec_isa_list
             if all(flag in flags for flag in str(isa).split())
         ]
@@ -114,9 +116,32 @@ def flagged_vec_isas() -> list[str] | None:
         return None
 
 
+def flagged_vec_isas() -> list[str] | None:
+    """The vector ISAs torch would test here (those the CPU's flags name), or None off x86."""
+    isas = _flagged()
+    return None if isas is None else [str(isa) for isa in isas]
+
+
+def check_vec_isas_side_by_side() -> list[str] | None:
+    """Run torch's check of each flagged ISA at once, in threads; the names that passed, or None
+    where torch's layout differs (torch then checks one by one, as it would anyway)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    isas = _flagged()
+    if not isas:
+        return None
+    try:
+        with ThreadPoolExecutor(max_workers=len(isas), thread_name_prefix="honed-isa") as pool:
+            passed = list(pool.map(bool, isas))  # VecISA.__bool__: torch's cached check
+    except Exception:
+        return None
+    return [str(isa) for isa, ok in zip(isas, passed, strict=True) if ok]
+
+
 @contextlib.contextmanager
 def vec_isa_known() -> Iterator[None]:
-    """Compile with torch's ISA check skipped when an earlier process saw every ISA pass."""
+    """Compile with torch's ISA check skipped when an earlier process saw every ISA pass, else
+    with it done side by side first."""
     from torch._inductor import config as inductor_config
 
     flagged = flagged_vec_isas()
@@ -124,21 +149,14 @@ def vec_isa_known() -> Iterator[None]:
     if verdict is None or inductor_config.cpp.vec_isa_ok is not None:
         yield
         return
-    if verdict.exists():
-        with inductor_config.patch({"cpp.vec_isa_ok": True}):
-            yield
-        return
-    yield
-    try:
-        from torch._inductor import cpu_vec_isa
-
-        if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0:
-            return  # torch did not check this time: nothing learned, and checking costs
-        passed = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]  # torch's cached answer
-    except Exception:
-        return
-    if passed == flagged:
+    if not verdict.exists():
+        passed = check_vec_isas_side_by_side()
+        if passed is None or passed != flagged:
+            yield  # torch decides, as it always does
+            return
         remember(verdict, f"vector ISAs that build here: {' '.join(passed)}")
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        yield
 
 
 # -- loading ---------------------------------------------------------------------------------------
