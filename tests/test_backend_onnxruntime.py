@@ -106,7 +106,12 @@ def test_config_defaults_and_validation() -> None:
         None,
         "all",
     )
-    assert (cfg.intra_op_threads, cfg.io_binding, cfg.dynamo) == (0, True, True)
+    assert (cfg.intra_op_threads, cfg.io_binding, cfg.dynamo, cfg.spinning) == (
+        0,
+        True,
+        True,
+        False,
+    )
     with pytest.raises(honed.ConfigError, match="provider 'ROCm' is not supported"):
         ONNXRuntimeBackendConfig(provider="ROCm")
     with pytest.raises(honed.ConfigError, match="disabled, basic, extended, all"):
@@ -274,6 +279,16 @@ def test_payload_round_trip_loads_without_exporting(
             torch.testing.assert_close(loaded(x), mlp(x))
     with pytest.raises(honed.InputError, match=r"outside the tuned range \[2, 8\]"):
         loaded(torch.randn(10, 16))
+
+
+def test_sessions_do_not_spin_unless_asked(dynamic_fn: OnnxCompiled) -> None:
+    """Spinning intra-op threads take the cores from torch's threads in the same process."""
+    key = "session.intra_op.allow_spinning"
+    assert dynamic_fn.session.get_session_options().get_session_config_entry(key) == "0"
+    spinning = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(spinning=True))
+    files = ONNXRuntimeBackend().export_payload(dynamic_fn)
+    loaded = spinning.load_payload(files, TinyMLP(), _profile(2, 4, 8))
+    assert loaded.session.get_session_options().get_session_config_entry(key) == "1"
 
 
 def test_incomplete_payload_and_foreign_callables_are_refused() -> None:

@@ -64,6 +64,10 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     graph_optimization_level: str = "all"
     # Threads for one operator; 0 lets ONNX Runtime choose.
     intra_op_threads: int = 0
+    # Whether those threads spin between calls, waiting for work (ONNX Runtime's own default).
+    # Off here: spinning threads take the cores from torch's threads in the same process, the
+    # program's own and those of the candidates measured beside this one (docs/backends.md).
+    spinning: bool = False
     # CUDA/TensorRT: bind the torch tensors' memory as inputs and take outputs through DLPack
     # (no copies). CPU always uses plain run, which is zero-copy there and faster.
     io_binding: bool = True
@@ -285,6 +289,7 @@ def _session(
         onnxruntime.GraphOptimizationLevel, _OPT_LEVEL_NAMES[cfg.graph_optimization_level]
     )
     options.intra_op_num_threads = cfg.intra_op_threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if cfg.spinning else "0")
     options.log_severity_level = 3  # errors only: ORT's warnings go to stderr otherwise
     providers = provider_list(cfg.provider, graph, calling)
     try:
