@@ -289,7 +289,9 @@ def _session(
         onnxruntime.GraphOptimizationLevel, _OPT_LEVEL_NAMES[cfg.graph_optimization_level]
     )
     options.intra_op_num_threads = cfg.intra_op_threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if cfg.spinning else "0")
+    options.add_session_config_entry(
+        "session.intra_op.allow_spinning", "1" if cfg.spinning else "0"
+    )
     options.log_severity_level = 3  # errors only: ORT's warnings go to stderr otherwise
     providers = provider_list(cfg.provider, graph, calling)
     try:
