@@ -5,6 +5,9 @@ For each model, each step in a fresh Python process:
   oneliner  torch.compile(model, mode="max-autotune") + its first call, empty Inductor cache
   cold      honed.tune(model, dataset) with the default candidates, empty honed and Inductor caches
   warm      the same tune again in a new process: the honed cache (and Inductor's) from `cold`
+  exhaust   every default candidate, none left out by honed's planning rules, in a new process
+            with its own caches: the cold selection's throughput there against the best one's
+            (goal: within 3 %)
 
 and prints/writes cold / oneliner (goal <= 1.5) and the warm re-tune's time (goal <= 5 s plus
 installing the winner). Timings start after `import torch, honed` (each process pays those
@@ -87,8 +90,17 @@ def _step(step: str, name: str, device: str) -> dict[str, Any]:
             compiled(data[0])
         return {"wall_s": time.perf_counter() - started}
     wrapped = honed.Module(model, name)
+    strategy = None
+    if step == "exhaust":
+
+        class Exhaustive(honed.MaxThroughputStrategy):
+            """The default candidates, as if the user had listed them: nothing is pruned."""
+
+            uses_defaults = False  # type: ignore[assignment]
+
+        strategy = Exhaustive()
     started = time.perf_counter()
-    report = honed.tune(wrapped, data, device=device)
+    report = honed.tune(wrapped, data, device=device, strategy=strategy)
     wall = time.perf_counter() - started
     graphs = report.graphs
     return {
@@ -103,6 +115,7 @@ def _step(step: str, name: str, device: str) -> dict[str, Any]:
                 "cached": c.cached,
                 "build_s": c.build_s,
                 "median_ms": c.median_ms,
+                "throughput": c.throughput,
             }
             for g in graphs
             for c in g.candidates
@@ -162,6 +175,18 @@ def measure(name: str, device: str) -> dict[str, Any]:
         )
         cold = _run_step("cold", name, device, env)
         warm = _run_step("warm", name, device, env)
+        os.makedirs(f"{tmp}/tmp-exhaust")
+        exhaust = _run_step(
+            "exhaust",
+            name,
+            device,
+            dict(
+                base,
+                TORCHINDUCTOR_CACHE_DIR=f"{tmp}/exhaust-inductor",
+                HONED_CACHE_DIR=f"{tmp}/exhaust-honed",
+                TMPDIR=f"{tmp}/tmp-exhaust",
+            ),
+        )
     return {
         "model": name,
         "device": device,
@@ -173,29 +198,54 @@ def measure(name: str, device: str) -> dict[str, Any]:
         "cold_selected": cold["selected"],
         "warm_selected": warm["selected"],
         "cold_candidates": cold["candidates"],
+        **_against_exhaustive(cold["selected"], exhaust["candidates"]),
+    }
+
+
+def _against_exhaustive(selected: list[Any], candidates: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cold selection's throughput in the exhaustive run against that run's best (one
+    graph: the models here have one)."""
+    passed = [c for c in candidates if c["status"] == "ok" and c.get("throughput")]
+    best = max(passed, key=lambda c: c["throughput"], default=None)
+    mine = next((c for c in passed if selected and c["name"] == selected[0]), None)
+    gap = None
+    if best is not None and mine is not None:
+        gap = (best["throughput"] / mine["throughput"] - 1.0) * 100.0
+    return {
+        "exhaustive_best": best["name"] if best else None,
+        "selection_gap_pct": gap,
+        "exhaustive_candidates": candidates,
     }
 
 
 def _table(records: list[dict[str, Any]]) -> str:
     lines = [
         "| model | one-liner s | cold tune s | cold / one-liner | warm re-tune s "
-        "| of which install s | selected |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| of which install s | selected | exhaustive best | selection behind it |",
+        "|---|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for r in records:
         selected = ", ".join(map(str, r["cold_selected"]))
+        gap = r.get("selection_gap_pct")
+        behind = f"{max(gap, 0.0):.1f} %" if gap is not None else "-"
         lines.append(
             f"| {r['model']} | {r['oneliner_s']:.1f} | {r['cold_s']:.1f} | {r['ratio']:.2f} | "
-            f"{r['warm_s']:.1f} | {r['warm_install_s']:.1f} | {selected} |"
+            f"{r['warm_s']:.1f} | {r['warm_install_s']:.1f} | {selected} | "
+            f"{r.get('exhaustive_best') or '-'} | {behind} |"
         )
     lines.append("")
     for r in records:
-        lines.append(f"{r['model']}, cold tune candidates:")
-        for c in r["cold_candidates"]:
-            build = f"{c['build_s']:.1f} s" if c["build_s"] is not None else "-"
-            median = f"{c['median_ms']:.3f} ms" if c["median_ms"] is not None else "-"
-            why = f" ({c['reason']})" if c["reason"] else ""
-            lines.append(f"  {c['name']}: {c['status']}{why}, build {build}, median {median}")
+        for run in ("cold", "exhaustive"):
+            lines.append(f"{r['model']}, {run} tune candidates:")
+            for c in r.get(f"{run}_candidates", []):
+                build = f"{c['build_s']:.1f} s" if c["build_s"] is not None else "-"
+                median = f"{c['median_ms']:.3f} ms" if c["median_ms"] is not None else "-"
+                per_s = f"{c['throughput']:.4g}/s" if c.get("throughput") else "-"
+                why = f" ({c['reason']})" if c["reason"] else ""
+                lines.append(
+                    f"  {c['name']}: {c['status']}{why}, build {build}, median {median}, "
+                    f"throughput {per_s}"
+                )
     return "\n".join(lines)
 
 
@@ -206,7 +256,9 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: demo,block")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "tune_cost")
-    parser.add_argument("--step", choices=["oneliner", "cold", "warm"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--step", choices=["oneliner", "cold", "warm", "exhaust"], help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     names = [m for m in args.models.split(",") if m]
     if args.step:
