@@ -270,7 +270,32 @@ def targets(merged: dict[str, Any]) -> dict[str, Any]:
         f"{m} b{b}": _cpp_target(ok, m, b, cpp) for m, b in (("bert", 8), ("resnet50", 64))
     }
     out["cpp_rows"] = cpp
+    out["cpu_tune_cost"] = _cpu_tune_cost_target(tune_cost_run(HERE / "results" / "tune_cost"))
     return out
+
+
+def tune_cost_run(folder: Path) -> dict[str, Any] | None:
+    """The newest bench/tune_cost.py run on the CPU (its file names sort by date)."""
+    for path in sorted(folder.glob("tune_cost-cpu-*.json"), reverse=True):
+        try:
+            run: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        run["file"] = path.name
+        return run
+    return None
+
+
+def _cpu_tune_cost_target(run: dict[str, Any] | None) -> dict[str, Any]:
+    records = (run or {}).get("records", [])
+    checked = [r for r in records if r.get("selection_gap_pct") is not None]
+    return {
+        "run": run,
+        "met": bool(records)
+        and all(r["ratio"] <= COLD_RATIO_GOAL for r in records)
+        and len(checked) == len(records)
+        and all(r["selection_gap_pct"] <= SELECTION_TOLERANCE_PCT for r in checked),
+    }
 
 
 def _expert_target(ok: list[dict[str, Any]]) -> dict[str, Any]:
@@ -331,6 +356,7 @@ def render(merged: dict[str, Any], goals: dict[str, Any], pngs: list[str], note:
     lines += _speed_md(merged)
     lines += _correctness_md(merged)
     lines += _cold_md(merged)
+    lines += _cpu_tune_cost_md(goals["cpu_tune_cost"]["run"])
     lines += _mlperf_md(merged)
     lines += _cpp_md(goals.get("cpp_rows") or [])
     lines += _wins_md(merged)
@@ -383,6 +409,26 @@ def _targets_md(goals: dict[str, Any]) -> list[str]:
         f"| warm re-tune <= {WARM_RETUNE_GOAL_S:g} s plus installing the winner (21) | {retune} | "
         f"{_verdict(goals['retune']['met'])} |",
     ]
+    cpu = goals["cpu_tune_cost"]
+    cpu_run = cpu["run"]
+    cpu_text = (
+        "; ".join(
+            f"{r['model']}: {r['ratio']:.2f}, selection "
+            + (
+                f"{max(r['selection_gap_pct'], 0.0):.1f} % behind the exhaustive best"
+                if r.get("selection_gap_pct") is not None
+                else "not checked"
+            )
+            for r in cpu_run["records"]
+        )
+        + f" ({cpu_run['file']})"
+        if cpu_run
+        else "not measured"
+    )
+    lines.append(
+        f"| 2-core CPU: cold tune <= {COLD_RATIO_GOAL:g}x the one-liner, selection within "
+        f"{SELECTION_TOLERANCE_PCT:g} % (21) | {cpu_text} | {_verdict(cpu['met'])} |"
+    )
     e = goals["expert_resnet50_b64"]
     e_text = "not measured" if e["value"] is None else f"honed / expert time {e['value']:.3f}"
     lines.append(
@@ -505,6 +551,33 @@ def _cold_md(merged: dict[str, Any]) -> list[str]:
             f"{_cold_cell(cold.get('retune'), 'tune')} | {_cold_cell(cold.get('cpp'), 'tune')} | "
             f"{_f(cpp['median_ms'] if cpp else None, 3)} | "
             f"{_f(cpp['vs_python'] if cpp else None, 2, 'x')} |"
+        )
+    return [*lines, ""]
+
+
+def _cpu_tune_cost_md(run: dict[str, Any] | None) -> list[str]:
+    if not run:
+        return []
+    lines = [
+        "## Cold start on the 2-core CPU machine",
+        "",
+        f"`bench/tune_cost.py` ({run['file']}: commit {run['commit']}, torch {run['torch']}, "
+        f"{run['cpus']} CPUs, load average {run['loadavg_before'][0]:.2f} before). Each step "
+        "in a fresh process; the one-liner and the cold tune each with empty caches and an "
+        "empty temporary folder. Exhaustive: every default candidate, none pruned, in its own "
+        "process; the cold selection's throughput there against the best one's.",
+        "",
+        "| model | one-liner compile s | honed cold tune s | honed / one-liner | warm re-tune s "
+        "| selected | exhaustive best | selection behind it |",
+        "|---|--:|--:|--:|--:|---|---|--:|",
+    ]
+    for r in run["records"]:
+        gap = r.get("selection_gap_pct")
+        lines.append(
+            f"| {r['model']} | {r['oneliner_s']:.1f} | {r['cold_s']:.1f} | {r['ratio']:.2f} | "
+            f"{r['warm_s']:.1f} | {', '.join(map(str, r['cold_selected']))} | "
+            f"{r.get('exhaustive_best') or '-'} | "
+            f"{_f(max(gap, 0.0) if gap is not None else None, 1, ' %')} |"
         )
     return [*lines, ""]
 

@@ -749,6 +749,31 @@ def test_report_takes_the_cpp_target_from_cpp_vs_python_when_the_suite_has_none(
     assert any("| bert | 8 | 3 | 1.100 |" in line for line in report._cpp_md([row]))
 
 
+def test_report_judges_the_cpu_tune_cost_from_the_newest_run(tmp_path: Path) -> None:
+    """Issue 21's CPU goal: every model's cold tune within 1.5x the one-liner and its selection
+    within 3 % of the exhaustive best; a model without that check does not meet it."""
+
+    def run(ratio: float, gap: float | None) -> dict[str, Any]:
+        record = {
+            "model": "demo", "oneliner_s": 10.0, "cold_s": 10.0 * ratio, "ratio": ratio,
+            "warm_s": 1.2, "cold_selected": ["A"], "exhaustive_best": "B",
+            "selection_gap_pct": gap,
+        }  # fmt: skip
+        return {"commit": "abc", "torch": "2.13", "cpus": 2, "loadavg_before": [0.5, 0, 0],
+                "records": [record]}  # fmt: skip
+
+    (tmp_path / "tune_cost-cpu-20260101-000000-old.json").write_text(json.dumps(run(3.0, 0.0)))
+    (tmp_path / "tune_cost-cpu-20260102-000000-new.json").write_text(json.dumps(run(1.2, 2.5)))
+    newest = report.tune_cost_run(tmp_path)
+    assert newest is not None and newest["file"] == "tune_cost-cpu-20260102-000000-new.json"
+    assert report._cpu_tune_cost_target(newest)["met"] is True
+    assert report._cpu_tune_cost_target(run(1.6, 0.0))["met"] is False
+    assert report._cpu_tune_cost_target(run(1.2, 4.0))["met"] is False
+    assert report._cpu_tune_cost_target(run(1.2, None))["met"] is False
+    assert report._cpu_tune_cost_target(None)["met"] is False
+    assert "| demo | 10.0 | 12.0 | 1.20 | 1.2 | A | B | 2.5 % |" in report._cpu_tune_cost_md(newest)
+
+
 def test_the_default_json_name_holds_only_characters_the_gpu_machine_returns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -15,9 +15,9 @@ out, and the report lists it as "not tried" with the rule's reason:
   are not tried when AOTInductor, in the same precision, built and passed for the graph. Both
   compile the graph with Inductor's C++ code generator; what differs is the call path, and
   AOTInductor's has no guards and no Python wrapper. On the 2-core CPU machine AOTInductor was
-  1.47x and 1.55x faster than the faster JIT variant (bench/results/tune_cost/), and the JIT
-  variants cost two of the three compiles of a default CPU tune. The JIT variants wait for
-  AOTInductor and run when it failed or was rejected.
+  the faster of them (bench/results/tune_cost/, the exhaustive runs), and the JIT variants cost
+  two of the three compiles of a default CPU tune. The JIT variants wait for AOTInductor and run
+  when it failed or was rejected.
 
 The time budget is the fourth way a candidate ends up "not tried" (honed.pipeline.graph_tuner).
 """
