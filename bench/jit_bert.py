@@ -13,8 +13,11 @@ the cached winner is installed from its payload). Printed and written to ``--out
   call until calls run at tuned speed (the first call from which a run of 5 calls has a median
   within 10 % of the steady state), and JIT's tune records from its history.
 
-    python bench/jit_bert.py --out jit.json                 # GPU: base config, all backends
-    python bench/jit_bert.py --small --out jit.json         # CPU: a small config, Inductor only
+    python bench/jit_bert.py --out jit.json                 # GPU: base config
+    python bench/jit_bert.py --small --out jit.json         # CPU: a small config
+
+JIT's default candidates unless ``--backends`` names some. Each run has its own, empty,
+temporary folder (Inductor keeps precompiled headers there whatever its cache folder).
 
 ``--small`` uses a 2-layer, 128-wide BERT with sequence 32; without transformers installed it
 falls back to a torch TransformerEncoder of the same size (said so in the JSON).
@@ -178,13 +181,13 @@ def main() -> None:
     seconds = args.seconds if args.seconds is not None else (15.0 if gpu else 20.0)
     cold_s = args.cold_seconds if args.cold_seconds is not None else (300.0 if gpu else 240.0)
     budget = args.budget if args.budget is not None else (240.0 if gpu else 180.0)
-    backends = args.backends
-    if backends is None:
-        backends = "" if gpu else "TorchInductorBackend"
+    backends = args.backends or ""
     with tempfile.TemporaryDirectory(prefix="honed-jit-bert-") as tmp:
         workdir = Path(tmp)
         base = {k: v for k, v in os.environ.items() if not k.startswith("HONED_")}
         base["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor")
+        (workdir / "tmp").mkdir()
+        base["TMPDIR"] = str(workdir / "tmp")  # Inductor's precompiled headers: cold too
         jit_env = dict(
             base,
             HONED_JIT="1",

@@ -160,10 +160,18 @@ def inductor_tuned() -> honed.Module:
 
 
 @pytest.fixture(autouse=True)
-def in_process() -> Iterator[None]:
+def in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Tests of the tuner's logic evaluate candidates in-process (fast); the isolation tests
-    (tests/test_isolation.py) opt back in to worker processes."""
-    with honed.config.patch(isolation="none"):
+    (tests/test_isolation.py) opt back in to worker processes. JIT's live trial, which routes
+    calls by real time, is off here and in the programs tests start, so that which variant
+    answers a call follows from the test alone; tests/test_jit_live.py turns it on."""
+    import honed.jit
+
+    monkeypatch.setenv("HONED_JIT_LIVE_CHOICE", "0")
+    with (
+        honed.config.patch(isolation="none", jit_live_choice=False),
+        honed.jit.config.patch(live_choice=False),
+    ):
         yield
 
 

@@ -437,6 +437,10 @@ jit_time_budget_s: float = _flag(
     "jit_time_budget_s", "HONED_JIT_TIME_BUDGET_S", 0.0, _Number(0, _DAY_S, unit="s")
 )
 
+# On the CPU, JIT ends a tune with a trial on the program's own calls: the pick and its runner-up
+# take turns, and the runner-up replaces the pick only with evidence (honed.jit.live).
+jit_live_choice: bool = _flag("jit_live_choice", "HONED_JIT_LIVE_CHOICE", True, _Bool())
+
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the
 # largest batch seen (rounded up to a power of two), so a few small first calls do not lock the
 # tuned range to small batches (1 = only the batch sizes seen).

@@ -54,6 +54,9 @@ class JitConfig:
             ``time_budget_s``; 0: none).
         batch_headroom: when the samples show a batch axis, also tune batches up to this
             factor times the largest one recorded (a power of two; 1: only those recorded).
+        live_choice: on the CPU, after a tune, the pick and its runner-up take turns on the
+            program's own calls, and the runner-up replaces the pick when those calls show it
+            faster with evidence (honed.jit.live); on CUDA the worker's measurement decides.
         stability_tolerance: how far the medians of a measurement's last windows may differ
             in a JIT tune (when larger than honed.config.stability_tolerance): the program's
             own calls share the device with the measuring worker.
@@ -91,6 +94,7 @@ class JitConfig:
     batch_headroom: int = dataclasses.field(
         default_factory=lambda: _copy(_flags.jit_batch_headroom)
     )
+    live_choice: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_live_choice))
     stability_tolerance: float = dataclasses.field(
         default_factory=lambda: _copy(_flags.jit_stability_tolerance)
     )

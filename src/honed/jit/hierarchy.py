@@ -61,6 +61,7 @@ class Node:
         self.busy = False  # a check or tune of this module is queued or running (background.py)
         self.queued_at_call = 0  # call_count when its latest check or tune was queued
         self.tuner: Any = None  # the honed.pipeline.tuner.Tuner of its latest tune
+        self.trial: Any = None  # a live trial of two variants on its calls (honed.jit.live)
         self.tuned_keys: set[str] = set()  # graph keys of the signatures it was tuned on
         if parent is not None:
             parent.children.append(self)

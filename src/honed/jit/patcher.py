@@ -157,7 +157,11 @@ def _route(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return _ORIGINAL_CALL(module, *args, **kwargs)
     STATE.bypass += 1
     try:
-        out = node.tuned.dispatch(args, kwargs)
+        trial = node.trial
+        if trial is not None:
+            out = trial.call(module, _ORIGINAL_CALL, args, kwargs)
+        else:
+            out = node.tuned.dispatch(args, kwargs)
         if out is not MISS:
             return out
         from honed.jit.tuner import outside_profile

@@ -292,6 +292,76 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     _install(node, wrapper, backend, report)
     add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
     add_step(record.line())
+    _start_trial(node, wrapper, report, dataset, sizes, strategy, fingerprints, record)
+
+
+def _start_trial(
+    node: Node,
+    wrapper: Any,
+    report: Any,
+    dataset: list[Any],
+    sizes: list[int],
+    strategy: Any,
+    fingerprints: dict[int, str],
+    record: TuneRecord,
+) -> None:
+    """On the CPU, let the pick and its runner-up take turns on the program's calls (live.py);
+    the runner-up is installed from the tuning cache first, so nothing is rebuilt."""
+    from honed.backend.torch_eager import TorchEagerBackend
+    from honed.jit import live
+    from honed.module import Module
+    from honed.tune_strategy import OneBackendStrategy
+
+    if not config.live_choice or not _flags.cache_enabled or node.module is None:
+        return
+    if _device_of(node.module, dataset[0]) != "cpu":
+        return
+    rival = live.runner_up(report)
+    pick_row = next((c for c in report.graphs[0].candidates if c.selected), None)
+    if rival is None or pick_row is None or not pick_row.median_ms:
+        return
+    device = torch.device("cpu")
+    by_name = {b.name: b for b in strategy.backends(device, None)}
+    if rival.is_baseline or rival.backend == TorchEagerBackend.__name__:
+        rival_arm = live.Arm(rival.name, None)
+    elif rival.name in by_name:
+        one = OneBackendStrategy(by_name[rival.name])
+        other = Module(node.module, node.name, strategy=one)
+        tuner = _new_tuner(one, fingerprints, None, False)
+        node.tuner = tuner
+        if not background.set_current(tuner):
+            return
+        try:
+            tuner.start(other, dataset, sizes).result()
+        except Exception as e:  # no trial: the pick stands on the worker's figures
+            add_step(f"No live trial for {node.short()}: {type(e).__name__}: {e}", logging.DEBUG)
+            return
+        finally:
+            background.set_current(None)
+        if not other.is_tuned:
+            return
+        rival_arm = live.Arm(rival.name, other)
+    else:
+        return
+    pick = pick_row.name
+
+    def done(verdict: live.Verdict) -> None:  # on the program's thread: assignments only
+        node.trial = None
+        add_step(f"Live trial for {node.short()}: {verdict.describe(pick, rival.name)}")
+        if not verdict.adopt:
+            record.evidence += "; the program's calls did not decide against it"
+            return
+        record.selected, record.evidence = rival.name, "the program's calls"
+        if rival_arm.wrapper is None:
+            node.tuned, node.backend, node.state = None, None, State.EAGER
+            node.reason = "eager was faster on the program's calls"
+        else:
+            _install(node, rival_arm.wrapper, rival.name, report)
+
+    add_step(
+        f"Live trial for {node.short()}: {pick} against {rival.name} on the program's calls",
+    )
+    node.trial = live.Trial(live.Arm(pick, wrapper), rival_arm, pick_row.median_ms, done)
 
 
 def _new_tuner(

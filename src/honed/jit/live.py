@@ -1,0 +1,152 @@
+"""src/honed/jit/live.py: choosing between the tune's pick and its runner-up on the program's calls.
+
+A JIT tune measures its candidates in workers while the program runs, so on a machine without
+cores to spare the worker's figures carry the program's load: on the 2-core CPU machine small
+BERT's tune kept eager although AOTInductor ran 1.7x faster in a tune of its own. Once the tune
+is done, the program's own calls are the better evidence: they run the real inputs, on the
+cores as the program leaves them. A trial routes the module's calls to the two variants in
+turn, in blocks (so drift hits both alike; the first call of each block is not counted), times
+each call with the host clock, and adopts the runner-up only when the 99 % bootstrap interval of
+the ratio of medians clears honed.config.decision_margin, the rule of every other decision.
+Otherwise the tune's pick stays, and the history says the live figures did not decide.
+
+Sound where a call's host time is its cost: on the CPU, where a call returns when its work is
+done. A CUDA call returns at launch; there the tune's worker measurement stands (its measuring
+worker has the GPU to itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from honed import _core
+from honed import config as _flags
+from honed.module import MISS
+
+log = logging.getLogger("honed.jit")
+
+# A block is about this long (at least _MIN_BLOCK_CALLS calls), each variant gets _ROUNDS blocks,
+# and a trial that has not finished after _MAX_S (a program calling rarely) decides on what it
+# has once each variant has _MIN_SAMPLES counted calls, else keeps the tune's pick.
+_BLOCK_MS = 25.0
+_MIN_BLOCK_CALLS = 4
+_ROUNDS = 12
+_MAX_S = 20.0
+_MIN_SAMPLES = 20
+_CONFIDENCE = 0.99
+
+
+@dataclasses.dataclass
+class Arm:
+    """One side of a trial: a tuned honed.Module (``wrapper``), or eager (``wrapper`` None)."""
+
+    label: str
+    wrapper: Any = None
+    samples_ms: list[float] = dataclasses.field(default_factory=list)
+
+    def run(self, module: Any, eager: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        if self.wrapper is None:
+            return eager(module, *args, **kwargs)
+        return self.wrapper.dispatch(args, kwargs)
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What a trial found: ``adopt`` whether the runner-up replaces the pick."""
+
+    adopt: bool
+    ratio: float  # the pick's median call over the runner-up's: > 1, the runner-up is faster
+    lo: float
+    hi: float
+    calls: tuple[int, int]
+    seconds: float
+
+    def describe(self, pick: str, runner_up: str) -> str:
+        figures = (
+            f"{runner_up} ran {self.ratio:.3f}x {pick}'s speed "
+            f"(99% CI {self.lo:.3f}-{self.hi:.3f}) over {self.calls[0]} + {self.calls[1]} "
+            f"of the program's calls in {self.seconds:.1f}s"
+        )
+        if self.adopt:
+            return f"{figures}: {runner_up} adopted"
+        return f"{figures}: not enough evidence to change, {pick} stays"
+
+
+class Trial:
+    """The two variants taking turns on one module's calls; ``done`` gets the verdict (on the
+    program's thread, in the call that ends the trial: it must only assign)."""
+
+    def __init__(
+        self,
+        pick: Arm,
+        runner_up: Arm,
+        per_call_ms: float,
+        done: Callable[[Verdict], None],
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.arms = [pick, runner_up]
+        self.block = max(_MIN_BLOCK_CALLS, int(_BLOCK_MS / max(per_call_ms, 1e-3)))
+        self.turn = 0
+        self.in_block = 0
+        self.rounds = 0
+        self.done = done
+        self.clock = clock
+        self.started = clock()
+        self.finished = False
+
+    def call(self, module: Any, eager: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Run this call on the variant whose turn it is; MISS when that variant does not take
+        these inputs (the caller runs eager, uncounted)."""
+        arm = self.arms[self.turn]
+        t0 = self.clock()
+        out = arm.run(module, eager, args, kwargs)
+        took_ms = (self.clock() - t0) * 1e3
+        if out is MISS:
+            return out
+        if self.in_block > 0:  # a block's first call pays for the switch: not counted
+            arm.samples_ms.append(took_ms)
+        self.in_block += 1
+        if self.in_block >= self.block:
+            self.in_block = 0
+            self.turn = 1 - self.turn
+            self.rounds += self.turn == 0
+            if self.rounds == 1 and self.turn == 0:
+                self._size_blocks()
+        if not self.finished and (self.rounds >= _ROUNDS or self.clock() - self.started > _MAX_S):
+            self.finished = True
+            self.done(self.verdict())
+        return out
+
+    def _size_blocks(self) -> None:
+        """After the first round, blocks sized from the calls just timed: the tune's figure
+        (``per_call_ms``) was measured beside the program and may be far off."""
+        timed = sorted(self.arms[0].samples_ms + self.arms[1].samples_ms)
+        if timed:
+            typical = timed[len(timed) // 2]
+            self.block = max(_MIN_BLOCK_CALLS, int(_BLOCK_MS / max(typical, 1e-3)))
+
+    def verdict(self) -> Verdict:
+        pick, runner_up = self.arms
+        took = self.clock() - self.started
+        counts = (len(pick.samples_ms), len(runner_up.samples_ms))
+        if min(counts) < _MIN_SAMPLES:
+            return Verdict(False, 1.0, 1.0, 1.0, counts, took)
+        c = _core.compare(
+            pick.samples_ms, runner_up.samples_ms, confidence=_CONFIDENCE, statistic="median"
+        )
+        adopt = c.lo > 1.0 + float(_flags.decision_margin)
+        return Verdict(adopt, c.ratio, c.lo, c.hi, counts, took)
+
+
+def runner_up(report: Any) -> Any | None:
+    """The report's best passed candidate other than the selected one (by the tune's ranking
+    figure, throughput), for a one-graph module; None when there is none."""
+    if len(report.graphs) != 1:
+        return None
+    graph = report.graphs[0]
+    passed = [c for c in graph.candidates if c.status == "ok" and not c.selected and c.throughput]
+    return max(passed, key=lambda c: c.throughput, default=None)

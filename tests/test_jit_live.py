@@ -1,0 +1,215 @@
+"""tests/test_jit_live.py: JIT's live trial: the tune's pick and its runner-up take turns on the
+program's own calls, and the runner-up replaces the pick only with evidence.
+
+The trial's own tests use a fake clock that each variant advances by its cost, so what they
+decide follows from the test alone. The JIT test uses real time on purpose, with costs far apart
+(a 4 ms sleep against none), and a worker figure (injected) that says the opposite.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import honed
+import honed.jit
+from honed.backend.base import Backend, Sample
+from honed.jit import State, live
+from honed.module import MISS
+
+from conftest import batches
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Costs:
+    """A variant (what Arm.wrapper holds) whose k-th call takes ``ms(k)`` on the fake clock, and
+    ``switch_ms`` more when the call before it was the other variant's."""
+
+    def __init__(self, clock: FakeClock, ms: Callable[[int], float], switch_ms: float = 0.0):
+        self.clock, self.ms, self.calls, self.switch_ms = clock, ms, 0, switch_ms
+
+    def dispatch(self, args: Any, kwargs: Any) -> Any:
+        switched = getattr(self.clock, "last", None) is not self
+        self.clock.now += (self.ms(self.calls) + (self.switch_ms if switched else 0.0)) / 1e3
+        self.clock.last = self  # type: ignore[attr-defined]
+        self.calls += 1
+        return args[0]
+
+
+def _trial(
+    pick_ms: Callable[[int], float], rival_ms: Callable[[int], float], switch_ms: float = 0.0
+) -> list[Any]:
+    clock = FakeClock()
+    verdicts: list[live.Verdict] = []
+    pick = live.Arm("Pick", Costs(clock, pick_ms, switch_ms))
+    rival = live.Arm("Rival", Costs(clock, rival_ms, switch_ms))
+    trial = live.Trial(pick, rival, 1.0, verdicts.append, clock=clock)
+    calls = 0
+    while not verdicts:
+        assert trial.call(None, None, ("x",), {}) == "x"
+        calls += 1
+        assert calls < 100_000, "the trial never ended"
+    return [verdicts[0], trial, pick, rival, calls]
+
+
+def _jitter(base: float) -> Callable[[int], float]:
+    return lambda k: base * (1.0 + 0.05 * ((k * 7919) % 11) / 10)
+
+
+def test_a_clearly_faster_runner_up_is_adopted_on_evidence() -> None:
+    verdict, trial, pick, rival, calls = _trial(_jitter(2.0), _jitter(1.0))
+    assert verdict.adopt
+    assert verdict.ratio == pytest.approx(2.0, rel=0.05) and verdict.lo > 1.02
+    assert verdict.calls == (len(pick.samples_ms), len(rival.samples_ms))
+    # Each variant ran its blocks in turn, every block's first call uncounted. The first round's
+    # blocks were sized from the tune's figure (1 ms a call: 25 calls), the rest from the calls
+    # of that round (a median of about 1.5 ms).
+    first = int(live._BLOCK_MS / 1.0)
+    timed = sorted(pick.samples_ms[: first - 1] + rival.samples_ms[: first - 1])
+    assert trial.block == int(live._BLOCK_MS / timed[len(timed) // 2]) < first
+    assert calls == 2 * first + 2 * (live._ROUNDS - 1) * trial.block
+    per_arm = (first - 1) + (live._ROUNDS - 1) * (trial.block - 1)
+    assert len(pick.samples_ms) == len(rival.samples_ms) == per_arm
+    assert "Rival adopted" in verdict.describe("Pick", "Rival")
+
+
+def test_equal_variants_keep_the_pick() -> None:
+    verdict, *_ = _trial(_jitter(1.0), _jitter(1.0))
+    assert not verdict.adopt and verdict.lo <= 1.02
+    assert "not enough evidence to change, Pick stays" in verdict.describe("Pick", "Rival")
+
+
+def test_a_runner_up_within_the_margin_is_not_adopted() -> None:
+    verdict, *_ = _trial(_jitter(1.01), _jitter(1.0))  # 1 % faster: inside the 2 % margin
+    assert not verdict.adopt
+
+
+def test_the_first_call_of_each_block_is_not_counted() -> None:
+    """A switch's first call pays for the switch (caches, thread wake-ups): here 50 ms, which
+    would make the runner-up look slower if it were counted."""
+
+    verdict, _, pick, rival, _ = _trial(lambda k: 2.0, lambda k: 1.0, switch_ms=50.0)
+    assert verdict.adopt and verdict.ratio == pytest.approx(2.0)
+    assert max(pick.samples_ms) == pytest.approx(2.0) and max(rival.samples_ms) == pytest.approx(
+        1.0
+    )
+
+
+def test_a_miss_runs_eager_uncounted() -> None:
+    class Misses:
+        def dispatch(self, args: Any, kwargs: Any) -> Any:
+            return MISS
+
+    verdicts: list[live.Verdict] = []
+    trial = live.Trial(live.Arm("Pick", Misses()), live.Arm("Rival"), 1.0, verdicts.append)
+    assert trial.call(None, None, (), {}) is MISS
+    assert trial.arms[0].samples_ms == [] and trial.in_block == 0 and not verdicts
+
+
+def test_a_trial_that_runs_out_of_time_with_few_calls_keeps_the_pick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    verdicts: list[live.Verdict] = []
+    pick = live.Arm("Pick", Costs(clock, lambda k: 1000.0))  # 1 s calls: few fit in the time
+    rival = live.Arm("Rival", Costs(clock, lambda k: 1.0))
+    trial = live.Trial(pick, rival, 1000.0, verdicts.append, clock=clock)
+    while not verdicts:
+        trial.call(None, None, ("x",), {})
+    assert not verdicts[0].adopt and min(verdicts[0].calls) < live._MIN_SAMPLES
+
+
+# -- through JIT ------------------------------------------------------------------------------
+class Slow(nn.Module):
+    """Eager is slow on purpose (a sleep in forward); the fast variant skips it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.004)
+        return self.body(x)
+
+
+class SkipsTheSleep(Backend):
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        assert isinstance(module, Slow)
+        return module.body
+
+
+@pytest.fixture
+def jit(tmp_path: Path) -> Iterator[None]:
+    honed.jit.reset()
+    honed.jit.config.reset()
+    # The tune's (in-process) measurement is injected to favour eager: what a busy machine's
+    # worker figures can say. The program's calls say otherwise.
+    misled = {"TorchEagerBackend": [1.0], "SkipsTheSleep": [3.0]}
+    with (
+        honed.config.patch(injected_latencies=misled, jit_live_choice=True),
+        honed.jit.config.patch(
+            backends=[SkipsTheSleep()],
+            min_parameters=100,
+            detect_graph_breaks=False,
+            cache_dir=str(tmp_path / "jit-cache"),
+            live_choice=True,
+            wait=True,
+        ),
+    ):
+        honed.jit.enable_jit_tuning()
+        try:
+            yield
+        finally:
+            honed.jit.reset()
+
+
+def test_jit_adopts_the_runner_up_that_the_programs_calls_show_faster(jit: None) -> None:
+    torch.manual_seed(0)
+    model = Slow().eval()
+    inputs = batches(4, 4, seed=1)
+    with torch.no_grad():
+        for x in inputs:
+            model(x)  # the second call runs the tune (wait=True)
+        root = honed.jit.roots()[0]
+        assert root.state is State.TUNED and root.trial is not None
+        (record,) = honed.jit.tunes()
+        assert record.selected == "TorchEagerBackend"  # the tune's (misled) pick
+        x = batches(4, seed=2)[0]
+        want = model.body(x)
+        deadline = time.monotonic() + 120
+        while root.trial is not None:
+            torch.testing.assert_close(model(x), want)  # every call right, whichever answers
+            assert time.monotonic() < deadline, "the trial never ended"
+    assert root.state is State.TUNED and root.backend == "SkipsTheSleep"
+    assert [type(v.backend) for v in root.tuned.variants] == [SkipsTheSleep]
+    (record,) = honed.jit.tunes()
+    assert record.selected == "SkipsTheSleep" and record.evidence == "the program's calls"
+    trial_lines = [line for line in honed.jit.history() if "Live trial" in line]
+    assert any("SkipsTheSleep adopted" in line for line in trial_lines), trial_lines
+
+
+def test_jit_has_no_live_trial_when_it_is_off(jit: None) -> None:
+    torch.manual_seed(0)
+    model = Slow().eval()
+    with honed.jit.config.patch(live_choice=False), torch.no_grad():
+        for x in batches(4, 4, seed=1):
+            model(x)
+    root = honed.jit.roots()[0]
+    assert root.state is State.TUNED and root.trial is None
+    assert root.backend == "TorchEagerBackend"
