@@ -56,7 +56,7 @@ def _trial(
     verdicts: list[live.Verdict] = []
     pick = live.Arm("Pick", Costs(clock, pick_ms, switch_ms))
     rival = live.Arm("Rival", Costs(clock, rival_ms, switch_ms))
-    trial = live.Trial(pick, rival, 1.0, verdicts.append, clock=clock)
+    trial = live.Trial(pick, [rival], 1.0, verdicts.append, clock=clock)
     calls = 0
     while not verdicts:
         assert trial.call(None, None, ("x",), {}) == "x"
@@ -71,9 +71,10 @@ def _jitter(base: float) -> Callable[[int], float]:
 
 def test_a_clearly_faster_runner_up_is_adopted_on_evidence() -> None:
     verdict, trial, pick, rival, calls = _trial(_jitter(2.0), _jitter(1.0))
-    assert verdict.adopt
-    assert verdict.ratio == pytest.approx(2.0, rel=0.05) and verdict.lo > 1.02
-    assert verdict.calls == (len(pick.samples_ms), len(rival.samples_ms))
+    assert verdict.adopted == "Rival"
+    (figures,) = verdict.rivals
+    assert figures.ratio == pytest.approx(2.0, rel=0.05) and figures.lo > 1.02
+    assert (verdict.pick_calls, figures.calls) == (len(pick.samples_ms), len(rival.samples_ms))
     # Each variant ran its blocks in turn, every block's first call uncounted. The first round's
     # blocks were sized from the tune's figure (1 ms a call: 25 calls), the rest from the calls
     # of that round (a median of about 1.5 ms).
@@ -83,18 +84,18 @@ def test_a_clearly_faster_runner_up_is_adopted_on_evidence() -> None:
     assert calls == 2 * first + 2 * (live._ROUNDS - 1) * trial.block
     per_arm = (first - 1) + (live._ROUNDS - 1) * (trial.block - 1)
     assert len(pick.samples_ms) == len(rival.samples_ms) == per_arm
-    assert "Rival adopted" in verdict.describe("Pick", "Rival")
+    assert verdict.describe().endswith(": Rival adopted")
 
 
 def test_equal_variants_keep_the_pick() -> None:
     verdict, *_ = _trial(_jitter(1.0), _jitter(1.0))
-    assert not verdict.adopt and verdict.lo <= 1.02
-    assert "not enough evidence to change, Pick stays" in verdict.describe("Pick", "Rival")
+    assert verdict.adopted is None and verdict.rivals[0].lo <= 1.02
+    assert verdict.describe().endswith("not enough evidence to change, Pick stays")
 
 
 def test_a_runner_up_within_the_margin_is_not_adopted() -> None:
     verdict, *_ = _trial(_jitter(1.01), _jitter(1.0))  # 1 % faster: inside the 2 % margin
-    assert not verdict.adopt
+    assert verdict.adopted is None
 
 
 def test_the_first_call_of_each_block_is_not_counted() -> None:
@@ -102,10 +103,27 @@ def test_the_first_call_of_each_block_is_not_counted() -> None:
     would make the runner-up look slower if it were counted."""
 
     verdict, _, pick, rival, _ = _trial(lambda k: 2.0, lambda k: 1.0, switch_ms=50.0)
-    assert verdict.adopt and verdict.ratio == pytest.approx(2.0)
+    assert verdict.adopted == "Rival" and verdict.rivals[0].ratio == pytest.approx(2.0)
     assert max(pick.samples_ms) == pytest.approx(2.0) and max(rival.samples_ms) == pytest.approx(
         1.0
     )
+
+
+def test_of_several_rivals_the_fastest_with_evidence_is_adopted() -> None:
+    clock = FakeClock()
+    verdicts: list[live.Verdict] = []
+    pick = live.Arm("Pick", Costs(clock, _jitter(3.0)))
+    near = live.Arm("Near", Costs(clock, _jitter(2.0)))
+    far = live.Arm("Far", Costs(clock, _jitter(1.0)))
+    same = live.Arm("Same", Costs(clock, _jitter(3.0)))
+    trial = live.Trial(pick, [near, same, far], 1.0, verdicts.append, clock=clock)
+    while not verdicts:
+        trial.call(None, None, ("x",), {})
+    (verdict,) = verdicts
+    assert verdict.adopted == "Far"
+    assert [r.label for r in verdict.rivals] == ["Near", "Same", "Far"]
+    assert [round(r.ratio, 1) for r in verdict.rivals] == [1.5, 1.0, 3.0]
+    assert len(pick.samples_ms) == len(near.samples_ms) == len(far.samples_ms) > 0
 
 
 def test_a_miss_runs_eager_uncounted() -> None:
@@ -114,7 +132,7 @@ def test_a_miss_runs_eager_uncounted() -> None:
             return MISS
 
     verdicts: list[live.Verdict] = []
-    trial = live.Trial(live.Arm("Pick", Misses()), live.Arm("Rival"), 1.0, verdicts.append)
+    trial = live.Trial(live.Arm("Pick", Misses()), [live.Arm("Rival")], 1.0, verdicts.append)
     assert trial.call(None, None, (), {}) is MISS
     assert trial.arms[0].samples_ms == [] and trial.in_block == 0 and not verdicts
 
@@ -126,10 +144,11 @@ def test_a_trial_that_runs_out_of_time_with_few_calls_keeps_the_pick(
     verdicts: list[live.Verdict] = []
     pick = live.Arm("Pick", Costs(clock, lambda k: 1000.0))  # 1 s calls: few fit in the time
     rival = live.Arm("Rival", Costs(clock, lambda k: 1.0))
-    trial = live.Trial(pick, rival, 1000.0, verdicts.append, clock=clock)
+    trial = live.Trial(pick, [rival], 1000.0, verdicts.append, clock=clock)
     while not verdicts:
         trial.call(None, None, ("x",), {})
-    assert not verdicts[0].adopt and min(verdicts[0].calls) < live._MIN_SAMPLES
+    assert verdicts[0].adopted is None and verdicts[0].rivals[0].lo == 1.0
+    assert min(verdicts[0].pick_calls, verdicts[0].rivals[0].calls) < live._MIN_SAMPLES
 
 
 # -- through JIT ------------------------------------------------------------------------------

@@ -4,11 +4,12 @@ A JIT tune measures its candidates in workers while the program runs, so on a ma
 cores to spare the worker's figures carry the program's load: on the 2-core CPU machine small
 BERT's tune kept eager although AOTInductor ran 1.7x faster in a tune of its own. Once the tune
 is done, the program's own calls are the better evidence: they run the real inputs, on the
-cores as the program leaves them. A trial routes the module's calls to the two variants in
-turn, in blocks (so drift hits both alike; the first call of each block is not counted), times
-each call with the host clock, and adopts the runner-up only when the 99 % bootstrap interval of
-the ratio of medians clears honed.config.decision_margin, the rule of every other decision.
-Otherwise the tune's pick stays, and the history says the live figures did not decide.
+cores as the program leaves them. A trial routes the module's calls to the pick and its best
+rivals (the runners-up) in turn, in blocks (so drift hits all alike; the first call of each
+block is not counted), times each call with the host clock, and adopts a rival only when the
+99 % bootstrap interval of the ratio of medians clears honed.config.decision_margin, the rule of
+every other decision (the fastest such rival, when several do). Otherwise the tune's pick stays,
+and the history says the live figures did not decide.
 
 Sound where a call's host time is its cost: on the CPU, where a call returns when its work is
 done. A CUDA call returns at launch; there the tune's worker measurement stands (its measuring
@@ -55,40 +56,59 @@ class Arm:
 
 
 @dataclasses.dataclass
-class Verdict:
-    """What a trial found: ``adopt`` whether the runner-up replaces the pick."""
+class Rival:
+    """One rival's figures against the pick: ``ratio`` the pick's median call over the rival's
+    (above 1: the rival is faster), with its 99 % interval."""
 
-    adopt: bool
-    ratio: float  # the pick's median call over the runner-up's: > 1, the runner-up is faster
+    label: str
+    ratio: float
     lo: float
     hi: float
-    calls: tuple[int, int]
+    calls: int
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What a trial found: ``adopted`` the rival that replaces the pick, or None."""
+
+    pick: str
+    pick_calls: int
+    rivals: list[Rival]
+    adopted: str | None
     seconds: float
 
-    def describe(self, pick: str, runner_up: str) -> str:
+    def describe(self) -> str:
+        parts = [
+            f"{r.label} ran {r.ratio:.3f}x {self.pick}'s speed (99% CI {r.lo:.3f}-{r.hi:.3f}, "
+            f"{r.calls} calls)"
+            if r.calls
+            else f"{r.label} not measured"
+            for r in self.rivals
+        ]
         figures = (
-            f"{runner_up} ran {self.ratio:.3f}x {pick}'s speed "
-            f"(99% CI {self.lo:.3f}-{self.hi:.3f}) over {self.calls[0]} + {self.calls[1]} "
-            f"of the program's calls in {self.seconds:.1f}s"
+            f"{'; '.join(parts)}; {self.pick} {self.pick_calls} calls; on the program's calls "
+            f"in {self.seconds:.1f}s"
         )
-        if self.adopt:
-            return f"{figures}: {runner_up} adopted"
-        return f"{figures}: not enough evidence to change, {pick} stays"
+        if self.adopted:
+            return f"{figures}: {self.adopted} adopted"
+        return f"{figures}: not enough evidence to change, {self.pick} stays"
 
 
 class Trial:
-    """The two variants taking turns on one module's calls; ``done`` gets the verdict (on the
-    program's thread, in the call that ends the trial: it must only assign)."""
+    """The pick and its rivals taking turns on one module's calls; ``done`` gets the verdict (on
+    the program's thread, in the call that ends the trial: it must only assign)."""
 
     def __init__(
         self,
         pick: Arm,
-        runner_up: Arm,
+        rivals: list[Arm],
         per_call_ms: float,
         done: Callable[[Verdict], None],
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.arms = [pick, runner_up]
+        if not rivals:
+            raise ValueError("a live trial needs at least one rival")
+        self.arms = [pick, *rivals]
         self.block = max(_MIN_BLOCK_CALLS, int(_BLOCK_MS / max(per_call_ms, 1e-3)))
         self.turn = 0
         self.in_block = 0
@@ -112,10 +132,11 @@ class Trial:
         self.in_block += 1
         if self.in_block >= self.block:
             self.in_block = 0
-            self.turn = 1 - self.turn
-            self.rounds += self.turn == 0
-            if self.rounds == 1 and self.turn == 0:
-                self._size_blocks()
+            self.turn = (self.turn + 1) % len(self.arms)
+            if self.turn == 0:
+                self.rounds += 1
+                if self.rounds == 1:
+                    self._size_blocks()
         if not self.finished and (self.rounds >= _ROUNDS or self.clock() - self.started > _MAX_S):
             self.finished = True
             self.done(self.verdict())
@@ -124,29 +145,36 @@ class Trial:
     def _size_blocks(self) -> None:
         """After the first round, blocks sized from the calls just timed: the tune's figure
         (``per_call_ms``) was measured beside the program and may be far off."""
-        timed = sorted(self.arms[0].samples_ms + self.arms[1].samples_ms)
+        timed = sorted(ms for arm in self.arms for ms in arm.samples_ms)
         if timed:
             typical = timed[len(timed) // 2]
             self.block = max(_MIN_BLOCK_CALLS, int(_BLOCK_MS / max(typical, 1e-3)))
 
     def verdict(self) -> Verdict:
-        pick, runner_up = self.arms
+        pick, *rivals = self.arms
         took = self.clock() - self.started
-        counts = (len(pick.samples_ms), len(runner_up.samples_ms))
-        if min(counts) < _MIN_SAMPLES:
-            return Verdict(False, 1.0, 1.0, 1.0, counts, took)
-        c = _core.compare(
-            pick.samples_ms, runner_up.samples_ms, confidence=_CONFIDENCE, statistic="median"
+        margin = 1.0 + float(_flags.decision_margin)
+        figures = []
+        for arm in rivals:
+            if min(len(pick.samples_ms), len(arm.samples_ms)) < _MIN_SAMPLES:
+                figures.append(Rival(arm.label, 1.0, 1.0, 1.0, len(arm.samples_ms)))
+                continue
+            c = _core.compare(
+                pick.samples_ms, arm.samples_ms, confidence=_CONFIDENCE, statistic="median"
+            )
+            figures.append(Rival(arm.label, c.ratio, c.lo, c.hi, len(arm.samples_ms)))
+        clear = [r for r in figures if r.lo > margin]
+        best = max(clear, key=lambda r: r.ratio, default=None)
+        return Verdict(
+            pick.label, len(pick.samples_ms), figures, best.label if best else None, took
         )
-        adopt = c.lo > 1.0 + float(_flags.decision_margin)
-        return Verdict(adopt, c.ratio, c.lo, c.hi, counts, took)
 
 
-def runner_up(report: Any) -> Any | None:
-    """The report's best passed candidate other than the selected one (by the tune's ranking
-    figure, throughput), for a one-graph module; None when there is none."""
+def rivals(report: Any, most: int = 2) -> list[Any]:
+    """The report's best passed candidates other than the selected one (by the tune's ranking
+    figure, throughput), at most ``most``, for a one-graph module."""
     if len(report.graphs) != 1:
-        return None
+        return []
     graph = report.graphs[0]
     passed = [c for c in graph.candidates if c.status == "ok" and not c.selected and c.throughput]
-    return max(passed, key=lambda c: c.throughput, default=None)
+    return sorted(passed, key=lambda c: c.throughput, reverse=True)[:most]

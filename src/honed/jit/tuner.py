@@ -305,63 +305,80 @@ def _start_trial(
     fingerprints: dict[int, str],
     record: TuneRecord,
 ) -> None:
-    """On the CPU, let the pick and its runner-up take turns on the program's calls (live.py);
-    the runner-up is installed from the tuning cache first, so nothing is rebuilt."""
-    from honed.backend.torch_eager import TorchEagerBackend
+    """On the CPU, let the pick and its best rivals take turns on the program's calls (live.py);
+    each rival is installed from the tuning cache first, so nothing is rebuilt."""
     from honed.jit import live
-    from honed.module import Module
-    from honed.tune_strategy import OneBackendStrategy
 
     if not config.live_choice or not _flags.cache_enabled or node.module is None:
         return
     if _device_of(node.module, dataset[0]) != "cpu":
         return
-    rival = live.runner_up(report)
     pick_row = next((c for c in report.graphs[0].candidates if c.selected), None)
-    if rival is None or pick_row is None or not pick_row.median_ms:
+    if pick_row is None or not pick_row.median_ms:
         return
-    device = torch.device("cpu")
-    by_name = {b.name: b for b in strategy.backends(device, None)}
-    if rival.is_baseline or rival.backend == TorchEagerBackend.__name__:
-        rival_arm = live.Arm(rival.name, None)
-    elif rival.name in by_name:
-        one = OneBackendStrategy(by_name[rival.name])
-        other = Module(node.module, node.name, strategy=one)
-        tuner = _new_tuner(one, fingerprints, None, False)
-        node.tuner = tuner
-        if not background.set_current(tuner):
-            return
-        try:
-            tuner.start(other, dataset, sizes).result()
-        except Exception as e:  # no trial: the pick stands on the worker's figures
-            add_step(f"No live trial for {node.short()}: {type(e).__name__}: {e}", logging.DEBUG)
-            return
-        finally:
-            background.set_current(None)
-        if not other.is_tuned:
-            return
-        rival_arm = live.Arm(rival.name, other)
-    else:
+    by_name = {b.name: b for b in strategy.backends(torch.device("cpu"), None)}
+    arms = []
+    for row in live.rivals(report):
+        arm = _rival_arm(node, row, by_name, dataset, sizes, fingerprints)
+        if arm is not None:
+            arms.append(arm)
+    if not arms:
         return
     pick = pick_row.name
 
     def done(verdict: live.Verdict) -> None:  # on the program's thread: assignments only
         node.trial = None
-        add_step(f"Live trial for {node.short()}: {verdict.describe(pick, rival.name)}")
-        if not verdict.adopt:
+        add_step(f"Live trial for {node.short()}: {verdict.describe()}")
+        if verdict.adopted is None:
             record.evidence += "; the program's calls did not decide against it"
             return
-        record.selected, record.evidence = rival.name, "the program's calls"
-        if rival_arm.wrapper is None:
+        arm = next(a for a in arms if a.label == verdict.adopted)
+        record.selected, record.evidence = arm.label, "the program's calls"
+        if arm.wrapper is None:
             node.tuned, node.backend, node.state = None, None, State.EAGER
             node.reason = "eager was faster on the program's calls"
         else:
-            _install(node, rival_arm.wrapper, rival.name, report)
+            _install(node, arm.wrapper, arm.label, report)
 
-    add_step(
-        f"Live trial for {node.short()}: {pick} against {rival.name} on the program's calls",
-    )
-    node.trial = live.Trial(live.Arm(pick, wrapper), rival_arm, pick_row.median_ms, done)
+    names = ", ".join(a.label for a in arms)
+    add_step(f"Live trial for {node.short()}: {pick} against {names} on the program's calls")
+    node.trial = live.Trial(live.Arm(pick, wrapper), arms, pick_row.median_ms, done)
+
+
+def _rival_arm(
+    node: Node,
+    row: Any,
+    by_name: dict[str, Any],
+    dataset: list[Any],
+    sizes: list[int],
+    fingerprints: dict[int, str],
+) -> Any:
+    """A rival of the trial: eager as it is, another candidate installed through a tune of it
+    alone (its outcome is in the cache); None when it cannot be had."""
+    from honed.backend.torch_eager import TorchEagerBackend
+    from honed.jit import live
+    from honed.module import Module
+    from honed.tune_strategy import OneBackendStrategy
+
+    if row.is_baseline or row.backend == TorchEagerBackend.__name__:
+        return live.Arm(row.name, None)
+    backend = by_name.get(row.name)
+    if backend is None or node.module is None:
+        return None
+    one = OneBackendStrategy(backend)
+    other = Module(node.module, node.name, strategy=one)
+    tuner = _new_tuner(one, fingerprints, None, False)
+    node.tuner = tuner
+    if not background.set_current(tuner):
+        return None
+    try:
+        tuner.start(other, dataset, sizes).result()
+    except Exception as e:  # this rival sits the trial out
+        add_step(f"No live trial of {row.name} for {node.short()}: {e}", logging.DEBUG)
+        return None
+    finally:
+        background.set_current(None)
+    return live.Arm(row.name, other) if other.is_tuned else None
 
 
 def _new_tuner(
