@@ -249,3 +249,29 @@ def test_the_graph_break_check_of_a_cuda_module_runs_in_a_worker(traced_here: li
     assert "graph break(s)" in step and "Checking in a worker" in step, step
     assert traced_here == []
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+
+
+def test_jit_workers_run_below_the_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check's and the tune's pools are made at HONED_JIT_WORKER_NICE (the pool test says
+    what a pool does with it); the program's own tunes are left as they were."""
+    from honed.pipeline import isolation
+    from honed.pipeline import tuner as pipeline_tuner
+
+    seen: list[int] = []
+    real = isolation.new_pool
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(honed.config.worker_nice)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(isolation, "new_pool", spy)
+    monkeypatch.setattr(pipeline_tuner, "new_pool", spy)
+    torch.manual_seed(0)
+    with (
+        honed.jit.config.patch(dry_run=False, backends=[honed.backend.TorchEagerBackend()]),
+        honed.config.patch(jit_worker_nice=6),
+    ):
+        run(TinyMLP().eval(), batches(2, 4))
+        assert honed.jit.roots()[0].state is State.TUNED
+    assert len(seen) == 2 and set(seen) == {6}  # the graph-break check, then the tune
+    assert honed.config.worker_nice == 0

@@ -443,3 +443,28 @@ def test_workers_mark_themselves_so_aotinductor_loads_skip_the_probe() -> None:
     rows = {c.name: c for c in report.graphs[0].candidates}
     assert rows["NeedsAWorker"].status == "ok", rows["NeedsAWorker"].reason
     assert not _aoti_env.IN_WORKER  # the caller probes before its own first load
+
+
+class RecordsNiceness(Backend):
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = str(path)
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        Path(self.path).write_text(str(os.getpriority(os.PRIO_PROCESS, 0)))
+        return module
+
+
+@pytest.mark.parametrize("nice", [0, 7])
+def test_workers_start_at_the_niceness_asked_for(nice: int, tmp_path: Path) -> None:
+    """JIT's workers run below the program (HONED_JIT_WORKER_NICE) so its calls go first."""
+    seen = tmp_path / "nice"
+    model = honed.Module(TinyMLP().eval(), "m")
+    with honed.config.patch(worker_nice=nice):
+        honed.tune(
+            model,
+            batches(2),
+            strategy=honed.OneBackendStrategy(RecordsNiceness(seen)),
+            isolation="process",
+        )
+    assert int(seen.read_text()) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)

@@ -437,6 +437,13 @@ jit_time_budget_s: float = _flag(
     "jit_time_budget_s", "HONED_JIT_TIME_BUDGET_S", 0.0, _Number(0, _DAY_S, unit="s")
 )
 
+# Niceness added to the worker processes of JIT's checks and tunes (0-19), so that on a machine
+# without cores to spare the program's calls run first and the tune takes what is left.
+jit_worker_nice: int = _flag("jit_worker_nice", "HONED_JIT_WORKER_NICE", 10, _Number(0, 19, True))
+
+# Niceness added to a tune's worker processes (JIT sets it from jit_worker_nice for its own).
+worker_nice: int = _flag("worker_nice", "HONED_WORKER_NICE", 0, _Number(0, 19, True))
+
 # On the CPU, JIT ends a tune with a trial on the program's own calls: the pick and its runner-up
 # take turns, and the runner-up replaces the pick only with evidence (honed.jit.live).
 jit_live_choice: bool = _flag("jit_live_choice", "HONED_JIT_LIVE_CHOICE", True, _Bool())

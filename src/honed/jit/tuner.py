@@ -163,7 +163,8 @@ def _check(
     if not background.set_current(check):
         return 1, ["the program ended before the check"], "Checking", False
     try:
-        answer = check.run()
+        with _flags.patch(worker_nice=_flags.jit_worker_nice):
+            answer = check.run()
     finally:
         background.set_current(None)
     if isinstance(answer, str):
@@ -212,7 +213,11 @@ def _jit_tuner(**settings: Any) -> Any:
         def run(self, func: Any, samples: list[Any], sizes: list[int]) -> Any:
             tolerance = max(_flags.stability_tolerance, config.stability_tolerance)
             # JIT tunes the program's own calls as they are, measured beside them.
-            with paused(), guidance.quiet(), _flags.patch(stability_tolerance=tolerance):
+            with (
+                paused(),
+                guidance.quiet(),
+                _flags.patch(stability_tolerance=tolerance, worker_nice=_flags.jit_worker_nice),
+            ):
                 return super().run(func, samples, sizes)
 
     return JitTuner(tracker=progress.Tracker(show=False), **settings)  # the program owns stderr

@@ -91,6 +91,7 @@ def new_pool(jobs: int, gpus: list[str] | None = None) -> WorkerPool:
         env=worker_env(size),
         worker_config=worker_config(),
         gpus=gpus,
+        nice=config.worker_nice,
     )
 
 

@@ -253,6 +253,15 @@ class _Slot:
         )
         self.worker = _core.Worker(options)
         self.context_key, self.ready = "", False
+        if self.worker.running and self.pool.nice > 0:
+            # Set before the worker is told anything: all of its start (importing torch) and
+            # every thread and compiler it starts afterwards inherit it.
+            with contextlib.suppress(OSError):
+                os.setpriority(
+                    os.PRIO_PROCESS,
+                    self.worker.pid,
+                    os.getpriority(os.PRIO_PROCESS, 0) + self.pool.nice,
+                )
         if self.worker.running:
             hello = {"sys_path": [p for p in sys.path if p], "config": self.pool.worker_config}
             self.worker.send(pickle.dumps(("hello", hello)), _SEND_TIMEOUT_S)
@@ -456,10 +465,12 @@ class WorkerPool:
         worker_config: dict[str, Any] | None = None,
         gpus: list[str] | None = None,
         lazy: bool = False,
+        nice: int = 0,
     ) -> None:
         if size < 1:
             raise ValueError(f"WorkerPool: size must be at least 1, got {size}")
         clean_stale_folders()
+        self.nice = nice  # added to each worker's niceness as it starts (JIT: below the program)
         self.memory_limit_bytes = memory_limit_bytes
         self.env = dict(env or {})
         self.worker_config = dict(worker_config or {})
