@@ -164,12 +164,14 @@ def in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Tests of the tuner's logic evaluate candidates in-process (fast); the isolation tests
     (tests/test_isolation.py) opt back in to worker processes. JIT's live trial, which routes
     calls by real time, is off here and in the programs tests start, so that which variant
-    answers a call follows from the test alone; tests/test_jit_live.py turns it on."""
+    answers a call follows from the test alone; tests/test_jit_live.py turns it on. JIT's workers
+    keep the tests' priority: lowered, they would wait for the other tests running beside."""
     import honed.jit
 
     monkeypatch.setenv("HONED_JIT_LIVE_CHOICE", "0")
+    monkeypatch.setenv("HONED_JIT_WORKER_NICE", "0")
     with (
-        honed.config.patch(isolation="none", jit_live_choice=False),
+        honed.config.patch(isolation="none", jit_live_choice=False, jit_worker_nice=0),
         honed.jit.config.patch(live_choice=False),
     ):
         yield

@@ -455,10 +455,9 @@ class RecordsNiceness(Backend):
         return module
 
 
-@pytest.mark.parametrize("nice", [0, 7])
-def test_workers_start_at_the_niceness_asked_for(nice: int, tmp_path: Path) -> None:
+def test_workers_start_at_the_niceness_asked_for(tmp_path: Path) -> None:
     """JIT's workers run below the program (HONED_JIT_WORKER_NICE) so its calls go first."""
-    seen = tmp_path / "nice"
+    seen, nice = tmp_path / "nice", 7
     model = honed.Module(TinyMLP().eval(), "m")
     with honed.config.patch(worker_nice=nice):
         honed.tune(
