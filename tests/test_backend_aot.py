@@ -459,22 +459,32 @@ def test_a_loader_crash_in_the_probe_becomes_an_error(
         backend.build_graph(TinyMLP(), _samples(*batches(4)), _profile(4, 4, 4))
 
 
+@pytest.fixture
+def probes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The command lines of the child processes started from here on (the load probes)."""
+    started: list[list[str]] = []
+    real_run = subprocess.run
+
+    def counting_run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        started.append(cmd)
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(subprocess, "run", counting_run)
+    return started
+
+
 def test_a_successful_probe_is_remembered_across_processes(
-    mlp: nn.Module, dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    mlp: nn.Module,
+    dynamic_fn: AotCompiled,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    probes: list[list[str]],
 ) -> None:
     from honed.backend import _aoti_env as aot
 
     backend = TorchInductorAotBackend()
     files = backend.export_payload(dynamic_fn)
     graph = _profile(1, 1, 8, ("batch", ""))
-    probes: list[list[str]] = []
-    real_run = subprocess.run
-
-    def counting_run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-        probes.append(cmd)
-        return real_run(cmd, **kw)
-
-    monkeypatch.setattr(subprocess, "run", counting_run)
     with honed.config.patch(cache_dir=tmp_path):
         monkeypatch.setattr(aot, "PROBED", {})  # a new process: nothing known
         backend.load_payload(files, _copy(mlp), graph)
@@ -490,7 +500,11 @@ def test_a_successful_probe_is_remembered_across_processes(
 
 
 def test_a_tunes_worker_loads_without_the_probe_and_spares_later_processes_it(
-    mlp: nn.Module, dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    mlp: nn.Module,
+    dynamic_fn: AotCompiled,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    probes: list[list[str]],
 ) -> None:
     """A worker is itself isolated: its load is the probe, and its verdict serves the caller."""
     from honed.backend import _aoti_env as aot
@@ -498,14 +512,6 @@ def test_a_tunes_worker_loads_without_the_probe_and_spares_later_processes_it(
     backend = TorchInductorAotBackend()
     files = backend.export_payload(dynamic_fn)
     graph = _profile(1, 1, 8, ("batch", ""))
-    probes: list[list[str]] = []
-    real_run = subprocess.run
-
-    def counting_run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-        probes.append(cmd)
-        return real_run(cmd, **kw)
-
-    monkeypatch.setattr(subprocess, "run", counting_run)
     with honed.config.patch(cache_dir=tmp_path):
         monkeypatch.setattr(aot, "PROBED", {})
         monkeypatch.setattr(aot, "IN_WORKER", True)
