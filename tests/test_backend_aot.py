@@ -525,15 +525,28 @@ def test_a_tunes_worker_loads_without_the_probe_and_spares_later_processes_it(
         assert probes == []
 
 
-def test_cpu_packages_build_without_a_precompiled_header_unless_the_user_asks() -> None:
-    cpu = TorchInductorAotBackendConfig().inductor_configs("cpu")
-    assert cpu["aot_inductor.precompile_headers"] is False
-    assert (
-        "aot_inductor.precompile_headers"
-        not in TorchInductorAotBackendConfig().inductor_configs("cuda")
-    )
-    mine = TorchInductorAotBackendConfig(options={"aot_inductor.precompile_headers": True})
-    assert mine.inductor_configs("cpu")["aot_inductor.precompile_headers"] is True
+def test_cpu_packages_build_without_a_precompiled_header_unless_it_pays(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Off for a process's first CPU package with no header made before (a tune's worker);
+    on once this process compiled one, or when a made header is there; the user's word wins."""
+    from torch._inductor import codecache
+
+    from honed.backend import _aoti_env as aot
+
+    key = "aot_inductor.precompile_headers"
+    monkeypatch.setattr(aot, "_COMPILES", 0)
+    monkeypatch.setattr(codecache, "_HEADER_DIR", str(tmp_path / "headers"))
+    assert TorchInductorAotBackendConfig().inductor_configs("cpu")[key] is False
+    assert key not in TorchInductorAotBackendConfig().inductor_configs("cuda")
+    mine = TorchInductorAotBackendConfig(options={key: True})
+    assert mine.inductor_configs("cpu")[key] is True
+    (tmp_path / "headers").mkdir()
+    (tmp_path / "headers" / "abc.h.gch").write_bytes(b"made earlier")
+    assert key not in TorchInductorAotBackendConfig().inductor_configs("cpu")
+    monkeypatch.setattr(codecache, "_HEADER_DIR", str(tmp_path / "none"))
+    aot.compiled_here()
+    assert key not in TorchInductorAotBackendConfig().inductor_configs("cpu")
 
 
 def test_loading_skips_torchs_device_information_probe(

@@ -90,9 +90,8 @@ class TorchInductorAotBackendConfig(BackendConfig):
         """What aoti_compile_and_package gets as ``inductor_configs`` for a graph on
         ``device_type``; the user's ``options`` win over every default set here."""
         configs: dict[str, Any] = {}
-        if device_type == "cpu":
-            # A precompiled header pays off over many compiles; a tune builds one package per
-            # graph, where making the header costs more than it saves (docs/tuning.md).
+        if device_type == "cpu" and not _aoti_env.precompiled_header_pays():
+            # Making the header costs more than it saves on one compile (docs/tuning.md).
             configs["aot_inductor.precompile_headers"] = False
         configs.update(self.options or {})
         configs.update(_aoti_constants.NO_CONSTANTS_IN_SO)  # weights stored once (see there)
@@ -310,6 +309,7 @@ def _compile(exported: Any, inductor_configs: dict[str, Any]) -> bytes:
                 torch._inductor.aoti_compile_and_package(
                     exported, package_path=str(path), inductor_configs=inductor_configs
                 )
+            _aoti_env.compiled_here()
         except Exception as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise TuneError(
