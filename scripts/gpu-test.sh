@@ -111,8 +111,8 @@ fi
 # job to every row; SUITE_CPP=auto (default) adds it only when honed-run is already built (the
 # runtime stage builds it; a warm machine keeps it); SUITE_CPP=0 never.
 # HONED_COMMIT names the commit in the JSON (this copy of the tree has no .git).
-# Writes $OUT/results/suite-*.json, $OUT/suite.log and $OUT/bench/{RESULTS.md,*.png} (merged with
-# bench/results/*.json already in the tree).
+# Writes $OUT/results/suite-*.json, $OUT/suite.log and $OUT/RESULTS.md (merged with
+# bench/results/*.json already in the tree; the plots stay in build/bench-report/).
 if [ "$STAGE" = suite ]; then
   RT=build/cpp-gpu-runtime
   HONED_RUN=$RT/cpp/runtime/honed-run
@@ -141,8 +141,10 @@ if [ "$STAGE" = suite ]; then
   shopt -s nullglob
   suite_files=(bench/results/*.json "$OUT"/results/*.json)
   shopt -u nullglob
-  run $PY bench/report.py --out-dir "$OUT/bench" ${suite_files[@]+"${suite_files[@]}"}
-  sed -n '/^## Targets/,/^## Correctness/p' "$OUT/bench/RESULTS.md" 2>/dev/null | head -40
+  # The plots stay on the device: a call returns at most 8 files, and the JSON must be one.
+  run $PY bench/report.py --out-dir build/bench-report ${suite_files[@]+"${suite_files[@]}"}
+  cp build/bench-report/RESULTS.md "$OUT/RESULTS.md" 2>/dev/null
+  sed -n '/^## Targets/,/^## Correctness/p' "$OUT/RESULTS.md" 2>/dev/null | head -40
 fi
 
 # -- stage "precision" (not part of "all"): the precision and layout candidates --------------------

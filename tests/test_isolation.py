@@ -106,6 +106,7 @@ def test_every_failure_is_contained_and_reported(isolated: None) -> None:
         "build raised ValueError: unsupported operator aten::frobnicate",
     ), reasons
     assert rows["Good"].status == "ok" and rows["Good"].median_ms == 1.0
+    assert rows["Good"].measured_on == "cpu"  # in a worker, on the tune's device
     assert report.selected() == ["Good"]
     x = batches(3, seed=1)[0]
     torch.testing.assert_close(model(x), model.module(x))

@@ -417,6 +417,8 @@ def test_a_tune_on_a_host_with_two_gpus_selects_on_the_target() -> None:
     report = honed.tune(model, data, strategy=strategy, isolation="process")
     rows = {c.name: c for c in report.graphs[0].candidates}
     assert all(c.status == "ok" for c in rows.values()), rows
+    # All three are finalists, re-measured side by side on the target: their figures say so.
+    assert {c.measured_on for c in rows.values()} == {"cuda:0"}, rows
     x = batches(3, seed=1)[0].cuda()
     torch.testing.assert_close(model(x), model.module(x))
 

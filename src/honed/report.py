@@ -48,6 +48,9 @@ class CandidateReport:
     build_log: str | None = None  # the candidate's third-party compiler output (buildlog.py)
     samples_ms: list[float] | None = None  # raw latencies (capped), for the distribution plots
     cv_percent: float | None = None  # cv as a percentage (set from cv; for readers of the JSON)
+    # Where its figures were measured ("cuda:1": another GPU of the host, when the tune spread
+    # its measuring; "" when measured in the tune's own process or taken from the cache).
+    measured_on: str = ""
 
     def __post_init__(self) -> None:
         self.cv_percent = None if self.cv is None else round(self.cv * 100, 2)

@@ -723,6 +723,7 @@ def _row(outcome: Outcome, baseline: Outcome, selected: bool, figure: str = "") 
         cosine=c.min_cosine if c is not None else None,
         build_log=outcome.build_log,
         samples_ms=capped(list(m.samples_ms)) if m is not None else None,
+        measured_on=outcome.device if m is not None else "",
     )
 
 

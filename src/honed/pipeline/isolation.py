@@ -223,6 +223,7 @@ class GraphJobs:
             if result.ok:
                 for outcome, record in zip(remaining, result.reply["measurements"], strict=True):
                     outcome.measurement = measurement_from_record(record)
+                    outcome.device = result.device  # the figures now come from the target
                 return
             if not result.phase.startswith("load "):
                 log.warning(
