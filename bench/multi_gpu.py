@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--runs", type=int, default=1, help="pairs of tunes (one per mode)")
     p.add_argument("--timeout-s", type=float, default=280.0, help="per tune")
+    p.add_argument("--first", choices=list(MODES), default="spread", help="the first pair's order")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": args.batch,
         "tunes": [],
     }
-    order = list(MODES)
+    order = [args.first] + [m for m in MODES if m != args.first]
     with tempfile.TemporaryDirectory(prefix="honed-multi-gpu-") as tmp:
         for run in range(args.runs):
             for mode in order if run % 2 == 0 else order[::-1]:
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.json:
                     args.json.parent.mkdir(parents=True, exist_ok=True)
                     args.json.write_text(json.dumps(record, indent=1))
-    for mode in order:
+    for mode in MODES:
         times = [t["tune_s"] for t in record["tunes"] if t["mode"] == mode and "tune_s" in t]
         if times:
             print(f"multi_gpu: {mode}: median tune {statistics.median(times):.1f} s over {times}")

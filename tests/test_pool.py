@@ -469,3 +469,37 @@ def test_workers_start_at_the_niceness_asked_for(tmp_path: Path) -> None:
             isolation="process",
         )
     assert int(seen.read_text()) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+
+
+class CheapBuild(Backend):
+    """A build that costs something (so its callable is shipped pickled) yet spreads."""
+
+    build_cost = 1
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return module
+
+
+@pytest.mark.parametrize("elsewhere", [False, True])
+def test_a_build_measured_on_another_gpu_ships_no_callable_bound_to_it(elsewhere: bool) -> None:
+    # On a host with several GPUs a spread job's callable holds that GPU's tensors; the finalists'
+    # re-measure and the install on the target must build it there instead of unpickling it.
+    from honed.pipeline.shipping import evaluate_for_caller
+
+    torch.manual_seed(0)
+    module = TinyMLP().eval()
+    samples = [Sample((x,), {}) for x in batches(2, 4)]
+    with torch.no_grad():
+        references = [module(*s.args) for s in samples]
+    ctx = dict(
+        module=module,
+        samples=samples,
+        references=references,
+        graph=honed.backend.GraphInfo(device=torch.device("cpu")),
+        measure_at=1,
+        batch_size=4,
+    )
+    with honed.config.patch(injected_latencies={"CheapBuild": [1.0]}):
+        reply = evaluate_for_caller(ctx, {"backend": CheapBuild()}, lambda phase: None, elsewhere)
+    assert reply["outcome"]["status"] == "ok"
+    assert ("pickled" in reply) is not elsewhere

@@ -131,7 +131,12 @@ class _Server:
 
                 reply = explain_job(self.context)
             elif kind == "evaluate":
-                reply = evaluate_for_caller(self.context_on(request["device"]), request, self.phase)
+                elsewhere = bool(self.context) and request["device"] != str(
+                    self.context["graph"].device
+                )
+                reply = evaluate_for_caller(
+                    self.context_on(request["device"]), request, self.phase, elsewhere
+                )
             elif kind == "interleave":
                 reply = interleave_shipped(self.context_on(request["device"]), request, self.phase)
             else:

@@ -62,9 +62,17 @@ def _pickled(fn: Callable[..., Any]) -> bytes | None:
 
 
 def evaluate_for_caller(
-    ctx: dict[str, Any], request: dict[str, Any], on_phase: Callable[[str], None]
+    ctx: dict[str, Any],
+    request: dict[str, Any],
+    on_phase: Callable[[str], None],
+    elsewhere: bool = False,
 ) -> dict[str, Any]:
-    """candidate.evaluate on a worker's context, and what the caller needs to install it."""
+    """candidate.evaluate on a worker's context, and what the caller needs to install it.
+
+    ``elsewhere``: the job ran on another GPU than the tune's (its measuring was spread). A
+    pickled callable would hold that GPU's tensors, so none is shipped and the finalists'
+    re-measure and the install build it on the target (spread candidates build cheaply, or
+    compile from the Inductor artifacts, which do not depend on the GPU)."""
     backend: Backend = request["backend"]
     _clear_inductor_artifacts()
     outcome = evaluate(
@@ -80,7 +88,10 @@ def evaluate_for_caller(
     )
     reply: dict[str, Any] = {"outcome": outcome.to_record()}
     if outcome.status == "ok" and outcome.fn is not None:
-        reply.update(ship(backend, outcome.fn))
+        shipped = ship(backend, outcome.fn)
+        if elsewhere:
+            shipped.pop("pickled", None)
+        reply.update(shipped)
     outcome.fn = None
     torch._dynamo.reset()  # the next job compiles as in a fresh process (disk caches stay)
     return reply
