@@ -503,3 +503,29 @@ def test_a_build_measured_on_another_gpu_ships_no_callable_bound_to_it(elsewhere
         reply = evaluate_for_caller(ctx, {"backend": CheapBuild()}, lambda phase: None, elsewhere)
     assert reply["outcome"]["status"] == "ok"
     assert ("pickled" in reply) is not elsewhere
+
+
+def test_a_worker_placing_its_graph_on_another_device_leaves_the_original_where_it_was() -> None:
+    # A worker that measured on another GPU keeps serving jobs on the tune's device (payload
+    # builds, the finalists' re-measure); its module must still be there, beside its samples.
+    # "meta" stands in for the other GPU on a machine without two.
+    from honed.pipeline._worker import _Server
+
+    module = TinyMLP().eval()
+    samples = [Sample((x,), {}) for x in batches(2, 4)]
+    server = _Server(channel=None)  # type: ignore[arg-type]
+    server.context = dict(
+        module=module,
+        samples=samples,
+        references=[torch.zeros(1)],
+        graph=honed.backend.GraphInfo(device=torch.device("cpu")),
+        measure_at=0,
+        batch_size=4,
+    )
+    moved = server.context_on("meta")
+    assert {p.device.type for p in moved["module"].parameters()} == {"meta"}
+    assert moved["samples"][0].args[0].device.type == "meta"
+    assert {p.device.type for p in module.parameters()} == {"cpu"}
+    assert server.context_on("cpu")["module"] is module
+    x = samples[0].args[0]
+    torch.testing.assert_close(module(x), server.context["module"](x))

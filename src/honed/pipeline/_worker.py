@@ -58,6 +58,23 @@ class _Channel:
             view = view[os.write(self.fd, view) :]
 
 
+def _moved_copy(module: Any, device: Any) -> Any:
+    """A copy of ``module`` on ``device``, the original left where it is: ``Module.to`` moves in
+    place, and the worker's context must stay on the tune's device for the jobs that run there
+    (payload builds, the finalists' re-measure) after one that measured on another GPU. Each
+    parameter and buffer is copied straight to ``device`` (no second copy where it was)."""
+    import copy
+
+    import torch
+
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = torch.nn.Parameter(p.detach().to(device), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = b.to(device)
+    return copy.deepcopy(module, memo).to(device)
+
+
 class _Server:
     def __init__(self, channel: _Channel) -> None:
         self.channel = channel
@@ -89,7 +106,7 @@ class _Server:
             self.placed = {
                 device: dict(
                     ctx,
-                    module=ctx["module"].to(target),
+                    module=_moved_copy(ctx["module"], target),
                     samples=to_device(ctx["samples"], target),
                     references=to_device(ctx["references"], target),
                     graph=dataclasses.replace(ctx["graph"], device=target),
