@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -359,6 +360,7 @@ def render(merged: dict[str, Any], goals: dict[str, Any], pngs: list[str], note:
     lines += _cpu_tune_cost_md(goals["cpu_tune_cost"]["run"])
     lines += _mlperf_md(merged)
     lines += _cpp_md(goals.get("cpp_rows") or [])
+    lines += _multi_gpu_md(multi_gpu_runs(HERE / "results" / "multi_gpu"))
     lines += _wins_md(merged)
     lines += _failures_md(merged)
     if pngs:
@@ -580,6 +582,50 @@ def _cpu_tune_cost_md(run: dict[str, Any] | None) -> list[str]:
             f"{_f(max(gap, 0.0) if gap is not None else None, 1, ' %')} |"
         )
     return [*lines, ""]
+
+
+def multi_gpu_runs(folder: Path) -> list[dict[str, Any]]:
+    """bench/multi_gpu.py's runs (each a pair of cold tunes on a host with several GPUs)."""
+    runs = []
+    for path in sorted(folder.glob("*.json")):
+        run = json.loads(path.read_text())
+        run["file"] = path.name
+        runs.append(run)
+    return runs
+
+
+def _multi_gpu_md(runs: list[dict[str, Any]]) -> list[str]:
+    if not runs:
+        return []
+    lines = [
+        "## Several GPUs: measuring spread over the host's GPUs",
+        "",
+        "`bench/multi_gpu.py`: a cold default tune (fresh process, empty caches), measuring "
+        "spread over every GPU of the host (`HONED_SPREAD_GPUS=1`, the default) against the "
+        "target GPU alone (`=0`), in the order listed; `measured on`: where the candidates' "
+        "figures came from (the finalists are re-measured on the target).",
+        "",
+        "| file | commit | GPUs | model | batch | order | tune s | selected | measured on |",
+        "|---|---|---|---|--:|---|--:|---|---|",
+    ]
+    for run in runs:
+        gpus = f"{len(run['gpus'])}x {run['gpus'][0]}" if run["gpus"] else "-"
+        for i, t in enumerate(run["tunes"]):
+            where = sorted({c["measured_on"] for c in t.get("candidates", []) if c["measured_on"]})
+            lines.append(
+                f"| {run['file']} | {run['commit']} | {gpus} | {run['model']} | {run['batch']} "
+                f"| {i + 1}: {t['mode']} | {_f(t.get('tune_s'), 1)} | {_md(t.get('selected'))} "
+                f"| {', '.join(where) or t.get('reason', '-')} |"
+            )
+    by_mode: dict[str, list[float]] = {}
+    for run in runs:
+        for t in run["tunes"]:
+            if "tune_s" in t:
+                by_mode.setdefault(t["mode"], []).append(t["tune_s"])
+    summary = "; ".join(
+        f"{mode}: median {statistics.median(v):.1f} s over {len(v)}" for mode, v in by_mode.items()
+    )
+    return [*lines, "", f"Over every run: {summary}.", ""]
 
 
 def _cold_cell(record: dict[str, Any] | None, kind: str) -> str:
