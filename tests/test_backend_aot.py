@@ -614,7 +614,14 @@ def test_a_passed_vector_isa_check_is_remembered_and_a_failed_one_is_not(
         monkeypatch.setattr(aot, "check_vec_isas_side_by_side", answers(["avx2"]))
         assert _vec_isa_seen_inside(aot) is True and checks == ["checked"]
         monkeypatch.setattr(aot, "flagged_vec_isas", lambda: flagged)
-        with honed.config.patch(cache_enabled=False):
+        with honed.config.patch(cache_enabled=False, cache_dir=tmp_path / "off"):
+            # No cache: the checks still run side by side, every time, and nothing is kept.
+            monkeypatch.setattr(aot, "check_vec_isas_side_by_side", answers(flagged))
+            checks.clear()
+            assert _vec_isa_seen_inside(aot) is True and _vec_isa_seen_inside(aot) is True
+            assert checks == ["checked", "checked"]
+            assert not (tmp_path / "off").exists()
+            monkeypatch.setattr(aot, "check_vec_isas_side_by_side", answers(flagged[1:]))
             assert _vec_isa_seen_inside(aot) is None
 
         # The user's own setting always wins.

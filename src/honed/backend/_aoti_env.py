@@ -145,16 +145,17 @@ def vec_isa_known() -> Iterator[None]:
     from torch._inductor import config as inductor_config
 
     flagged = flagged_vec_isas()
-    verdict = verdict_file("vec-isa", flagged) if flagged else None
-    if verdict is None or inductor_config.cpp.vec_isa_ok is not None:
+    if not flagged or inductor_config.cpp.vec_isa_ok is not None:
         yield
         return
-    if not verdict.exists():
+    verdict = verdict_file("vec-isa", flagged)  # None with the cache off: checked each time
+    if verdict is None or not verdict.exists():
         passed = check_vec_isas_side_by_side()
         if passed is None or passed != flagged:
             yield  # torch decides, as it always does
             return
-        remember(verdict, f"vector ISAs that build here: {' '.join(passed)}")
+        if verdict is not None:
+            remember(verdict, f"vector ISAs that build here: {' '.join(passed)}")
     with inductor_config.patch({"cpp.vec_isa_ok": True}):
         yield
 
