@@ -2,16 +2,20 @@
 
 A plain script that never imports honed builds Hugging Face ``BertModel(BertConfig())`` with
 random weights (no download), and calls it on batch 8, sequence 128, at least ``--calls`` times
-and for at least ``--seconds`` seconds, timing every call (CUDA synchronised). It runs three
-times in fresh processes: without honed (the eager reference), then with HONED_JIT=1 on empty
-honed and Inductor caches (cold: JIT tunes beside the loop), then again on those caches (warm:
-the cached winner is installed from its payload). Printed and written to ``--out`` (JSON):
+and for at least ``--seconds`` seconds, timing every call (CUDA synchronised). It runs in fresh
+processes: without honed (the eager reference), then with HONED_JIT=1 on empty honed and
+Inductor caches (cold: JIT tunes beside the loop), then again on those caches (warm: the cached
+winner is installed from its payload), then tuned the AOT way (below). Printed and written to ``--out`` (JSON):
 
 - eager: the median call (after the first);
 - each JIT run: the first call, the slowest call after the first (and its ratio to eager's
   median), the steady-state median (the last quarter of the calls), the seconds from the first
   call until calls run at tuned speed (the first call from which a run of 5 calls has a median
-  within 10 % of the steady state), and JIT's tune records from its history.
+  within 10 % of the steady state), and JIT's tune records from its history;
+- a fourth run (``--no-aot`` leaves it out) tunes the model the AOT way first (``honed.tune``
+  with its defaults, its own empty caches) and then runs the same loop: the warm JIT run's
+  steady median over this one's, with the 99 % bootstrap interval of the ratio (issue 23: within
+  3 %).
 
     python bench/jit_bert.py --out jit.json                 # GPU: base config
     python bench/jit_bert.py --small --out jit.json         # CPU: a small config
@@ -43,8 +47,9 @@ PROGRAM = textwrap.dedent(
     import json, sys, time
     import torch
 
-    small, device, calls, seconds, out = (
-        sys.argv[1] == "1", sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
+    small, device, calls, seconds, out, mode = (
+        sys.argv[1] == "1", sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5],
+        sys.argv[6])
     torch.manual_seed(0)
     batch, seq = 8, (32 if small else 128)
     try:
@@ -68,6 +73,13 @@ PROGRAM = textwrap.dedent(
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    tuned = {}
+    if mode == "tune":  # the AOT way, for comparison: honed.tune first, then the same loop
+        import honed
+        model = honed.Module(model, "bert")
+        t0 = time.perf_counter()
+        report = honed.tune(model, [inputs(ids)])
+        tuned = {"tune_s": time.perf_counter() - t0, "selected": report.selected()}
     times = []
     with torch.no_grad():
         start = time.perf_counter()
@@ -77,13 +89,18 @@ PROGRAM = textwrap.dedent(
             sync()
             t1 = time.perf_counter()
             times.append((t0 - start, (t1 - t0) * 1e3))
-    json.dump({"model": name, "batch": batch, "seq": seq, "calls": times}, open(out, "w"))
+    json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
 )
 
 
 def run_program(
-    args: argparse.Namespace, workdir: Path, tag: str, env: dict[str, str], seconds: float
+    args: argparse.Namespace,
+    workdir: Path,
+    tag: str,
+    env: dict[str, str],
+    seconds: float,
+    mode: str = "plain",
 ) -> dict[str, Any]:
     out = workdir / f"{tag}.json"
     script = workdir / "plain_bert.py"
@@ -96,6 +113,7 @@ def run_program(
         str(args.calls),
         str(seconds),
         str(out),
+        mode,
     ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -116,10 +134,30 @@ def run_program(
     return data
 
 
+def steady_calls(data: dict[str, Any]) -> list[float]:
+    """The last quarter of a run's calls (at least 5), in ms: its steady state."""
+    ms = [c[1] for c in data["calls"]]
+    return ms[-max(5, len(ms) // 4) :]
+
+
+def against_aot(warm: dict[str, Any], aot: dict[str, Any]) -> dict[str, Any]:
+    """The warm JIT run's steady median over the AOT-tuned run's, with the 99 % bootstrap
+    interval of that ratio (issue 23's goal: JIT's steady speed within 3 % of the AOT tune's)."""
+    from honed import _core
+
+    ci = _core.compare(steady_calls(warm), steady_calls(aot), confidence=0.99)
+    return {
+        "jit_over_aot": round(ci.ratio, 4),
+        "ci99": [round(ci.lo, 4), round(ci.hi, 4)],
+        "aot_selected": aot.get("selected"),
+        "aot_tune_s": round(aot.get("tune_s", 0.0), 1),
+    }
+
+
 def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     calls = data["calls"]
     ms = [c[1] for c in calls]
-    steady = statistics.median(ms[-max(5, len(ms) // 4) :])
+    steady = statistics.median(steady_calls(data))
     tuned_at = next(
         (
             calls[i][0]
@@ -172,6 +210,12 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None, help="HONED_JIT_TIME_BUDGET_S")
     parser.add_argument("--backends", default=None, help="HONED_JIT_BACKENDS (class names)")
     parser.add_argument("--timeout", type=float, default=560.0, help="per run, seconds")
+    parser.add_argument(
+        "--no-aot",
+        dest="aot",
+        action="store_false",
+        help="leave out the fourth run: honed.tune with its defaults, then the same loop",
+    )
     args = parser.parse_args()
     if args.device is None:
         import torch
@@ -201,6 +245,14 @@ def main() -> None:
         eager_ms = statistics.median([c[1] for c in eager["calls"][1:]])
         cold = run_program(args, workdir, "cold", jit_env, cold_s)
         warm = run_program(args, workdir, "warm", jit_env, seconds)
+        aot = None
+        if args.aot:  # a cache of its own: its selection must not come from JIT's figures
+            aot_env = dict(
+                base,
+                TORCHINDUCTOR_CACHE_DIR=str(workdir / "aot-inductor"),
+                HONED_CACHE_DIR=str(workdir / "aot-honed-cache"),
+            )
+            aot = run_program(args, workdir, "aot", aot_env, seconds, mode="tune")
     result = {
         "scenario": f"{eager['model']}, batch {eager['batch']}, seq {eager['seq']}, "
         f"{args.device}, HONED_JIT=1",
@@ -211,6 +263,9 @@ def main() -> None:
         "cold": summarize(cold, eager_ms),
         "warm": summarize(warm, eager_ms),
     }
+    if aot is not None:
+        result["aot"] = summarize(aot, eager_ms)
+        result["warm_vs_aot"] = against_aot(warm, aot)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"{result['scenario']}: eager median {eager_ms:.3f} ms")
     for tag in ("cold", "warm"):
@@ -224,6 +279,13 @@ def main() -> None:
         )
         for line in r["tunes"]:
             print(f"  {line}")
+    if aot is not None:
+        v = result["warm_vs_aot"]
+        print(
+            f"aot: honed.tune then the same loop: selected {v['aot_selected']} in "
+            f"{v['aot_tune_s']} s, steady median {result['aot']['steady_median_ms']:.3f} ms; "
+            f"warm JIT / AOT {v['jit_over_aot']:.3f} (99% CI {v['ci99'][0]:.3f}-{v['ci99'][1]:.3f})"
+        )
     print(f"JSON: {args.out}")
 
 
