@@ -5,7 +5,8 @@ random weights (no download), and calls it on batch 8, sequence 128, at least ``
 and for at least ``--seconds`` seconds, timing every call (CUDA synchronised). It runs in fresh
 processes: without honed (the eager reference), then with HONED_JIT=1 on empty honed and
 Inductor caches (cold: JIT tunes beside the loop), then again on those caches (warm: the cached
-winner is installed from its payload), then tuned the AOT way (below). Printed and written to ``--out`` (JSON):
+winner is installed from its payload), then tuned the AOT way (below). Printed and written to
+``--out`` (JSON):
 
 - eager: the median call (after the first);
 - each JIT run: the first call, the slowest call after the first (and its ratio to eager's

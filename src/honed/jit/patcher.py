@@ -24,6 +24,8 @@ import torch
 from honed import config as _flags
 from honed.jit import background
 from honed.jit.config import config
+from honed.jit.cores import at_outermost_call as _outermost
+from honed.jit.cores import restore as _restore_cores
 from honed.jit.hierarchy import Node, State, render
 from honed.jit.history import add as add_step
 from honed.jit.history import clear as clear_history
@@ -78,10 +80,12 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         node = _discover(self)
     else:
         node.call_count += 1
+    stack = st.stack
+    if not stack:
+        _outermost()  # while JIT works beside the program, a core for it (honed.jit.cores)
     state = node.state
     if state is _TUNED:
         return _route(node, args, kwargs)
-    stack = st.stack
     if state is not _INIT and state is not _RECORDING:
         # decided (SKIPPED, DETACHED, EAGER): only kept on the stack, so that modules it calls
         # for the first time are found as its children
@@ -201,6 +205,7 @@ def disable() -> None:
     STATE.enabled = False
     STATE.opted_in = weakref.WeakSet()
     uninstall()
+    _restore_cores()
     log.info("honed.jit: JIT tuning disabled")
 
 

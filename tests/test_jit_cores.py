@@ -1,0 +1,98 @@
+"""tests/test_jit_cores.py: while JIT works beside the program, the program leaves it a core.
+
+The program's outermost module calls run with one OpenMP thread fewer while JIT has work (when
+the program uses one per core), and the first call after JIT is idle gives it back. The count is
+the calling thread's own: another thread (JIT's, which may compile a winner and must compile it
+for every core) keeps its count."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import honed
+import honed.jit
+from honed.jit import background, cores
+
+from conftest import TinyMLP, batches
+
+
+@pytest.fixture(autouse=True)
+def jit_that_tunes_nothing(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
+    """JIT on, every module too small to tune; JIT's busy flag and the core count are the
+    test's (two cores, the program on two threads)."""
+    threads = torch.get_num_threads()
+    honed.jit.reset()
+    honed.jit.config.reset()
+    busy = [False]
+    monkeypatch.setattr(background, "busy", lambda: busy[0])
+    monkeypatch.setattr(cores, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(cores._SHARED, "said", False)
+    if cores._openmp() is None:
+        pytest.skip("torch's intra-op threads are not OpenMP's here")
+    torch.set_num_threads(2)
+    with honed.jit.config.patch(min_parameters=10**9):
+        honed.jit.enable_jit_tuning()
+        try:
+            yield busy
+        finally:
+            honed.jit.reset()
+            torch.set_num_threads(threads)
+
+
+def call(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(batches(1, 4)[0])
+
+
+def test_a_core_is_left_to_jit_while_it_works_and_given_back_after(
+    jit_that_tunes_nothing: list[bool],
+) -> None:
+    busy = jit_that_tunes_nothing
+    model = TinyMLP().eval()
+    expected = model.forward(batches(1, 4)[0])
+    call(model)
+    assert torch.get_num_threads() == 2  # JIT idle: nothing taken
+    busy[0] = True
+    torch.testing.assert_close(call(model), expected)
+    assert torch.get_num_threads() == 1
+    assert any("the program's calls run 1 of 2 threads" in s for s in honed.jit.history())
+    call(model)
+    assert torch.get_num_threads() == 1
+    elsewhere: list[int] = []
+    other = threading.Thread(target=lambda: elsewhere.append(torch.get_num_threads()))
+    other.start()
+    other.join()
+    assert elsewhere == [2]  # another thread (JIT's) keeps every core
+    busy[0] = False
+    torch.testing.assert_close(call(model), expected)
+    assert torch.get_num_threads() == 2
+
+
+def test_turning_jit_off_gives_the_core_back(jit_that_tunes_nothing: list[bool]) -> None:
+    jit_that_tunes_nothing[0] = True
+    call(TinyMLP().eval())
+    assert torch.get_num_threads() == 1
+    honed.jit.disable_jit_tuning()
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("why", ["the program chose fewer threads", "HONED_JIT_SHARE_CORES=0"])
+def test_threads_are_left_alone(
+    jit_that_tunes_nothing: list[bool], why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jit_that_tunes_nothing[0] = True
+    if why == "the program chose fewer threads":
+        monkeypatch.setattr(cores, "cpu_cores", lambda: 4)  # two threads on four cores
+        call(TinyMLP().eval())
+        assert torch.get_num_threads() == 2
+        jit_that_tunes_nothing[0] = False
+        call(TinyMLP().eval())
+        assert torch.get_num_threads() == 2
+    else:
+        with honed.config.patch(jit_share_cores=False):
+            call(TinyMLP().eval())
+        assert torch.get_num_threads() == 2
