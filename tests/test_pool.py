@@ -124,21 +124,24 @@ class LooksForAPausedBuilder(Backend):
 
 @pytest.fixture
 def graph() -> GraphJobs:
+    return GraphJobs(graph_fields("cpu"), "cpu")
+
+
+def graph_fields(device: str) -> dict[str, Any]:
+    """A TinyMLP graph's job context on ``device``: module, samples, eager's outputs."""
     torch.manual_seed(0)
-    module = TinyMLP().eval()
-    samples = [Sample((x,), {}) for x in batches(2, 4)]
+    module = TinyMLP().eval().to(device)
+    samples = [Sample((x.to(device),), {}) for x in batches(2, 4)]
     with torch.no_grad():
         references = [module(*s.args) for s in samples]
-    info = honed.backend.GraphInfo(device=torch.device("cpu"))
-    fields = dict(
+    return dict(
         module=module,
         samples=samples,
         references=references,
-        graph=info,
+        graph=honed.backend.GraphInfo(device=torch.device(device)),
         measure_at=1,
         batch_size=4,
     )
-    return GraphJobs(fields, "cpu")
 
 
 @pytest.fixture
@@ -375,20 +378,7 @@ class Spreads(Rendezvous):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_measure_side_by_side_and_finalists_meet_on_the_target(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    module = TinyMLP().cuda().eval()
-    samples = [Sample((x.cuda(),), {}) for x in batches(2, 4)]
-    with torch.no_grad():
-        references = [module(*s.args) for s in samples]
-    fields = dict(
-        module=module,
-        samples=samples,
-        references=references,
-        graph=honed.backend.GraphInfo(device=torch.device("cuda:0")),
-        measure_at=1,
-        batch_size=4,
-    )
-    graph = GraphJobs(fields, "cuda:0")
+    graph = GraphJobs(graph_fields("cuda:0"), "cuda:0")
     a, b = tmp_path / "a", tmp_path / "b"
     with new_pool(2, gpus=["cuda:0", "cuda:1"]) as pool:
         jobs = [
@@ -486,19 +476,7 @@ def test_a_build_measured_on_another_gpu_ships_no_callable_bound_to_it(elsewhere
     # re-measure and the install on the target must build it there instead of unpickling it.
     from honed.pipeline.shipping import evaluate_for_caller
 
-    torch.manual_seed(0)
-    module = TinyMLP().eval()
-    samples = [Sample((x,), {}) for x in batches(2, 4)]
-    with torch.no_grad():
-        references = [module(*s.args) for s in samples]
-    ctx = dict(
-        module=module,
-        samples=samples,
-        references=references,
-        graph=honed.backend.GraphInfo(device=torch.device("cpu")),
-        measure_at=1,
-        batch_size=4,
-    )
+    ctx = graph_fields("cpu")
     with honed.config.patch(injected_latencies={"CheapBuild": [1.0]}):
         reply = evaluate_for_caller(ctx, {"backend": CheapBuild()}, lambda phase: None, elsewhere)
     assert reply["outcome"]["status"] == "ok"
@@ -511,17 +489,9 @@ def test_a_worker_placing_its_graph_on_another_device_leaves_the_original_where_
     # "meta" stands in for the other GPU on a machine without two.
     from honed.pipeline._worker import _Server
 
-    module = TinyMLP().eval()
-    samples = [Sample((x,), {}) for x in batches(2, 4)]
     server = _Server(channel=None)  # type: ignore[arg-type]
-    server.context = dict(
-        module=module,
-        samples=samples,
-        references=[torch.zeros(1)],
-        graph=honed.backend.GraphInfo(device=torch.device("cpu")),
-        measure_at=0,
-        batch_size=4,
-    )
+    server.context = graph_fields("cpu")
+    module, samples = server.context["module"], server.context["samples"]
     moved = server.context_on("meta")
     assert {p.device.type for p in moved["module"].parameters()} == {"meta"}
     assert moved["samples"][0].args[0].device.type == "meta"
