@@ -30,7 +30,8 @@ def jit_that_tunes_nothing(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[boo
     busy = [False]
     monkeypatch.setattr(background, "busy", lambda: busy[0])
     monkeypatch.setattr(cores, "cpu_cores", lambda: 2)
-    monkeypatch.setattr(cores._SHARED, "said", False)
+    monkeypatch.setattr(cores, "_SAID", [False])
+    cores.restore()  # nothing an earlier test of this process took is left taken
     if cores._openmp() is None:
         pytest.skip("torch's intra-op threads are not OpenMP's here")
     torch.set_num_threads(2)
@@ -96,3 +97,27 @@ def test_threads_are_left_alone(
         with honed.config.patch(jit_share_cores=False):
             call(TinyMLP().eval())
         assert torch.get_num_threads() == 2
+
+
+def test_each_of_the_programs_threads_takes_and_gives_back_its_own(
+    jit_that_tunes_nothing: list[bool],
+) -> None:
+    # A thread that took a core and ended must not keep another thread from taking one.
+    busy = jit_that_tunes_nothing
+    busy[0] = True
+    model = TinyMLP().eval()
+    seen: list[int] = []
+
+    def in_a_thread() -> None:
+        torch.set_num_threads(2)
+        call(model)
+        seen.append(torch.get_num_threads())
+
+    other = threading.Thread(target=in_a_thread)
+    other.start()
+    other.join()
+    call(model)
+    assert seen == [1] and torch.get_num_threads() == 1
+    busy[0] = False
+    call(model)
+    assert torch.get_num_threads() == 2

@@ -12,10 +12,10 @@ OpenMP thread fewer, when the program uses one per core; the first outermost cal
 idle restores the count. The count changed is the calling thread's own (``omp_set_num_threads``
 of the OpenMP runtime torch loaded), not torch's process-wide one (``torch.set_num_threads``):
 JIT's own thread, which may compile a winner in this process, must keep compiling for every core,
-since Inductor bakes the thread count into its CPU kernels. Only the thread that took the core
-gives it back. A program that chose fewer threads itself is left alone, as is a torch whose
-intra-op threads are not OpenMP's; ``HONED_JIT_SHARE_CORES=0`` (``honed.config.jit_share_cores``)
-turns this off.
+since Inductor bakes the thread count into its CPU kernels. Each of the program's threads takes
+and gives back its own core count. A program that chose fewer threads itself is left alone, as
+is a torch whose intra-op threads are not OpenMP's; ``HONED_JIT_SHARE_CORES=0``
+(``honed.config.jit_share_cores``) turns this off.
 """
 
 from __future__ import annotations
@@ -48,29 +48,27 @@ def _openmp() -> Any:
             for path in sorted(paths):
                 if path.rsplit("/", 1)[-1].startswith(name):
                     lib = ctypes.CDLL(path)  # already loaded: the same library, not a copy
-                    lib.omp_get_max_threads.restype = ctypes.c_int
                     return lib
     except (OSError, AttributeError):
         pass
     return None
 
 
-class _Shared:
-    def __init__(self) -> None:
-        self.reduced_from = 0  # the thread's count before JIT took a core (0: not taken)
-        self.thread = 0  # the thread that took it
-        self.said = False
+class _Shared(threading.local):
+    """Per thread (an OpenMP count is the calling thread's): what JIT took from this thread."""
+
+    reduced_from = 0  # the thread's count before JIT took a core (0: not taken)
 
 
 _SHARED = _Shared()
+_SAID = [False]  # the history says it once per process
 
 
 def at_outermost_call() -> None:
     """On each outermost module call of the program: take a core while JIT works, give it back
     when JIT is idle. Cheap when nothing changes (two reads)."""
     busy = background.busy()
-    s = _SHARED
-    if busy == bool(s.reduced_from):
+    if busy == bool(_SHARED.reduced_from):
         return
     if not busy:
         restore()
@@ -80,13 +78,15 @@ def at_outermost_call() -> None:
     omp = _openmp()
     if omp is None:
         return
-    threads = int(omp.omp_get_max_threads())
+    # torch's own reading first: it sets a thread's count from the process-wide one once, on
+    # the thread's first use, which would undo a count set before it.
+    threads = torch.get_num_threads()
     if threads < 2 or threads < cpu_cores():
         return
     omp.omp_set_num_threads(threads - 1)
-    s.reduced_from, s.thread = threads, threading.get_ident()
-    if not s.said:
-        s.said = True
+    _SHARED.reduced_from = threads
+    if not _SAID[0]:
+        _SAID[0] = True
         add_step(
             f"JIT works beside the program: the program's calls run {threads - 1} of {threads} "
             "threads until JIT is idle (HONED_JIT_SHARE_CORES=0 keeps them all)"
@@ -94,9 +94,8 @@ def at_outermost_call() -> None:
 
 
 def restore() -> None:
-    """Give the core back now, when this thread took it (JIT idle, turned off or reset)."""
-    s = _SHARED
+    """Give this thread's core back now (JIT idle, turned off or reset)."""
     omp = _openmp()
-    if s.reduced_from and omp is not None and threading.get_ident() == s.thread:
-        omp.omp_set_num_threads(s.reduced_from)
-        s.reduced_from = s.thread = 0
+    if _SHARED.reduced_from and omp is not None:
+        omp.omp_set_num_threads(_SHARED.reduced_from)
+    _SHARED.reduced_from = 0
