@@ -441,9 +441,9 @@ jit_time_budget_s: float = _flag(
 # without cores to spare the program's calls run first and the tune takes what is left.
 jit_worker_nice: int = _flag("jit_worker_nice", "HONED_JIT_WORKER_NICE", 10, _Number(0, 19, True))
 
-# While JIT checks or tunes beside the program, the program's torch runs one intra-op thread
-# fewer (when it uses one per core), so the work has a core: niced workers on a machine whose
-# cores the program's calls fill get next to nothing (honed.jit.cores; restored when JIT is idle).
+# While JIT checks or tunes beside the program, the program's calls run one OpenMP thread fewer
+# (when they use one per core), so the work has a core: niced workers on a machine whose cores
+# the program's calls fill get next to nothing (honed.jit.cores; restored when JIT is idle).
 jit_share_cores: bool = _flag("jit_share_cores", "HONED_JIT_SHARE_CORES", True, _Bool())
 
 # Niceness added to a tune's worker processes (JIT sets it from jit_worker_nice for its own).

@@ -47,8 +47,7 @@ def _openmp() -> Any:
         for name in _OPENMP_RUNTIMES:
             for path in sorted(paths):
                 if path.rsplit("/", 1)[-1].startswith(name):
-                    lib = ctypes.CDLL(path)  # already loaded: the same library, not a copy
-                    return lib
+                    return ctypes.CDLL(path)  # already loaded: the same library, not a copy
     except (OSError, AttributeError):
         pass
     return None

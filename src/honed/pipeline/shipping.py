@@ -88,22 +88,20 @@ def evaluate_for_caller(
     )
     reply: dict[str, Any] = {"outcome": outcome.to_record()}
     if outcome.status == "ok" and outcome.fn is not None:
-        shipped = ship(backend, outcome.fn)
-        if elsewhere:
-            shipped.pop("pickled", None)
-        reply.update(shipped)
+        reply.update(ship(backend, outcome.fn, pickle_it=not elsewhere))
     outcome.fn = None
     torch._dynamo.reset()  # the next job compiles as in a fresh process (disk caches stay)
     return reply
 
 
-def ship(backend: Backend, fn: Callable[..., Any]) -> dict[str, Any]:
-    """What the caller needs to install ``fn`` without building it (see the module docstring)."""
+def ship(backend: Backend, fn: Callable[..., Any], pickle_it: bool = True) -> dict[str, Any]:
+    """What the caller needs to install ``fn`` without building it (see the module docstring);
+    ``pickle_it=False``: never the callable itself (the caller builds it then)."""
     if backend.saves_payload:
         return {"files": backend.export_payload(fn)}
     if backend.jit:
         return {"inductor": _inductor_artifacts()}
-    if backend.expected_build_cost() >= 1:
+    if pickle_it and backend.expected_build_cost() >= 1:
         return {"pickled": _pickled(fn)}
     return {}
 
