@@ -564,6 +564,9 @@ def _work_dir(args: argparse.Namespace) -> Iterator[None]:
     made = args.work_dir is None
     if made:
         args.work_dir = tempfile.mkdtemp(prefix="honed-bench-")
+    # Absolute: the jobs' cache folders are passed on in the environment, and AOTInductor's
+    # CUDA build did not compile with a relative TORCHINDUCTOR_CACHE_DIR.
+    args.work_dir = os.path.abspath(args.work_dir)
     try:
         yield
     finally:

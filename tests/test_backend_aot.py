@@ -235,6 +235,29 @@ def test_tune_reports_the_export_failure_and_keeps_eager() -> None:
     torch.testing.assert_close(model(x), model.module(x))
 
 
+def test_relative_cache_folders_are_made_absolute_before_compiling(
+    mlp: nn.Module, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from honed.backend import torch_inductor_aot as aot
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "rel/inductor")
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    seen = {}
+
+    def compile_stub(exported: Any, package_path: str, inductor_configs: Any) -> str:
+        seen.update({k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")})
+        Path(package_path).write_bytes(b"package")
+        return package_path
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_stub)
+    assert aot._compile(object(), {}) == b"package"
+    assert seen == {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "rel" / "inductor"),
+        "TRITON_CACHE_DIR": None,
+    }
+
+
 # -- built packages -----------------------------------------------------------------------------
 def test_dynamic_profile_matches_eager_from_min_to_max(
     mlp: nn.Module, dynamic_fn: AotCompiled

@@ -160,6 +160,19 @@ def vec_isa_known() -> Iterator[None]:
         yield
 
 
+CACHE_DIR_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def absolute_cache_dirs() -> None:
+    """Inductor's and Triton's cache folders made absolute in the environment, as newer torch
+    does itself: AOTInductor's CUDA build (torch 2.11) compiles and links in folders of its own,
+    where a relative path names another place, and fails."""
+    for name in CACHE_DIR_VARIABLES:
+        value = os.environ.get(name)
+        if value and not os.path.isabs(value):
+            os.environ[name] = os.path.abspath(value)
+
+
 # -- the precompiled header ---------------------------------------------------------------------
 # AOTInductor first precompiles the header its wrapper includes, under torch's temporary
 # folder. On the CPU machine making it cost about 6 s and saved about 1.6 s per compile that

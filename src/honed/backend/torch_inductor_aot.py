@@ -305,6 +305,7 @@ def _compile(exported: Any, inductor_configs: dict[str, Any]) -> bytes:
     with tempfile.TemporaryDirectory(prefix="honed-aot-") as tmp:
         path = Path(tmp) / PAYLOAD_PACKAGE
         try:
+            _aoti_env.absolute_cache_dirs()
             with _aoti_env.vec_isa_known():
                 torch._inductor.aoti_compile_and_package(
                     exported, package_path=str(path), inductor_configs=inductor_configs

@@ -79,7 +79,7 @@ def worker_env(size: int) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "HONED_JIT": "0",  # workers never JIT-tune
         "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, cpu_cores() // size)),
-        "TORCHINDUCTOR_CACHE_DIR": cache_dir(),
+        "TORCHINDUCTOR_CACHE_DIR": os.path.abspath(cache_dir()),
     }
 
 
