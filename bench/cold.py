@@ -357,7 +357,9 @@ def run_jobs(jobs: list[Job], common: list[str], parallel: int = 1) -> list[dict
                 record = finish(jobs[i], proc, elapsed, timed_out=over and proc.returncode != 0)
                 record["concurrent"] = most
                 records[i] = record
-                if record["status"] == "ok":  # a later call with the same --work-dir reuses it
+                # A later call with the same --work-dir reuses it; a timeout too: run again, a
+                # compile would start from the caches the stopped one left, no longer cold.
+                if record["status"] in ("ok", "timeout"):
                     (jobs[i].work / "record.json").write_text(json.dumps(record, default=str))
             if running:
                 time.sleep(0.2)  # polling children's exit; no result depends on this interval

@@ -186,6 +186,33 @@ def test_cold_job_over_its_time_is_stopped(tmp_path: Path) -> None:
     assert record["status"] == "timeout" and record["timeout_s"] == 0.5
     assert record["reason"] == "did not finish in 0 s (stopped)"
     assert record["concurrent"] == 1
+    # Kept for a later call: run again it would start from the stopped job's caches.
+    assert cold.earlier_record(job.work) == dict(record, reused=True)
+
+
+def test_a_stopped_job_bounds_the_cold_ratio() -> None:
+    def row(one: dict[str, Any], honed: dict[str, Any]) -> dict[str, Any]:
+        return {"cold": {"oneliner": one, "honed": honed}}
+
+    one_ok = {"status": "ok", "compile_first_call_s": 100.0}
+    one_stopped = {"status": "timeout", "timeout_s": 400.0}
+    honed_ok = {"status": "ok", "tune_s": 120.0}
+    honed_stopped = {"status": "timeout", "timeout_s": 200.0}
+    exact = report.cold_ratio(row(one_ok, honed_ok))
+    assert exact is not None and exact["value"] == pytest.approx(1.2)
+    assert report.ratio_text(exact) == "1.20"
+    upper = report.cold_ratio(row(one_stopped, honed_ok))
+    assert upper is not None and upper["value"] == pytest.approx(0.3)
+    assert report.ratio_text(upper) == "<= 0.30"
+    lower = report.cold_ratio(row(one_ok, honed_stopped))
+    assert lower is not None and report.ratio_text(lower) == ">= 2.00"
+    assert report.cold_ratio(row(one_stopped, honed_stopped)) is None
+    # A lower bound under the goal proves nothing; an upper bound under it does.
+    low = dict(row(one_ok, {"status": "timeout", "timeout_s": 50.0}), model="m", batch=1)
+    merged = {"rows": [dict(low, status="failed", selection={})]}
+    assert report.targets(merged)["cold"]["met"] is False
+    merged = {"rows": [dict(row(one_stopped, honed_ok), model="m", batch=1, status="failed")]}
+    assert report.targets(merged)["cold"]["met"] is True
 
 
 def test_gpu_lock_holds_while_a_kernel_is_benchmarked(
