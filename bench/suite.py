@@ -262,6 +262,7 @@ def warm_caches(args: argparse.Namespace, row: dict[str, Any]) -> Path:
     """One cache folder for the row's side-by-side: the one-liner's and honed's caches merged."""
     work = row_work(args, row["model"], row["batch"])
     warm = work / "warm"
+    shutil.rmtree(warm, ignore_errors=True)  # an earlier call's (a row resumed with --keep-work)
     for kind in ("oneliner", "honed"):
         if row["cold"].get(kind, {}).get("status") == "ok":
             for sub in ("inductor", "triton"):

@@ -278,6 +278,19 @@ def test_honed_budget_from_seconds_or_the_one_liner() -> None:
     assert suite.honed_budget(args, row) is None
 
 
+def test_the_warm_caches_are_made_again_by_a_resumed_row(tmp_path: Path) -> None:
+    args = suite.parse_args(["--device", "cpu", "--work-dir", str(tmp_path), "--keep-work"])
+    row = suite.new_row("mlp", 4)
+    for kind in ("oneliner", "honed"):
+        row["cold"][kind] = {"status": "ok"}
+        (tmp_path / "mlp-b4" / kind / "inductor").mkdir(parents=True)
+        (tmp_path / "mlp-b4" / kind / "inductor" / f"{kind}.py").write_text(kind)
+    first = suite.warm_caches(args, row)
+    (first / "inductor" / "side-by-side.py").write_text("written by the first call's compiles")
+    again = suite.warm_caches(args, row)  # hard links of the same files: no "same file" error
+    assert sorted(p.name for p in (again / "inductor").iterdir()) == ["honed.py", "oneliner.py"]
+
+
 def test_cold_jobs_reuse_an_earlier_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[str] = []
 
