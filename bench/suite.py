@@ -386,6 +386,7 @@ def _candidates(
     report = (row["cold"].get("honed") or {}).get("report") or {}
     selected = report.get("selected")
     fns: dict[str, Callable[[], Any]] = {}
+    entries = []
     for c in report.get("candidates", []):
         entry: dict[str, Any] = {
             "name": c["name"],
@@ -394,6 +395,11 @@ def _candidates(
             "check": {},
         }
         row["candidates"].append(entry)
+        entries.append((c, entry))
+    # The selection first: without its figure the check has no gap to give, whatever the
+    # budget leaves of the others.
+    entries.sort(key=lambda pair: pair[0]["name"] != selected)
+    for c, entry in entries:
         into: dict[str, Any] = {}
         built: dict[str, variants.Built] = {}
         if c.get("status") != "ok":
