@@ -7,6 +7,7 @@ and never by timing, what the program's calls do while JIT tunes.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -312,3 +313,49 @@ def test_cuda_calls_run_while_inductor_tunes_beside_them_in_workers(
         (record,) = honed.jit.tunes()
         assert record.status == "installed" and record.selected == "TorchInductorBackend"
         assert record.evidence == "worker measurement"
+
+
+def _walked_by_the_collector(obj: object) -> bool:
+    """Whether the cyclic collector's generations hold ``obj`` (frozen objects are in none)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_a_job_freezes_what_existed_out_of_the_collector_and_reset_gives_it_back(
+    jit: honed.jit.JitConfig,
+) -> None:
+    """A full collection set off by JIT's allocations must not walk the program's objects."""
+    jit.wait = True
+    Gated.gate.set()
+    made_before = [{"a": "container the collector tracks"}]
+    assert _walked_by_the_collector(made_before)
+    run(TinyMLP().eval(), batches(2, 4))
+    assert Gated.builds == 1
+    assert not _walked_by_the_collector(made_before) and gc.get_freeze_count() > 0
+    made_after = [{"b": "made after the job"}]
+    assert _walked_by_the_collector(made_after)
+    honed.jit.reset()
+    assert _walked_by_the_collector(made_before) and gc.get_freeze_count() == 0
+
+
+def test_no_freeze_when_turned_off(jit: honed.jit.JitConfig) -> None:
+    jit.wait = True
+    Gated.gate.set()
+    made_before = [{"a": "container the collector tracks"}]
+    with honed.config.patch(jit_gc_freeze=False):
+        run(TinyMLP().eval(), batches(2, 4))
+    assert Gated.builds == 1
+    assert _walked_by_the_collector(made_before) and gc.get_freeze_count() == 0
+
+
+def test_reset_leaves_what_the_program_froze_itself_frozen(jit: honed.jit.JitConfig) -> None:
+    jit.wait = True
+    Gated.gate.set()
+    programs = [{"frozen": "by the program"}]
+    gc.freeze()
+    try:
+        run(TinyMLP().eval(), batches(2, 4))
+        assert Gated.builds == 1
+        honed.jit.reset()
+        assert not _walked_by_the_collector(programs) and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

@@ -446,6 +446,12 @@ jit_worker_nice: int = _flag("jit_worker_nice", "HONED_JIT_WORKER_NICE", 10, _Nu
 # the program's calls fill get next to nothing (honed.jit.cores; restored when JIT is idle).
 jit_share_cores: bool = _flag("jit_share_cores", "HONED_JIT_SHARE_CORES", True, _Bool())
 
+# Before each JIT job, the objects of the program's process are frozen out of the cyclic garbage
+# collector (gc.freeze): a full collection that JIT's allocations set off then walks only what
+# was made since, instead of the whole process while the program's call waits for the GIL
+# (honed.jit.background; a reference cycle among the frozen objects is not reclaimed).
+jit_gc_freeze: bool = _flag("jit_gc_freeze", "HONED_JIT_GC_FREEZE", True, _Bool())
+
 # Niceness added to a tune's worker processes (JIT sets it from jit_worker_nice for its own).
 worker_nice: int = _flag("worker_nice", "HONED_WORKER_NICE", 0, _Number(0, 19, True))
 

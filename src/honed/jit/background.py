@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import gc
 import logging
 import queue
 import sys
@@ -134,6 +135,7 @@ class _Worker:
             try:
                 if self.exiting:
                     continue  # queued before the program ended: left undone
+                _spare_the_collector()
                 with paused(), _prompt_gil():  # JIT's calls of the modules run their originals
                     job(*args)
             except Exception:  # a job's failure is logged; the program and other jobs go on
@@ -162,6 +164,41 @@ def _prompt_gil() -> Iterator[None]:
         yield
     finally:
         sys.setswitchinterval(before)
+
+
+# The cyclic garbage collector's full collection (its oldest generation) walks every tracked
+# object of the process in one C call that holds the GIL: in a program that imported torch and a
+# model library that is hundreds of thousands of objects. JIT's work allocates (imports of the
+# backends' packages, pickling for the workers, the winner's build), and the allocation that
+# crosses the collector's threshold runs that collection on JIT's thread while the program's call
+# waits for the GIL. So before each job the objects that exist then are moved out of the
+# collector's reach (``gc.freeze``): later collections walk only what was made since. They stay
+# there: ``gc.unfreeze`` would put them all back in the oldest generation, and the next full
+# collection (soon, in whichever thread allocates, usually the program's) would walk them all at
+# once. Reference counting still frees any of them that is dropped; only a reference cycle among
+# them is not reclaimed (a collection of the young generations first lets the cycles dropped
+# lately go; honed.jit.reset gives them all back).
+# ``HONED_JIT_GC_FREEZE=0`` (``honed.config.jit_gc_freeze``) turns this off.
+_FROZE = {"program_froze_first": None}  # None: JIT has not frozen anything in this process
+
+
+def _spare_the_collector() -> None:
+    from honed import config
+
+    if not config.jit_gc_freeze:
+        return
+    if _FROZE["program_froze_first"] is None:
+        _FROZE["program_froze_first"] = gc.get_freeze_count() > 0
+    gc.collect(1)
+    gc.freeze()
+
+
+def thaw() -> None:
+    """Give the objects JIT froze back to the collector (``honed.jit.reset``: JIT starts over);
+    a program that had frozen objects itself before JIT's first job keeps them frozen."""
+    if _FROZE["program_froze_first"] is False:
+        gc.unfreeze()
+    _FROZE["program_froze_first"] = None
 
 
 _WORKER = _Worker()

@@ -212,10 +212,12 @@ def disable() -> None:
 def reset() -> None:
     """Forget every discovered module and the history (for tests and long-lived processes).
 
-    A tune running in the background is cancelled and waited for first.
+    A tune running in the background is cancelled and waited for first; the objects JIT froze
+    out of the garbage collector are given back to it.
     """
     disable()
     background.cancel_and_wait()
+    background.thaw()
     STATE.nodes = weakref.WeakKeyDictionary()
     STATE.roots = []
     STATE.stack = []
