@@ -180,6 +180,42 @@ def test_cpu_tensors_travel_by_value() -> None:
     assert context.fresh is None and context.payload() == context.blob
 
 
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.arange(12, dtype=torch.float16).reshape(3, 4).t(),  # strides kept
+        torch.arange(10.0)[3:7],  # a view: its storage offset kept
+        torch.tensor([True, False]),
+        torch.tensor([1 + 2j, -3j]),
+        torch.empty(0, 5),
+    ],
+    ids=["transposed-fp16", "view", "bool", "complex", "empty"],
+)
+def test_a_cpu_tensor_comes_back_equal_in_its_own_memory(tensor: torch.Tensor) -> None:
+    before = tensor.clone()
+    back = sharing.loads(sharing.dumps(tensor)[0])
+    assert back.dtype == tensor.dtype and back.shape == tensor.shape
+    assert back.stride() == tensor.stride() and back.storage_offset() == tensor.storage_offset()
+    assert torch.equal(back, tensor)
+    back.logical_not_() if back.dtype == torch.bool else back.add_(1)  # writable ...
+    assert torch.equal(tensor, before)  # ... and not the caller's memory
+
+
+def test_a_cpu_module_comes_back_equal() -> None:
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    model.fc1.bias.requires_grad_(False)
+    back = sharing.loads(sharing.dumps(model)[0])
+    for (name, want), (got_name, got) in zip(
+        model.named_parameters(), back.named_parameters(), strict=True
+    ):
+        assert name == got_name and type(got) is nn.Parameter
+        assert got.requires_grad == want.requires_grad and torch.equal(got, want)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        assert torch.equal(back(x), model(x))
+
+
 def test_what_does_not_pickle_is_not_isolatable() -> None:
     import threading
 

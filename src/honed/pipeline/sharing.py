@@ -7,7 +7,7 @@ its own while it loads the blob (``loads``), then lets the handle go. So what a 
 loading is its own: it cannot change the program's weights, samples or references, and the
 program's memory is mapped in the worker only while it loads. Tensors sharing a storage share its
 copy, as they did in the caller. CPU tensors, and CUDA tensors the reduction refuses, travel by
-value as before.
+value: a CPU storage's bytes go to the pickler as one buffer (``_cpu_storage_args``).
 
 Each IPC share is counted by torch (the caller keeps the memory while a worker holds it), so a
 blob with handles is loaded once: ``Shared.blob()`` pickles afresh for each worker.
@@ -39,6 +39,8 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         self.cuda_tensors = 0
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is torch.storage.TypedStorage and obj._untyped_storage.device.type == "cpu":
+            return _cpu_storage, _cpu_storage_args(obj)
         if not _shareable(obj):
             return super().reducer_override(obj)
         self.cuda_tensors += 1
@@ -65,6 +67,27 @@ def _shareable(obj: Any) -> bool:
 
 def _placeholder() -> None:
     return None
+
+
+def _cpu_storage_args(storage: Any) -> tuple[Any, ...]:
+    """A CPU storage as its bytes, handed to the pickler as a buffer it copies once.
+
+    torch's own reduction saves each storage with ``torch.save`` into bytes of its own, which the
+    pickler then copies again: Python per storage and two copies of every weight, all holding the
+    GIL in the program's process while its calls wait."""
+    flat = torch.empty((0,), dtype=torch.uint8).set_(storage._untyped_storage)
+    return pickle.PickleBuffer(flat.numpy()), storage.dtype
+
+
+def _cpu_storage(data: Any, dtype: torch.dtype) -> Any:
+    """In the worker: the storage over the unpickled bytes (its own memory, no further copy)."""
+    if len(data):
+        flat = torch.frombuffer(data, dtype=torch.uint8)
+    else:  # frombuffer refuses an empty buffer
+        flat = torch.empty((0,), dtype=torch.uint8)
+    return torch.storage.TypedStorage(
+        wrap_storage=flat.untyped_storage(), dtype=dtype, _internal=True
+    )
 
 
 def _received(rebuild: Any, args: tuple[Any, ...]) -> Any:
