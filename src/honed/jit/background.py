@@ -179,7 +179,8 @@ def _prompt_gil() -> Iterator[None]:
 # them is not reclaimed (a collection of the young generations first lets the cycles dropped
 # lately go; honed.jit.reset gives them all back).
 # ``HONED_JIT_GC_FREEZE=0`` (``honed.config.jit_gc_freeze``) turns this off.
-_FROZE = {"program_froze_first": None}  # None: JIT has not frozen anything in this process
+# None: JIT has not frozen anything in this process.
+_FROZE: dict[str, bool | None] = {"program_froze_first": None}
 
 
 def _spare_the_collector() -> None:

@@ -76,7 +76,7 @@ def _cpu_storage_args(storage: Any) -> tuple[Any, ...]:
     pickler then copies again: Python per storage and two copies of every weight, all holding the
     GIL in the program's process while its calls wait."""
     flat = torch.empty((0,), dtype=torch.uint8).set_(storage._untyped_storage)
-    return pickle.PickleBuffer(flat.numpy()), storage.dtype
+    return pickle.PickleBuffer(flat.numpy().data), storage.dtype
 
 
 def _cpu_storage(data: Any, dtype: torch.dtype) -> Any:
