@@ -66,7 +66,32 @@ def _vit_b_16(tiny: bool) -> nn.Module:
 def _mobilenet_v3_large(tiny: bool) -> nn.Module:
     from torchvision.models import mobilenet_v3_large, mobilenet_v3_small
 
-    return mobilenet_v3_small(num_classes=10) if tiny else mobilenet_v3_large()
+    model = mobilenet_v3_small(num_classes=10) if tiny else mobilenet_v3_large()
+    # torchvision's initialisation with identity batch-norm statistics shrinks MobileNetV3's
+    # activations layer by layer (its depthwise convolutions are initialised for a fan-out of
+    # all channels) until the logits are noise: every variant then "matches" eager. Statistics
+    # from random images, as training would give, keep the logits informative.
+    return batch_norm_from_data(model, TINY_IMAGE if tiny else IMAGE)
+
+
+def batch_norm_from_data(
+    model: nn.Module, size: int, batches: int = 4, batch: int = 8
+) -> nn.Module:
+    """``model`` with each batch norm's running statistics computed from seeded random images
+    of ``size`` x ``size`` (a cumulative average over ``batches`` batches), in eval mode."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # None: a cumulative average, not a moving one
+    g = torch.Generator().manual_seed(1)
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(batch, 3, size, size, generator=g))
+    for m, momentum in zip(norms, momenta, strict=True):
+        m.momentum = momentum
+    return model.eval()
 
 
 # -- timm --------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
@@ -276,6 +277,27 @@ def test_honed_budget_from_seconds_or_the_one_liner() -> None:
     assert suite.honed_budget(args, row) == 200.0
     args.honed_time_budget = None
     assert suite.honed_budget(args, row) is None
+
+
+def test_batch_norm_statistics_from_data_keep_a_deep_convnet_informative() -> None:
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        layers: list[nn.Module] = [nn.Conv2d(3, 16, 3, padding=1)]
+        for _ in range(12):  # scaled down at each layer: identity statistics let it vanish
+            conv = nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False)
+            nn.init.normal_(conv.weight, std=0.05)
+            layers += [conv, nn.BatchNorm2d(16), nn.ReLU()]
+        return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+
+    x = torch.randn(2, 3, 16, 16)
+    plain = net()
+    calibrated = models.batch_norm_from_data(net(), 16)
+    assert not calibrated.training
+    with torch.no_grad():
+        assert plain(x).abs().max() < 1e-6  # what the suite's MobileNetV3 met
+        assert 0.05 < calibrated(x).abs().max() < 100
+    norm = next(m for m in calibrated.modules() if isinstance(m, nn.BatchNorm2d))
+    assert norm.momentum == 0.1 and norm.num_batches_tracked == 4
 
 
 def test_the_warm_caches_are_made_again_by_a_resumed_row(tmp_path: Path) -> None:
