@@ -1,9 +1,12 @@
-// cpp/src/process.cpp: starting a child (fork + exec), draining its pipes, /proc, ending its tree.
+// cpp/src/process.cpp: starting a child (vfork-style clone + exec), draining its pipes, /proc,
+// ending its tree.
 #include "process.h"
 
 #ifdef __linux__
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -113,7 +116,8 @@ std::string new_marker() {
   _exit(127);
 }
 
-// Runs in the forked child: async-signal-safe calls only.
+// Runs in the child, which shares the parent's memory until it execs (start_child): async-signal-
+// safe calls only, nothing written outside its own stack but errno.
 [[noreturn]] void child_main(const ChildPlan& plan, int out_fd, int err_fd, int channel_fd,
                              int status_fd, pid_t parent) {
   setpgid(0, 0);
@@ -145,6 +149,45 @@ std::string new_marker() {
   if (!plan.cwd.empty() && chdir(plan.cwd.c_str()) != 0) child_fail(status_fd, 0);
   execve(plan.path.c_str(), plan.argv_ptrs.data(), plan.env_ptrs.data());
   child_fail(status_fd, 1);
+}
+
+struct ChildArgs {
+  const ChildPlan* plan;
+  int out_fd, err_fd, channel_fd, status_fd;
+  pid_t parent;
+};
+
+int child_entry(void* p) {
+  const auto* a = static_cast<const ChildArgs*>(p);
+  child_main(*a->plan, a->out_fd, a->err_fd, a->channel_fd, a->status_fd, a->parent);
+}
+
+// The child's own stack while it shares the parent's memory, with a guard page below it.
+constexpr std::size_t kChildStack = 256 * 1024;
+constexpr std::size_t kGuard = 4096;
+
+// Starts the child as posix_spawn does: clone(CLONE_VM | CLONE_VFORK) runs it in the parent's
+// memory, on a stack of its own, the parent suspended until it execs or exits. fork() would copy
+// the parent's page tables first, which for a program holding a model and a CUDA context takes
+// long enough to stall its other threads (the page-table lock) while a worker starts. Every
+// signal stays blocked across the clone, so no handler of the parent's runs in the child before
+// child_main resets them.
+pid_t spawn_child(const ChildArgs& args) {
+  void* mem = mmap(nullptr, kChildStack + kGuard, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (mem == MAP_FAILED) return -1;
+  mprotect(mem, kGuard, PROT_NONE);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  char* top = static_cast<char*>(mem) + kGuard + kChildStack;  // stacks grow down
+  const pid_t pid =
+      clone(child_entry, top, CLONE_VM | CLONE_VFORK | SIGCHLD, const_cast<ChildArgs*>(&args));
+  const int e = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  munmap(mem, kChildStack + kGuard);  // the child has exec'd or exited: CLONE_VFORK
+  errno = e;
+  return pid;
 }
 
 int lifted(int fd) {
@@ -312,16 +355,16 @@ Started start_child(const ChildPlan& plan, bool with_channel) {
   make_pipe(status);
   if (with_channel) make_socketpair(chan);
   const pid_t parent = getpid();
-  const pid_t pid = fork();
+  const ChildArgs args{&plan, out[1], err[1], chan[1], status[1], parent};
+  const pid_t pid = spawn_child(args);
   if (pid < 0) {
     const int e = errno;
     for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1], chan[0], chan[1]}) {
       if (fd >= 0) close(fd);
     }
     errno = e;
-    throw_errno("run_isolated: fork");
+    throw_errno("run_isolated: clone");
   }
-  if (pid == 0) child_main(plan, out[1], err[1], chan[1], status[1], parent);
   setpgid(pid, pid);  // also done by the child; whichever runs first makes the group
   close(out[1]);
   close(err[1]);

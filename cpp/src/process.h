@@ -19,7 +19,8 @@ double seconds_since(Clock::time_point t0);
 
 [[noreturn]] void throw_errno(const std::string& what);
 
-// What the child needs, built before fork: between fork and exec only async-signal-safe calls.
+// What the child needs, built before it starts: until it execs, the child runs in the parent's
+// memory (start_child) and makes only async-signal-safe calls.
 // `marker` (NAME=VALUE) is put in the child's environment: every descendant inherits it, so the
 // tree can be found and ended even after a process has left the group (setsid) or been
 // reparented.
@@ -46,7 +47,7 @@ struct Started {
   std::string start_error;
 };
 
-// fork + exec: the child leads its own process group, is a child subreaper (orphans of its
+// clone (vfork-style) + exec: the child leads its own process group, is a child subreaper (orphans of its
 // tree stay below it), dies with the starting thread (PR_SET_PDEATHSIG), has default signal
 // dispositions, stdin on /dev/null. Its stdout/stderr fds are non-blocking here.
 Started start_child(const ChildPlan& plan, bool with_channel);
