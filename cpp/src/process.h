@@ -47,8 +47,8 @@ struct Started {
   std::string start_error;
 };
 
-// clone (vfork-style) + exec: the child leads its own process group, is a child subreaper (orphans of its
-// tree stay below it), dies with the starting thread (PR_SET_PDEATHSIG), has default signal
+// clone (vfork-style) + exec: the child leads its own process group, is a child subreaper (orphans
+// of its tree stay below it), dies with the starting thread (PR_SET_PDEATHSIG), has default signal
 // dispositions, stdin on /dev/null. Its stdout/stderr fds are non-blocking here.
 Started start_child(const ChildPlan& plan, bool with_channel);
 
