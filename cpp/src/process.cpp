@@ -169,9 +169,10 @@ constexpr std::size_t kGuard = 4096;
 // Starts the child as posix_spawn does: clone(CLONE_VM | CLONE_VFORK) runs it in the parent's
 // memory, on a stack of its own, the parent suspended until it execs or exits. fork() would copy
 // the parent's page tables first, which for a program holding a model and a CUDA context takes
-// long enough to stall its other threads (the page-table lock) while a worker starts. Every
-// signal stays blocked across the clone, so no handler of the parent's runs in the child before
-// child_main resets them.
+// long enough to stall its other threads (the page-table lock) while a worker starts.
+// posix_spawn itself cannot be used: the child must set PR_SET_PDEATHSIG and become a child
+// subreaper before it execs, which no spawn attribute does. Every signal stays blocked across
+// the clone, so no handler of the parent's runs in the child before child_main resets them.
 pid_t spawn_child(const ChildArgs& args) {
   void* mem = mmap(nullptr, kChildStack + kGuard, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
