@@ -158,3 +158,42 @@ def test_a_cached_winner_edited_to_ok_is_checked_before_it_is_installed(
     x = batches(3, seed=2)[0]
     assert not torch.isnan(model(x)).any()
     torch.testing.assert_close(model(x), model.module(x))
+
+
+def test_source_is_read_by_one_thread_at_a_time_and_a_torn_parse_is_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import inspect
+    import threading
+    import time
+
+    from honed.pipeline import cache
+
+    real = inspect.getsource
+    inside = 0
+    overlaps = 0
+    torn = {"left": 1}
+
+    def getsource(obj: Any) -> str:
+        nonlocal inside, overlaps
+        inside += 1
+        overlaps += inside > 1
+        time.sleep(0.01)
+        inside -= 1
+        if torn["left"]:
+            torn["left"] -= 1
+            raise SystemError("AST constructor recursion depth mismatch (before=48, after=43)")
+        return real(obj)
+
+    monkeypatch.setattr(inspect, "getsource", getsource)
+    texts: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: texts.append(cache.source_text(Counting))) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == 0
+    assert texts == [real(Counting)] * 4
+    assert cache.source_text(len) == ""

@@ -11,7 +11,6 @@ It lives in Python rather than the engine: only the tuner reads it; the C++ runt
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import json
@@ -19,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +45,32 @@ def _hash_tensor(h: Any, t: torch.Tensor) -> None:
         h.update(flat.view(torch.uint8).numpy().tobytes())
 
 
+# CPython 3.11 keeps the AST builder's recursion counter per interpreter, not per thread: two
+# threads reading a class's source at once (inspect parses the file) can raise SystemError.
+_SOURCE_LOCK = threading.Lock()
+
+
+def source_text(obj: Any) -> str:
+    """The source of a class or function, or "" where there is none (built-in, REPL, C)."""
+    for _ in range(2):
+        with _SOURCE_LOCK:
+            try:
+                return inspect.getsource(obj)
+            except (OSError, TypeError):
+                return ""
+            except SystemError:
+                # A thread outside honed parsed at the same moment; the next try reads it whole.
+                continue
+    return ""
+
+
 def model_fingerprint(module: torch.nn.Module) -> str:
     """SHA-256 of the module's class, forward source, and every parameter and buffer."""
     h = hashlib.sha256()
     cls = type(module)
     h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
     for sub in module.modules():
-        with contextlib.suppress(OSError, TypeError):
-            h.update(inspect.getsource(type(sub).forward).encode())
+        h.update(source_text(type(sub).forward).encode())
     for name, t in module.state_dict().items():
         h.update(name.encode())
         _hash_tensor(h, t)

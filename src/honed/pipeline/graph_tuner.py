@@ -17,7 +17,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
-import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from honed.errors import CachedPassDeclined, InputError, TuneCancelled
 from honed.module import GraphRecording, Module, Variant
 from honed.pipeline import buildlog
 from honed.pipeline import figures as fig
-from honed.pipeline.cache import TuneCache, inputs_fingerprint, model_fingerprint
+from honed.pipeline.cache import TuneCache, inputs_fingerprint, model_fingerprint, source_text
 from honed.pipeline.candidate import (
     Outcome,
     check,
@@ -665,10 +664,8 @@ def outranked(outcome: Outcome, bar: float | None) -> bool:
 def _backend_identity(backend: Backend) -> dict[str, Any]:
     """The recipe plus where the class lives and a hash of its source (custom backends change)."""
     cls = type(backend)
-    try:
-        source = hashlib.sha256(inspect.getsource(cls).encode()).hexdigest()
-    except (OSError, TypeError):
-        source = ""
+    text = source_text(cls)
+    source = hashlib.sha256(text.encode()).hexdigest() if text else ""
     return {
         "recipe": backend.recipe(),
         "class": f"{cls.__module__}.{cls.__qualname__}",
