@@ -2,6 +2,7 @@
 #include "honed/select.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <stdexcept>
@@ -114,11 +115,86 @@ std::string ratio_digits(double r) {
   return fmt("%.3f", r);
 }
 
-// "2.000x eager throughput (99% CI 1.960–2.040)".
-std::string ratio_text(const RatioInterval& r, const CandidateResult& incumbent, Figure figure) {
-  return ratio_digits(r.ratio) + "x " + incumbent.name + " " + figure_name(figure) +
-         fmt(" (%.0f%% CI ", kDecisionConfidence * 100) + ratio_digits(r.lo) + "–" +
-         ratio_digits(r.hi) + ")";
+// Stall events of a set: runs of consecutive calls over kStallFactor times its median (the
+// machine takes the CPU in bursts, so a run counts once).
+int64_t stall_events(const std::vector<double>& samples) {
+  const double cut = kStallFactor * median_of(samples);
+  int64_t events = 0;
+  bool in_stall = false;
+  for (double x : samples) {
+    const bool stalled = x > cut;
+    events += stalled && !in_stall;
+    in_stall = stalled;
+  }
+  return events;
+}
+
+// P(X <= k) for X ~ Binomial(n, p), summed in logs (n reaches thousands).
+double binomial_cdf(int64_t k, int64_t n, double p) {
+  if (k < 0) return 0.0;
+  if (k >= n || p <= 0) return 1.0;
+  if (p >= 1) return 0.0;
+  const double dn = static_cast<double>(n);
+  const double log_n = std::lgamma(dn + 1);
+  double total = 0;
+  for (int64_t i = 0; i <= k; ++i) {
+    const double di = static_cast<double>(i);
+    total += std::exp(log_n - std::lgamma(di + 1) - std::lgamma(dn - di + 1) + di * std::log(p) +
+                      (dn - di) * std::log1p(-p));
+  }
+  return std::min(total, 1.0);
+}
+
+// The stall events of two candidates measured side by side, and whether they are the machine's:
+// some stalled, and the incumbent's share of the events is what its share of the calls predicts
+// (a two-sided binomial test at the decision's confidence).
+struct Stalls {
+  int64_t incumbent = 0;
+  int64_t challenger = 0;
+  bool machines = false;
+};
+
+Stalls stalls_of(const CandidateResult& incumbent, const CandidateResult& challenger) {
+  const auto& a = incumbent.measurement.samples_ms;
+  const auto& b = challenger.measurement.samples_ms;
+  Stalls s{stall_events(a), stall_events(b), false};
+  const int64_t total = s.incumbent + s.challenger;
+  if (total == 0) return s;
+  const double share = static_cast<double>(a.size()) / static_cast<double>(a.size() + b.size());
+  const double lower = binomial_cdf(s.incumbent, total, share);
+  const double upper = 1.0 - binomial_cdf(s.incumbent - 1, total, share);
+  s.machines = std::min(1.0, 2.0 * std::min(lower, upper)) >= 1.0 - kDecisionConfidence;
+  return s;
+}
+
+// The statistic a comparison of `figure` rests on: throughput follows the mean latency, except
+// where both candidates' stalls are the machine's (select.h).
+Statistic statistic_between(const CandidateResult& incumbent, const CandidateResult& challenger,
+                            Figure figure) {
+  if (figure == Figure::throughput && stalls_of(incumbent, challenger).machines) {
+    return Statistic::median;
+  }
+  return statistic_for(figure);
+}
+
+// "2.000x eager throughput (99% CI 1.960–2.040)", with the basis when the machine's stalls moved
+// a throughput comparison to the median: "..., on the median: stalls alike, 3 and 4 runs of calls
+// over 5x the median, the machine's)".
+std::string ratio_text(const RatioInterval& r, const CandidateResult& incumbent,
+                       const CandidateResult& challenger, Figure figure) {
+  std::string text = ratio_digits(r.ratio) + "x " + incumbent.name + " " + figure_name(figure) +
+                     fmt(" (%.0f%% CI ", kDecisionConfidence * 100) + ratio_digits(r.lo) + "–" +
+                     ratio_digits(r.hi);
+  if (figure == Figure::throughput) {
+    const Stalls s = stalls_of(incumbent, challenger);
+    if (s.machines) {
+      text += fmt(
+          ", on the median: stalls alike, %lld and %lld runs of calls over %.0fx the "
+          "median, the machine's",
+          static_cast<long long>(s.challenger), static_cast<long long>(s.incumbent), kStallFactor);
+    }
+  }
+  return text + ")";
 }
 
 // The ratio of `figure` of challenger over incumbent, > 1 when the challenger is better.
@@ -126,7 +202,8 @@ RatioInterval ratio_of(const CandidateResult& incumbent, const CandidateResult& 
                        Figure figure) {
   const auto& a = incumbent.measurement.samples_ms;
   const auto& b = challenger.measurement.samples_ms;
-  RatioInterval r = compare(a, b, 2000, kDecisionConfidence, 42, statistic_for(figure));
+  RatioInterval r = compare(a, b, 2000, kDecisionConfidence, 42,
+                            statistic_between(incumbent, challenger, figure));
   if (figure == Figure::throughput) {  // samples per call may differ: throughput is per sample
     const double per_sample = static_cast<double>(challenger.measurement.batch_size) /
                               static_cast<double>(incumbent.measurement.batch_size);
@@ -186,7 +263,7 @@ std::string describe(const Cands& cands, int pick, Figure figure, const std::str
   const int base = baseline_index(cands);
   std::string line = c.name + ": ";
   if (base >= 0 && base != pick) {
-    line += ratio_text(ratio_of(cands[base], c, figure), cands[base], figure) + ", " + why;
+    line += ratio_text(ratio_of(cands[base], c, figure), cands[base], c, figure) + ", " + why;
     if (!cands[base].measurement.stable) {
       line += "; " + cands[base].name + " " + unstable_note(cands[base]) +
               ", slower even at its fastest call";
@@ -235,7 +312,7 @@ const char* figure_name(Figure figure) {
 Evidence weigh(const CandidateResult& incumbent, const CandidateResult& challenger, Figure figure,
                double threshold) {
   Evidence e;
-  const Statistic stat = statistic_for(figure);
+  const Statistic stat = statistic_between(incumbent, challenger, figure);
   if (!(statistic_of(challenger.measurement.samples_ms, stat) > 0) ||
       !(statistic_of(incumbent.measurement.samples_ms, stat) > 0)) {
     e.why = challenger.name + " cannot be compared with " + incumbent.name + " (a zero " +
@@ -243,7 +320,8 @@ Evidence weigh(const CandidateResult& incumbent, const CandidateResult& challeng
     return e;
   }
   e.interval = ratio_of(incumbent, challenger, figure);
-  const std::string figures = challenger.name + " " + ratio_text(e.interval, incumbent, figure);
+  const std::string figures =
+      challenger.name + " " + ratio_text(e.interval, incumbent, challenger, figure);
   if (!challenger.measurement.stable) {
     e.why = figures + " but its measurement is " + unstable_note(challenger);
   } else if (!incumbent.measurement.stable) {

@@ -1,6 +1,7 @@
 // cpp/tests/test_select.cpp: every strategy over injected measurements, ties and failures included.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -166,6 +167,64 @@ TEST(Select, AnUnstableMeasurementNeverWins) {
   // Against a stable, simpler inductor at 1.0 ms the unstable candidate loses too.
   const Decision vs = honed::select_min_latency({measured("inductor", 1, around(1.0)), noisy});
   EXPECT_EQ(vs.index, 0) << vs.reason;
+}
+
+TEST(Select, StallsAlikeInNumberAreTheMachines) {
+  // A 0.018 ms call on two cores shared with four busy programs: now and then the process loses
+  // the CPU for 4-32 ms, a few calls in a row. The mean rests on those few calls, so one side's
+  // share of them looks like a 2-4x gain in about one draw in six; whatever the draw, the copy of
+  // eager never wins on throughput, and a copy 10 % faster in every call always does.
+  auto draw = [](std::mt19937_64& rng, double scale) {
+    std::uniform_real_distribution<double> u(0, 1);
+    std::vector<double> v;
+    int left = 0;
+    for (int i = 0; i < 2000; ++i) {
+      if (left == 0 && u(rng) < 0.004) left = 1 + static_cast<int>(-4.0 * std::log(1 - u(rng)));
+      if (left > 0) {
+        --left;
+        v.push_back(4.0 * (1 << static_cast<int>(4 * u(rng))));
+      } else {
+        v.push_back(scale * (0.0178 + 0.0008 * u(rng)));
+      }
+    }
+    return v;
+  };
+  int on_the_median = 0;
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    std::mt19937_64 rng(seed);
+    const Decision same = honed::select_max_throughput(
+        {measured("eager", 0, draw(rng, 1.0)), measured("same-work", 1, draw(rng, 1.0))});
+    EXPECT_EQ(same.index, 0) << "seed " << seed << ": " << same.reason;
+    const Decision faster = honed::select_max_throughput(
+        {measured("eager", 0, draw(rng, 1.0)), measured("faster", 1, draw(rng, 0.9))});
+    EXPECT_EQ(faster.index, 1) << "seed " << seed << ": " << faster.reason;
+    on_the_median += contains(faster.reason, "on the median: stalls alike, ");
+  }
+  EXPECT_GT(on_the_median, 20);
+}
+
+TEST(Select, StallsOfACandidatesOwnCount) {
+  // eager stalls on one call in twenty (its own, e.g. a collector pass); inductor runs the same
+  // calls without them: the stalls differ in number, so the higher throughput is inductor's.
+  std::vector<double> eager;
+  std::vector<double> inductor;
+  for (int i = 0; i < 1000; ++i) {
+    const double call = 1.0 + 0.01 * ((i * 7) % 9);
+    eager.push_back(i % 20 == 0 ? 10 * call : call);
+    inductor.push_back(call);
+  }
+  const Decision d = honed::select_max_throughput(
+      {measured("eager", 0, eager), measured("inductor", 1, inductor)});
+  EXPECT_EQ(d.index, 1) << d.reason;
+  EXPECT_FALSE(contains(d.reason, "on the median")) << d.reason;
+  // A candidate whose own stalls outweigh a faster typical call loses on throughput, and wins
+  // on median latency.
+  std::vector<double> stalling;
+  for (int i = 0; i < 1000; ++i) stalling.push_back(i % 10 == 0 ? 20.0 : 0.9);
+  const std::vector<CandidateResult> cands = {measured("eager", 0, inductor),
+                                              measured("aot", 1, stalling)};
+  EXPECT_EQ(honed::select_max_throughput(cands).index, 0);
+  EXPECT_EQ(honed::select_min_latency(cands).index, 1);
 }
 
 TEST(Select, IdenticalCostUnderLoadIsNeverSelected) {

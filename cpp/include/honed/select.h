@@ -43,9 +43,19 @@ constexpr double kDefaultDecisionMargin = 0.02;
 // the same work as another looks better by chance in about 0.5 % of comparisons.
 constexpr double kDecisionConfidence = 0.99;
 
+// Stalls: calls over this many times their own measurement's median latency.
+constexpr double kStallFactor = 5.0;
+
 // Whether `challenger` beats `incumbent` on `figure` with evidence: both measurements stable and
 // the bootstrap interval of the ratio (> 1: the challenger is better; for throughput the
 // challenger's throughput over the incumbent's) lying entirely above `threshold`.
+// Throughput follows the mean latency, which a few stalls can decide alone: on a loaded CPU a
+// 0.02 ms call now and then loses the CPU for 4-30 ms, in bursts. A stall event is a run of
+// consecutive stalls. Where either candidate stalled and the incumbent's share of the events is
+// what its share of the calls predicts (a two-sided binomial test at kDecisionConfidence), the
+// stalls are the machine's and say nothing of the candidates: the comparison rests on the
+// median instead, and its text says so. Events that differ in number are the candidates' own
+// (a collector pass, a re-capture) and the mean keeps them.
 // why: when it does not beat it, what is missing, with the figures, e.g. "onnx 1.010x eager
 // throughput (99% CI 0.970–1.050, needs > 1.020x)" or "aot 356x eager throughput (99% CI
 // 12.0–900) but its measurement is unstable (CV 383.0%)".
