@@ -172,14 +172,14 @@ TEST(Select, AnUnstableMeasurementNeverWins) {
 TEST(Select, StallsAlikeInNumberAreTheMachines) {
   // A 0.018 ms call on two cores shared with four busy programs: now and then the process loses
   // the CPU for 4-32 ms, a few calls in a row. The mean rests on those few calls, so one side's
-  // share of them looks like a 2-4x gain in about one draw in six; whatever the draw, the copy of
+  // share of them looks like a 2-8x gain in about one draw in five; whatever the draw, the copy of
   // eager never wins on throughput, and a copy 10 % faster in every call always does.
   auto draw = [](std::mt19937_64& rng, double scale) {
     std::uniform_real_distribution<double> u(0, 1);
     std::vector<double> v;
     int left = 0;
-    for (int i = 0; i < 2000; ++i) {
-      if (left == 0 && u(rng) < 0.004) left = 1 + static_cast<int>(-4.0 * std::log(1 - u(rng)));
+    for (int i = 0; i < 1000; ++i) {
+      if (left == 0 && u(rng) < 0.008) left = 1 + static_cast<int>(-4.0 * std::log(1 - u(rng)));
       if (left > 0) {
         --left;
         v.push_back(4.0 * (1 << static_cast<int>(4 * u(rng))));
@@ -190,7 +190,7 @@ TEST(Select, StallsAlikeInNumberAreTheMachines) {
     return v;
   };
   int on_the_median = 0;
-  for (uint64_t seed = 1; seed <= 30; ++seed) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
     std::mt19937_64 rng(seed);
     const Decision same = honed::select_max_throughput(
         {measured("eager", 0, draw(rng, 1.0)), measured("same-work", 1, draw(rng, 1.0))});
@@ -200,7 +200,7 @@ TEST(Select, StallsAlikeInNumberAreTheMachines) {
     EXPECT_EQ(faster.index, 1) << "seed " << seed << ": " << faster.reason;
     on_the_median += contains(faster.reason, "on the median: stalls alike, ");
   }
-  EXPECT_GT(on_the_median, 20);
+  EXPECT_GT(on_the_median, 12);
 }
 
 TEST(Select, StallsOfACandidatesOwnCount) {
