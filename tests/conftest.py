@@ -133,7 +133,11 @@ def fast_measurement_env() -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def fast_measurement() -> Iterator[None]:
+def fast_measurement(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Short measurements, here and in the processes a test starts (a test's own env= wins):
+    a tune in a child otherwise measures with the defaults, seconds a candidate."""
+    for name, value in fast_measurement_env().items():
+        monkeypatch.setenv(name, value)
     with honed.config.patch(**FAST_MEASUREMENT):
         yield
 
