@@ -167,43 +167,48 @@ Stalls stalls_of(const CandidateResult& incumbent, const CandidateResult& challe
   return s;
 }
 
-// The statistic a comparison of `figure` rests on: throughput follows the mean latency, except
-// where both candidates' stalls are the machine's (select.h).
-Statistic statistic_between(const CandidateResult& incumbent, const CandidateResult& challenger,
-                            Figure figure) {
-  if (figure == Figure::throughput && stalls_of(incumbent, challenger).machines) {
-    return Statistic::median;
+// What a comparison of `figure` rests on: its statistic (throughput follows the mean latency,
+// except where both candidates' stalls are the machine's: select.h) and, for throughput, the
+// stalls that decided it. Worked out once per pair of candidates.
+struct Basis {
+  Statistic stat = Statistic::median;
+  Stalls stalls;
+};
+
+Basis basis_of(const CandidateResult& incumbent, const CandidateResult& challenger, Figure figure) {
+  Basis basis{statistic_for(figure), {}};
+  if (figure == Figure::throughput) {
+    basis.stalls = stalls_of(incumbent, challenger);
+    if (basis.stalls.machines) basis.stat = Statistic::median;
   }
-  return statistic_for(figure);
+  return basis;
 }
 
 // "2.000x eager throughput (99% CI 1.960–2.040)", with the basis when the machine's stalls moved
 // a throughput comparison to the median: "..., on the median: stalls alike, 3 and 4 runs of calls
 // over 5x the median, the machine's)".
-std::string ratio_text(const RatioInterval& r, const CandidateResult& incumbent,
-                       const CandidateResult& challenger, Figure figure) {
+std::string ratio_text(const RatioInterval& r, const CandidateResult& incumbent, Figure figure,
+                       const Basis& basis) {
   std::string text = ratio_digits(r.ratio) + "x " + incumbent.name + " " + figure_name(figure) +
                      fmt(" (%.0f%% CI ", kDecisionConfidence * 100) + ratio_digits(r.lo) + "–" +
                      ratio_digits(r.hi);
-  if (figure == Figure::throughput) {
-    const Stalls s = stalls_of(incumbent, challenger);
-    if (s.machines) {
-      text += fmt(
-          ", on the median: stalls alike, %lld and %lld runs of calls over %.0fx the "
-          "median, the machine's",
-          static_cast<long long>(s.challenger), static_cast<long long>(s.incumbent), kStallFactor);
-    }
+  if (basis.stalls.machines) {
+    text +=
+        fmt(", on the median: stalls alike, %lld and %lld runs of calls over %.0fx the "
+            "median, the machine's",
+            static_cast<long long>(basis.stalls.challenger),
+            static_cast<long long>(basis.stalls.incumbent), kStallFactor);
   }
   return text + ")";
 }
 
-// The ratio of `figure` of challenger over incumbent, > 1 when the challenger is better.
+// The ratio of `figure` (by `stat`) of challenger over incumbent, > 1 when the challenger is
+// better.
 RatioInterval ratio_of(const CandidateResult& incumbent, const CandidateResult& challenger,
-                       Figure figure) {
+                       Figure figure, Statistic stat) {
   const auto& a = incumbent.measurement.samples_ms;
   const auto& b = challenger.measurement.samples_ms;
-  RatioInterval r = compare(a, b, 2000, kDecisionConfidence, 42,
-                            statistic_between(incumbent, challenger, figure));
+  RatioInterval r = compare(a, b, 2000, kDecisionConfidence, 42, stat);
   if (figure == Figure::throughput) {  // samples per call may differ: throughput is per sample
     const double per_sample = static_cast<double>(challenger.measurement.batch_size) /
                               static_cast<double>(incumbent.measurement.batch_size);
@@ -263,7 +268,9 @@ std::string describe(const Cands& cands, int pick, Figure figure, const std::str
   const int base = baseline_index(cands);
   std::string line = c.name + ": ";
   if (base >= 0 && base != pick) {
-    line += ratio_text(ratio_of(cands[base], c, figure), cands[base], c, figure) + ", " + why;
+    const Basis basis = basis_of(cands[base], c, figure);
+    line += ratio_text(ratio_of(cands[base], c, figure, basis.stat), cands[base], figure, basis) +
+            ", " + why;
     if (!cands[base].measurement.stable) {
       line += "; " + cands[base].name + " " + unstable_note(cands[base]) +
               ", slower even at its fastest call";
@@ -312,16 +319,17 @@ const char* figure_name(Figure figure) {
 Evidence weigh(const CandidateResult& incumbent, const CandidateResult& challenger, Figure figure,
                double threshold) {
   Evidence e;
-  const Statistic stat = statistic_between(incumbent, challenger, figure);
+  const Basis basis = basis_of(incumbent, challenger, figure);
+  const Statistic stat = basis.stat;
   if (!(statistic_of(challenger.measurement.samples_ms, stat) > 0) ||
       !(statistic_of(incumbent.measurement.samples_ms, stat) > 0)) {
     e.why = challenger.name + " cannot be compared with " + incumbent.name + " (a zero " +
             statistic_name(stat) + " latency)";
     return e;
   }
-  e.interval = ratio_of(incumbent, challenger, figure);
+  e.interval = ratio_of(incumbent, challenger, figure, stat);
   const std::string figures =
-      challenger.name + " " + ratio_text(e.interval, incumbent, challenger, figure);
+      challenger.name + " " + ratio_text(e.interval, incumbent, figure, basis);
   if (!challenger.measurement.stable) {
     e.why = figures + " but its measurement is " + unstable_note(challenger);
   } else if (!incumbent.measurement.stable) {
