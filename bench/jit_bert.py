@@ -83,13 +83,50 @@ PROGRAM = textwrap.dedent(
         report = honed.tune(model, [inputs(ids)])
         tuned = {"tune_s": time.perf_counter() - t0, "selected": report.selected()}
     times = []
+    watch_ms = float(sys.argv[7])
+    if watch_ms > 0:
+        # A thread polling every watch_ms / 2 writes every other thread's stack once a call runs
+        # past watch_ms. It needs the GIL for that, so it gets it when the holder lets go: a
+        # thread inside one long C call shows as the Python line that made it.
+        import threading, traceback
+        dumps = open(out + ".stacks", "w")
+        now = {"call": None}
+        def watch():
+            seen = None
+            while True:
+                time.sleep(watch_ms / 2e3)
+                call = now["call"]
+                late = call is not None and time.perf_counter() - call[1] >= watch_ms / 1e3
+                if not late or call[0] == seen:
+                    continue
+                seen = call[0]
+                me, main = threading.get_ident(), threading.main_thread().ident
+                for ident, frame in sys._current_frames().items():
+                    if ident not in (me, main):
+                        where = traceback.extract_stack(frame)[-4:][::-1]
+                        dumps.write(f"@@ {call[0]} thread {ident}: " + " < ".join(
+                            f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})" for f in where)
+                            + "\\n")
+                dumps.flush()
+        threading.Thread(target=watch, daemon=True).start()
+        def arm():
+            now["call"] = (len(times), time.perf_counter())
+        def disarm(i, t, ms):
+            now["call"] = None
+            if ms >= watch_ms:
+                dumps.write(f"@@ {i} took {ms:.3f} ms at {t:.3f} s\\n")
+    else:
+        arm = lambda: None
+        disarm = lambda i, t, ms: None
     with torch.no_grad():
         start = time.perf_counter()
         while len(times) < calls or time.perf_counter() - start < seconds:
+            arm()
             t0 = time.perf_counter()
             model(**inputs(ids))
             sync()
             t1 = time.perf_counter()
+            disarm(len(times), t0 - start, (t1 - t0) * 1e3)
             times.append((t0 - start, (t1 - t0) * 1e3))
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
@@ -116,6 +153,7 @@ def run_program(
         str(seconds),
         str(out),
         mode,
+        str(args.watch_ms or 0),
     ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -132,8 +170,30 @@ def run_program(
         )
     data = json.loads(out.read_text())
     data["wall_s"] = wall
+    stacks = out.with_name(out.name + ".stacks")
+    if stacks.exists():
+        data["slow_calls"] = slow_call_stacks(stacks.read_text())
     data["stderr"] = proc.stderr
     return data
+
+
+def slow_call_stacks(text: str) -> list[dict[str, Any]]:
+    """What JIT's threads were doing while a call ran past ``--watch-ms``: the program's
+    watchdog lines ``@@ I thread T: frames`` and ``@@ I took MS ms at T s``, for the slowest
+    calls (innermost frame first)."""
+    calls: dict[int, dict[str, Any]] = {}
+    for line in text.splitlines():
+        if not line.startswith("@@ "):
+            continue
+        head, _, rest = line[3:].partition(" ")
+        call = calls.setdefault(int(head), {"call": int(head), "others": []})
+        if rest.startswith("took "):
+            words = rest.split()  # took MS ms at T s
+            call["ms"], call["at_s"] = float(words[1]), float(words[4])
+        else:
+            call["others"].append(rest.partition(": ")[2].split(" < "))
+    timed = [c for c in calls.values() if "ms" in c]
+    return sorted(timed, key=lambda c: -c["ms"])[:25]
 
 
 def steady_calls(data: dict[str, Any]) -> list[float]:
@@ -204,6 +264,8 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     ]
     out["hierarchy"] = [s for s in lines if "├─" in s][:3]
     out["stderr_tail"] = lines[-40:]  # what JIT said, for a run whose tune shows nothing
+    if "slow_calls" in data:
+        out["slow_calls"] = data["slow_calls"]
     return out
 
 
@@ -220,6 +282,13 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None, help="HONED_JIT_TIME_BUDGET_S")
     parser.add_argument("--backends", default=None, help="HONED_JIT_BACKENDS (class names)")
     parser.add_argument("--timeout", type=float, default=560.0, help="per run, seconds")
+    parser.add_argument(
+        "--watch-ms",
+        type=float,
+        default=0.0,
+        help="note what every other thread is doing when a call runs past this many ms "
+        "(the JSON's slow_calls)",
+    )
     parser.add_argument(
         "--no-aot",
         dest="aot",
@@ -291,6 +360,9 @@ def main() -> None:
         )
         for line in r["tunes"]:
             print(f"  {line}")
+        for c in r.get("slow_calls", [])[:8]:
+            doing = " | ".join(" < ".join(fs[:2]) for fs in c["others"] if fs) or "-"
+            print(f"  slow call {c['call']} at {c['at_s']:.1f} s, {c['ms']:.1f} ms: {doing}")
     if aot is not None:
         v = result["warm_vs_aot"]
         ratios = ", ".join(
