@@ -150,10 +150,11 @@ class _Worker:
             return self.lock.wait_for(lambda: self.pending == 0, timeout_s)
 
 
-# Python's switch interval while a JIT job runs: the job's in-process Python (the graph-break
-# check's trace, the install) holds the GIL, and each torch op of the program's call that gives
-# the GIL up waits up to this long to get it back (5 ms by default).
-SWITCH_INTERVAL_S = 0.0005
+# Python's switch interval while a JIT job runs: the job's in-process Python (pickling for the
+# workers, imports, the install) holds the GIL, and each torch op of the program's call that gives
+# the GIL up waits this long to get it back (5 ms by default) before JIT's thread is asked to let
+# go. A call of a few hundred ops pays it per op: small enough that the sum stays within the call.
+SWITCH_INTERVAL_S = 0.00005
 
 
 @contextlib.contextmanager
