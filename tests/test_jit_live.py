@@ -151,6 +151,82 @@ def test_a_trial_that_runs_out_of_time_with_few_calls_keeps_the_pick(
     assert min(verdicts[0].pick_calls, verdicts[0].rivals[0].calls) < live._MIN_SAMPLES
 
 
+class LateFigures:
+    """A timer whose figures are readable only ``lag`` calls after their call, as CUDA events
+    are while the GPU is behind the host: ``answered`` lists who answered each call so far,
+    ``ms`` gives a call's time from who answered it."""
+
+    def __init__(self, lag: int, answered: list[str], ms: dict[str, float]) -> None:
+        self.lag, self.answered, self.ms_of = lag, answered, ms
+
+    def start(self) -> Any:
+        return None
+
+    def stop(self, started: Any) -> Any:
+        return len(self.answered)  # the call just answered
+
+    def ready(self, stamp: Any) -> bool:
+        return len(self.answered) - stamp >= self.lag
+
+    def ms(self, stamp: Any) -> float:
+        return self.ms_of[self.answered[stamp - 1]]
+
+
+def test_figures_that_are_not_readable_yet_defer_the_verdict_and_the_pick_answers() -> None:
+    answered: list[str] = []
+
+    class Says:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def dispatch(self, args: Any, kwargs: Any) -> Any:
+            answered.append(self.name)
+            return args[0]
+
+    # The rival's calls take half the pick's; each figure is readable 6 calls after its call.
+    timer = LateFigures(6, answered, {"Pick": 2.0, "Rival": 1.0})
+    clock = FakeClock()
+    verdicts: list[live.Verdict] = []
+    pick, rival = live.Arm("Pick", Says("Pick")), live.Arm("Rival", Says("Rival"))
+    trial = live.Trial(pick, [rival], 1.0, verdicts.append, clock=clock, timer=timer)
+    while not trial.stopped:
+        assert trial.call(None, None, ("x",), {}) == "x"
+        clock.now += 0.001
+    stopped_at = len(answered)
+    assert not verdicts and rival.pending  # the last block's figures are not readable yet
+    while not verdicts:
+        assert trial.call(None, None, ("x",), {}) == "x"
+        assert len(answered) - stopped_at <= 6, "the verdict waited past the last figure"
+    assert set(answered[stopped_at:]) == {"Pick"}  # meanwhile the pick answered every call
+    assert verdicts[0].adopted == "Rival" and not pick.pending and not rival.pending
+    assert verdicts[0].rivals[0].ratio == pytest.approx(2.0)
+    counted = len(pick.samples_ms) + len(rival.samples_ms)
+    assert counted == stopped_at - live._ROUNDS * 2  # every block's first call left out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_events_time_the_gpu_work_of_a_call_not_its_launch() -> None:
+    timer = live.CudaEvents()
+    x = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    t0 = timer.start()
+    for _ in range(8):
+        x @ x  # launched at once; the GPU is busy for longer
+    host_ms = (time.perf_counter() - started) * 1e3
+    stamp = timer.stop(t0)
+    torch.cuda.synchronize()
+    assert timer.ready(stamp)
+    gpu_ms = timer.ms(stamp)
+    # Eight 4096^3 matmuls: about 1.1 TFLOP, several ms on any GPU, launched in well under that.
+    assert gpu_ms > 2 * host_ms and gpu_ms > 1.0
+    one = timer.start()
+    x @ x
+    single = timer.stop(one)
+    torch.cuda.synchronize()
+    assert timer.ms(single) == pytest.approx(gpu_ms / 8, rel=0.5)
+
+
 # -- through JIT ------------------------------------------------------------------------------
 class Slow(nn.Module):
     """Eager is slow on purpose (a sleep in forward); the fast variant skips it."""

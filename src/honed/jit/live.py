@@ -11,9 +11,12 @@ block is not counted), times each call with the host clock, and adopts a rival o
 every other decision (the fastest such rival, when several do). Otherwise the tune's pick stays,
 and the history says the live figures did not decide.
 
-Sound where a call's host time is its cost: on the CPU, where a call returns when its work is
-done. A CUDA call returns at launch; there the tune's worker measurement stands (its measuring
-worker has the GPU to itself).
+On the CPU a call's host time is its cost: a call returns when its work is done. A CUDA call
+returns once its work is launched, so there each call is timed with a pair of CUDA events
+recorded on the calling stream around it: the GPU time from the call's first work to its last,
+which includes any wait for launches that lag behind (a launch-bound call's real cost), and
+excludes work queued before the call. Nothing waits for an event: the figures are read once the
+events completed, and a trial whose last events are still running decides on a later call.
 """
 
 from __future__ import annotations
@@ -41,13 +44,67 @@ _MIN_SAMPLES = 20
 _CONFIDENCE = 0.99
 
 
+class HostClock:
+    """Times a call with the host clock (the CPU: a call returns when its work is done)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+
+    def start(self) -> Any:
+        return self.clock()
+
+    def stop(self, started: Any) -> Any:
+        return (self.clock() - started) * 1e3
+
+    def ready(self, stamp: Any) -> bool:
+        return True
+
+    def ms(self, stamp: Any) -> float:
+        return float(stamp)
+
+
+class CudaEvents:
+    """Times a call with two CUDA events on the stream it was called on; a stamp is read only
+    once its end event completed (``ready``), so no call waits for the GPU."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+
+    def start(self) -> Any:
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, started: Any) -> Any:
+        end = self.torch.cuda.Event(enable_timing=True)
+        end.record()
+        return started, end
+
+    def ready(self, stamp: Any) -> bool:
+        return bool(stamp[1].query())
+
+    def ms(self, stamp: Any) -> float:
+        return float(stamp[0].elapsed_time(stamp[1]))
+
+
 @dataclasses.dataclass
 class Arm:
-    """One side of a trial: a tuned honed.Module (``wrapper``), or eager (``wrapper`` None)."""
+    """One side of a trial: a tuned honed.Module (``wrapper``), or eager (``wrapper`` None).
+    ``samples_ms``: its counted calls' times read so far; ``pending``: the stamps of counted
+    calls whose times are not readable yet (CUDA events still running)."""
 
     label: str
     wrapper: Any = None
     samples_ms: list[float] = dataclasses.field(default_factory=list)
+    pending: list[Any] = dataclasses.field(default_factory=list)
+
+    def settle(self, timer: Any) -> bool:
+        """Read every pending stamp that is ready; True when none is left."""
+        while self.pending and timer.ready(self.pending[0]):
+            self.samples_ms.append(timer.ms(self.pending.pop(0)))
+        return not self.pending
 
     def run(self, module: Any, eager: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         if self.wrapper is None:
@@ -105,7 +162,10 @@ class Trial:
         per_call_ms: float,
         done: Callable[[Verdict], None],
         clock: Callable[[], float] = time.perf_counter,
+        timer: Any = None,
     ) -> None:
+        """``timer``: how a call is timed (HostClock, the default, or CudaEvents); ``clock``
+        keeps the trial's own time (its blocks' sizing on the host, its time limit)."""
         if not rivals:
             raise ValueError("a live trial needs at least one rival")
         self.arms = [pick, *rivals]
@@ -115,42 +175,67 @@ class Trial:
         self.rounds = 0
         self.done = done
         self.clock = clock
+        self.timer = timer if timer is not None else HostClock(clock)
         self.started = clock()
         self.finished = False
+        self.stopped = False  # the blocks are done; the verdict waits for the last figures
+        self.host_ms: list[float] = []  # the first round's host times, should none be readable
 
     def call(self, module: Any, eager: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Run this call on the variant whose turn it is; MISS when that variant does not take
-        these inputs (the caller runs eager, uncounted)."""
+        these inputs (the caller runs eager, uncounted). Once the blocks are done, the pick
+        answers until the last figures are readable and the verdict is given."""
+        if self.stopped:
+            out = self.arms[0].run(module, eager, args, kwargs)
+            self._decide()
+            return out
         arm = self.arms[self.turn]
-        t0 = self.clock()
+        h0 = self.clock()
+        t0 = self.timer.start()
         out = arm.run(module, eager, args, kwargs)
-        took_ms = (self.clock() - t0) * 1e3
+        stamp = self.timer.stop(t0)
         if out is MISS:
             return out
         if self.in_block > 0:  # a block's first call pays for the switch: not counted
-            arm.samples_ms.append(took_ms)
+            arm.pending.append(stamp)
+            if self.rounds == 0:
+                self.host_ms.append((self.clock() - h0) * 1e3)
         self.in_block += 1
         if self.in_block >= self.block:
             self.in_block = 0
+            arm.settle(self.timer)
             self.turn = (self.turn + 1) % len(self.arms)
             if self.turn == 0:
                 self.rounds += 1
                 if self.rounds == 1:
                     self._size_blocks()
-        if not self.finished and (self.rounds >= _ROUNDS or self.clock() - self.started > _MAX_S):
-            self.finished = True
-            self.done(self.verdict())
+        if self.rounds >= _ROUNDS or self.clock() - self.started > _MAX_S:
+            self.stopped = True
+            self._decide()
         return out
+
+    def _decide(self) -> None:
+        """Give the verdict once every counted call's figure is readable (at once on the
+        CPU); until then the pick answers the calls."""
+        if self.finished or not all(arm.settle(self.timer) for arm in self.arms):
+            return
+        self.finished = True
+        self.done(self.verdict())
 
     def _size_blocks(self) -> None:
         """After the first round, blocks sized from the calls just timed: the tune's figure
-        (``per_call_ms``) was measured beside the program and may be far off."""
-        timed = sorted(ms for arm in self.arms for ms in arm.samples_ms)
+        (``per_call_ms``) was measured beside the program and may be far off. The figures read
+        so far, else the host times (a CUDA call's launch time is a floor of its cost)."""
+        for arm in self.arms:
+            arm.settle(self.timer)
+        timed = sorted(ms for arm in self.arms for ms in arm.samples_ms) or sorted(self.host_ms)
         if timed:
             typical = timed[len(timed) // 2]
             self.block = max(_MIN_BLOCK_CALLS, int(_BLOCK_MS / max(typical, 1e-3)))
 
     def verdict(self) -> Verdict:
+        for arm in self.arms:  # on the CPU every figure is read; CUDA: what completed
+            arm.settle(self.timer)
         pick, *rivals = self.arms
         took = self.clock() - self.started
         margin = 1.0 + float(_flags.decision_margin)

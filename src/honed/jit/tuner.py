@@ -310,18 +310,20 @@ def _start_trial(
     fingerprints: dict[int, str],
     record: TuneRecord,
 ) -> None:
-    """On the CPU, let the pick and its best rivals take turns on the program's calls (live.py);
-    each rival is installed from the tuning cache first, so nothing is rebuilt."""
+    """Let the pick and its best rivals take turns on the program's calls (live.py), timed with
+    the host clock on the CPU and with CUDA events on CUDA; each rival is installed from the
+    tuning cache first, so nothing is rebuilt."""
     from honed.jit import live
 
     if not config.live_choice or not _flags.cache_enabled or node.module is None:
         return
-    if _device_of(node.module, dataset[0]) != "cpu":
+    device = torch.device(_device_of(node.module, dataset[0]))
+    if device.type not in ("cpu", "cuda"):
         return
     pick_row = next((c for c in report.graphs[0].candidates if c.selected), None)
     if pick_row is None or not pick_row.median_ms:
         return
-    by_name = {b.name: b for b in strategy.backends(torch.device("cpu"), None)}
+    by_name = {b.name: b for b in strategy.backends(device, None)}
     arms = []
     for row in live.rivals(report):
         arm = _rival_arm(node, row, by_name, dataset, sizes, fingerprints)
@@ -347,7 +349,8 @@ def _start_trial(
 
     names = ", ".join(a.label for a in arms)
     add_step(f"Live trial for {node.short()}: {pick} against {names} on the program's calls")
-    node.trial = live.Trial(live.Arm(pick, wrapper), arms, pick_row.median_ms, done)
+    timer = live.CudaEvents() if device.type == "cuda" else None
+    node.trial = live.Trial(live.Arm(pick, wrapper), arms, pick_row.median_ms, done, timer=timer)
 
 
 def _rival_arm(
