@@ -119,8 +119,12 @@ void bind_worker(nb::module_& m) {
       .def(
           "send",
           [](Worker& w, nb::bytes message, double timeout_s) {
-            std::string data(message.c_str(), message.size());
+            // The copy of a graph's context (hundreds of MB for a CPU model) is made without the
+            // GIL: `message` holds the bytes object, which never changes, while the copy runs.
+            const char* bytes = message.c_str();
+            const size_t size = message.size();
             nb::gil_scoped_release no_gil;
+            const std::string data(bytes, size);
             return w.send(data, timeout_s);
           },
           "message"_a, "timeout_s"_a = -1.0)
