@@ -149,6 +149,36 @@ def test_a_raising_available_fails_only_its_candidate() -> None:
     assert row.reason.startswith("unavailable: _Raising.available() raised RuntimeError")
 
 
+class _NeedsProbe(Backend):
+    requires = ("honed_probe_lib",)
+
+    @classmethod
+    def available(cls) -> Availability:
+        import honed_probe_lib  # type: ignore[import-not-found]  # noqa: F401
+
+        return Availability(True)
+
+
+class _NeedsAbsent(Backend):
+    requires = ("honed_absent_lib",)
+
+
+def test_installed_only_answers_without_importing_what_a_backend_requires(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A library that is installed but fails to import: only a real import finds that out.
+    (tmp_path / "honed_probe_lib.py").write_text("raise RuntimeError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with reg.installed_only():
+        assert availability(_NeedsProbe).ok
+        verdict = availability(_NeedsAbsent)
+        assert not verdict.ok and verdict.reason == "honed_absent_lib is not installed"
+    assert "honed_probe_lib" not in sys.modules
+    # Outside the block (and on other threads) the check is the backend's own, import included.
+    outside = availability(_NeedsProbe)
+    assert not outside.ok and "RuntimeError: imported" in outside.reason
+
+
 def test_default_backends_fit_the_kind_of_model(monkeypatch: pytest.MonkeyPatch) -> None:
     from honed.backend._defaults import default_candidates
 

@@ -311,3 +311,23 @@ def test_jit_workers_run_below_the_program(monkeypatch: pytest.MonkeyPatch) -> N
         assert honed.jit.roots()[0].state is State.TUNED
     assert len(seen) == 2 and set(seen) == {6}  # the graph-break check, then the tune
     assert honed.config.worker_nice == 0
+
+
+def test_listing_jits_candidates_imports_none_of_their_libraries() -> None:
+    # In a fresh interpreter: importing onnxruntime, onnxscript or torchao in the program's
+    # process holds the GIL for hundreds of ms; the workers that build those candidates do it.
+    code = """
+import sys, torch
+from honed.backend import registry
+from honed.jit.strategy import JitDefaultStrategy
+names = [b.name for b in JitDefaultStrategy().backends(torch.device("cpu"))]
+libs = [c.requires for c in map(type, JitDefaultStrategy().backends(torch.device("cpu")))]
+print(sorted({lib for group in libs for lib in group}))
+print(sorted(m for m in ("onnx", "onnxruntime", "onnxscript", "torchao") if m in sys.modules))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    required, imported = done.stdout.strip().splitlines()[-2:]
+    assert "onnxruntime" in required  # the ONNX Runtime candidate is listed (it is installed)
+    assert imported == "[]"

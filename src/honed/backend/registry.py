@@ -18,8 +18,13 @@ A plugin package declares its backends in its packaging metadata, e.g. in pyproj
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
 import logging
+import sys
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from honed.backend.base import Availability, Backend
@@ -140,9 +145,42 @@ def builtin_backends() -> list[type[Backend]]:
     return [lookup_backend(name) for name in _BUILTIN]
 
 
+# Threads answering availability without importing what a backend requires (see installed_only).
+_NO_IMPORTS: set[int] = set()
+
+
+@contextlib.contextmanager
+def installed_only() -> Iterator[None]:
+    """In this block, on this thread, a backend whose ``requires`` libraries are not imported yet
+    is available when they are installed (found on the path, not imported); its ``available()``
+    runs in the process that builds it.
+
+    JIT lists its candidates in the program's process, beside the program's calls: importing
+    onnxruntime, onnxscript or torchao there is hundreds of ms of imports and extension loading
+    that hold the GIL. Its candidates are built in workers, which check fully: a library that
+    fails to import fails that candidate there, and the tune goes on without it.
+    """
+    ident = threading.get_ident()
+    _NO_IMPORTS.add(ident)
+    try:
+        yield
+    finally:
+        _NO_IMPORTS.discard(ident)
+
+
 def availability(cls: type[Backend]) -> Availability:
     """``cls.available()``; an exception inside it is an unavailable verdict naming the error
     (reported as "unavailable: <error>"), never a crash."""
+    if cls.requires and threading.get_ident() in _NO_IMPORTS:
+        missing = [
+            name
+            for name in cls.requires
+            if name not in sys.modules and importlib.util.find_spec(name) is None
+        ]
+        if missing:
+            return Availability(False, f"{', '.join(missing)} is not installed")
+        if any(name not in sys.modules for name in cls.requires):
+            return Availability(True)
     try:
         verdict = cls.available()
     except Exception as e:

@@ -6,6 +6,7 @@ import torch
 
 from honed.backend.base import Backend, GraphInfo
 from honed.backend.cuda_graphs import CudaGraphsBackend
+from honed.backend.registry import installed_only
 from honed.backend.torch_inductor import TorchInductorBackend
 from honed.tune_strategy import MaxThroughputStrategy
 
@@ -32,4 +33,8 @@ class JitDefaultStrategy(MaxThroughputStrategy):
     """
 
     def backends(self, device: torch.device, graph: GraphInfo | None = None) -> list[Backend]:
-        return [b for b in super().backends(device, graph) if not captures_cuda_graphs(b)]
+        # listed in the program's process: what each candidate requires is imported by the
+        # worker that builds it, not here (registry.installed_only)
+        with installed_only():
+            listed = super().backends(device, graph)
+        return [b for b in listed if not captures_cuda_graphs(b)]
