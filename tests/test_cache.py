@@ -186,6 +186,7 @@ def test_source_is_read_by_one_thread_at_a_time_and_a_torn_parse_is_read_again(
         return real(obj)
 
     monkeypatch.setattr(inspect, "getsource", getsource)
+    monkeypatch.setattr(cache, "_SOURCES", {})  # read afresh, whatever other tests read
     texts: list[str] = []
     threads = [
         threading.Thread(target=lambda: texts.append(cache.source_text(Counting))) for _ in range(4)
@@ -197,3 +198,50 @@ def test_source_is_read_by_one_thread_at_a_time_and_a_torn_parse_is_read_again(
     assert overlaps == 0
     assert texts == [real(Counting)] * 4
     assert cache.source_text(len) == ""
+
+
+def _decorated(fn: Any) -> Any:
+    return fn
+
+
+@_decorated
+def _forward_a(x: Any) -> Any:
+    def inner(y: Any) -> Any:
+        return y + 1
+
+    return inner(x)
+
+
+def _forward_b(x: Any) -> Any:
+    return x + 2
+
+
+def test_a_functions_source_is_its_lines_read_without_tokenizing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import inspect
+
+    from honed.pipeline import cache
+
+    lines, _ = inspect.getsourcelines(_forward_a)  # decorator to the nested function's end
+    monkeypatch.setattr(cache, "_SOURCES", {})
+
+    real = inspect.getsource
+
+    def no_tokenizing(obj: Any) -> str:
+        if inspect.isfunction(obj) or inspect.ismethod(obj):
+            raise AssertionError("a function's source is read from its code's lines")
+        return real(obj)
+
+    monkeypatch.setattr(inspect, "getsource", no_tokenizing)
+    assert cache.source_text(_forward_a) == "".join(lines)
+    assert cache.source_text(_forward_a).startswith("@_decorated")
+    assert cache.source_text(_forward_b) == "def _forward_b(x: Any) -> Any:\n    return x + 2\n"
+    # what a module's forward is: a bound method reads as its function
+    model = torch.nn.Linear(2, 2)
+    assert cache.source_text(type(model).forward) == cache.source_text(model.forward)
+    assert "def forward" in cache.source_text(model.forward)
+    # a function with no file (built in C, or typed at a prompt) has none
+    namespace: dict[str, Any] = {}
+    exec("def typed(x):\n    return x\n", namespace)
+    assert cache.source_text(namespace["typed"]) == "" and cache.source_text(len) == ""

@@ -208,6 +208,7 @@ def test_figures_that_are_not_readable_yet_defer_the_verdict_and_the_pick_answer
 def test_cuda_events_time_the_gpu_work_of_a_call_not_its_launch() -> None:
     timer = live.CudaEvents()
     x = torch.randn(4096, 4096, device="cuda")
+    x @ x  # cuBLAS starts on the first product (its launch is slow): not the one timed
     torch.cuda.synchronize()
     started = time.perf_counter()
     t0 = timer.start()
@@ -308,3 +309,20 @@ def test_jit_has_no_live_trial_when_it_is_off(jit: None) -> None:
     root = honed.jit.roots()[0]
     assert root.state is State.TUNED and root.trial is None
     assert root.backend == "TorchEagerBackend"
+
+
+def test_rivals_are_the_best_runners_up_and_within_a_factor_when_asked() -> None:
+    from types import SimpleNamespace as Row
+
+    rows = [
+        Row(name="Pick", status="ok", selected=True, throughput=100.0),
+        Row(name="Close", status="ok", selected=False, throughput=60.0),
+        Row(name="Far", status="ok", selected=False, throughput=30.0),
+        Row(name="Farther", status="ok", selected=False, throughput=10.0),
+        Row(name="Broken", status="failed", selected=False, throughput=90.0),
+    ]
+    report = Row(graphs=[Row(candidates=rows)])
+    assert [r.name for r in live.rivals(report)] == ["Close", "Far"]
+    assert [r.name for r in live.rivals(report, within=2.0)] == ["Close"]
+    assert [r.name for r in live.rivals(report, most=3, within=10.0)] == ["Close", "Far", "Farther"]
+    assert live.rivals(Row(graphs=[Row(candidates=rows), Row(candidates=rows)])) == []

@@ -255,11 +255,16 @@ class Trial:
         )
 
 
-def rivals(report: Any, most: int = 2) -> list[Any]:
+def rivals(report: Any, most: int = 2, within: float | None = None) -> list[Any]:
     """The report's best passed candidates other than the selected one (by the tune's ranking
-    figure, throughput), at most ``most``, for a one-graph module."""
+    figure, throughput), at most ``most``, for a one-graph module; with ``within``, only those
+    whose throughput is at least the selected one's divided by it."""
     if len(report.graphs) != 1:
         return []
     graph = report.graphs[0]
     passed = [c for c in graph.candidates if c.status == "ok" and not c.selected and c.throughput]
+    if within is not None:
+        pick = next((c for c in graph.candidates if c.selected and c.throughput), None)
+        if pick is not None:
+            passed = [c for c in passed if c.throughput * within >= pick.throughput]
     return sorted(passed, key=lambda c: c.throughput, reverse=True)[:most]

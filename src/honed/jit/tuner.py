@@ -300,6 +300,9 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     _start_trial(node, wrapper, report, dataset, sizes, strategy, fingerprints, record)
 
 
+_CUDA_RIVALS_WITHIN = 2.0
+
+
 def _start_trial(
     node: Node,
     wrapper: Any,
@@ -325,7 +328,13 @@ def _start_trial(
         return
     by_name = {b.name: b for b in strategy.backends(device, None)}
     arms = []
-    for row in live.rivals(report):
+    # On CUDA the tune's worker measured on the program's GPU, and a rival's install in this
+    # process holds the GIL (a package's first run, a compile from Inductor's cache): a rival it
+    # put below half the pick's throughput is not worth those stalls (on the H100 BERT's trial
+    # confirmed such gaps). On the CPU the workers shared the program's cores and their figures
+    # were off by more than that, so every runner-up may be tried.
+    within = _CUDA_RIVALS_WITHIN if device.type == "cuda" else None
+    for row in live.rivals(report, within=within):
         arm = _rival_arm(node, row, by_name, dataset, sizes, fingerprints)
         if arm is not None:
             arms.append(arm)
