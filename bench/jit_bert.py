@@ -128,6 +128,8 @@ PROGRAM = textwrap.dedent(
             t1 = time.perf_counter()
             disarm(len(times), t0 - start, (t1 - t0) * 1e3)
             times.append((t0 - start, (t1 - t0) * 1e3))
+    if watch_ms > 0:
+        dumps.flush()  # the last calls' lines, before the program's end
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
 )

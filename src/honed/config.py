@@ -455,8 +455,8 @@ jit_gc_freeze: bool = _flag("jit_gc_freeze", "HONED_JIT_GC_FREEZE", True, _Bool(
 # Niceness added to a tune's worker processes (JIT sets it from jit_worker_nice for its own).
 worker_nice: int = _flag("worker_nice", "HONED_WORKER_NICE", 0, _Number(0, 19, True))
 
-# On the CPU, JIT ends a tune with a trial on the program's own calls: the pick and its runner-up
-# take turns, and the runner-up replaces the pick only with evidence (honed.jit.live).
+# JIT ends a tune with a trial on the program's own calls: the pick and its runners-up take
+# turns, and a runner-up replaces the pick only with evidence (honed.jit.live).
 jit_live_choice: bool = _flag("jit_live_choice", "HONED_JIT_LIVE_CHOICE", True, _Bool())
 
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the

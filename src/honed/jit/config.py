@@ -54,9 +54,10 @@ class JitConfig:
             ``time_budget_s``; 0: none).
         batch_headroom: when the samples show a batch axis, also tune batches up to this
             factor times the largest one recorded (a power of two; 1: only those recorded).
-        live_choice: on the CPU, after a tune, the pick and its runner-up take turns on the
-            program's own calls, and the runner-up replaces the pick when those calls show it
-            faster with evidence (honed.jit.live); on CUDA the worker's measurement decides.
+        live_choice: after a tune, the pick and its runners-up take turns on the program's
+            own calls (timed with the host clock on the CPU, CUDA events on CUDA), and a
+            runner-up replaces the pick when those calls show it faster with evidence
+            (honed.jit.live).
         stability_tolerance: how far the medians of a measurement's last windows may differ
             in a JIT tune (when larger than honed.config.stability_tolerance): the program's
             own calls share the device with the measuring worker.
