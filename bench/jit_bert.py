@@ -124,12 +124,34 @@ PROGRAM = textwrap.dedent(
             arm()
             t0 = time.perf_counter()
             model(**inputs(ids))
+            tl = time.perf_counter()
             sync()
             t1 = time.perf_counter()
             disarm(len(times), t0 - start, (t1 - t0) * 1e3)
-            times.append((t0 - start, (t1 - t0) * 1e3))
+            times.append((t0 - start, (t1 - t0) * 1e3, (tl - t0) * 1e3))
     if watch_ms > 0:
         dumps.flush()  # the last calls' lines, before the program's end
+    routes = {}
+    if sys.argv[8] == "1":  # the JIT's tuned module called through JIT, and directly, in turns
+        import honed.jit
+        jit_tuned = honed.jit.roots()[0].tuned if honed.jit.roots() else None
+        ways = {"jit": lambda: model(**inputs(ids))}
+        if jit_tuned is not None:
+            ways["honed.Module"] = lambda: jit_tuned(**inputs(ids))
+        taken = {name: ([], []) for name in ways}
+        with torch.no_grad():
+            for _ in range(40):
+                for name, way in ways.items():
+                    for k in range(26):
+                        t0 = time.perf_counter(); way(); tl = time.perf_counter(); sync()
+                        t1 = time.perf_counter()
+                        if k:  # a block's first call pays for the switch
+                            taken[name][0].append((t1 - t0) * 1e3)
+                            taken[name][1].append((tl - t0) * 1e3)
+        import statistics
+        routes = {name: {"median_ms": statistics.median(a), "launch_ms": statistics.median(b)}
+                  for name, (a, b) in taken.items()}
+    tuned["routes"] = routes
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
 )
@@ -156,6 +178,7 @@ def run_program(
         str(out),
         mode,
         str(args.watch_ms or 0),
+        "1" if args.routes and tag.startswith("warm") else "0",
     ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -249,9 +272,14 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         "steady_median_ms": round(steady, 4),
         "seconds_to_tuned_speed": None if tuned_at is None else round(tuned_at, 3),
     }
+    launches = [c[2] for c in calls[-len(steady_calls(data)) :] if len(c) > 2]
+    if launches:  # the steady calls' host time until the call returned, before the sync
+        out["steady_launch_ms"] = round(statistics.median(launches), 4)
+    if data.get("routes"):
+        out["routes"] = data["routes"]
     # Per 5 s of the loop: its start, the median and the slowest call (where the time went).
     windows: dict[int, list[float]] = {}
-    for t, m in calls:
+    for t, m, *_ in calls:
         windows.setdefault(int(t // 5), []).append(m)
     out["timeline"] = [
         [5 * w, round(statistics.median(v), 3), round(max(v), 3)]
@@ -284,6 +312,12 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None, help="HONED_JIT_TIME_BUDGET_S")
     parser.add_argument("--backends", default=None, help="HONED_JIT_BACKENDS (class names)")
     parser.add_argument("--timeout", type=float, default=560.0, help="per run, seconds")
+    parser.add_argument(
+        "--routes",
+        action="store_true",
+        help="after each warm run's loop, time the JIT's tuned module called through JIT and "
+        "directly (its honed.Module), in turns, in that process",
+    )
     parser.add_argument(
         "--watch-ms",
         type=float,
@@ -362,6 +396,10 @@ def main() -> None:
         )
         for line in r["tunes"]:
             print(f"  {line}")
+        if "steady_launch_ms" in r:
+            print(f"  steady calls returned after {r['steady_launch_ms']:.3f} ms (before the sync)")
+        for way, fig in r.get("routes", {}).items():
+            print(f"  through {way}: {fig['median_ms']:.4f} ms ({fig['launch_ms']:.4f} host)")
         for c in r.get("slow_calls", [])[:8]:
             doing = " | ".join(" < ".join(fs[:2]) for fs in c["others"] if fs) or "-"
             print(f"  slow call {c['call']} at {c['at_s']:.1f} s, {c['ms']:.1f} ms: {doing}")
@@ -378,6 +416,16 @@ def main() -> None:
             f"{result['warm_after']['steady_median_ms']:.3f} ms; warm JIT / AOT, before and "
             f"after: {ratios}"
         )
+        for tag in ("aot", "warm_after"):
+            r = result[tag]
+            launch = r.get("steady_launch_ms")
+            if launch is not None:
+                print(f"  {tag}: steady calls returned after {launch:.3f} ms (before the sync)")
+            for way, fig in r.get("routes", {}).items():
+                print(
+                    f"  {tag} through {way}: {fig['median_ms']:.4f} ms a call, "
+                    f"{fig['launch_ms']:.4f} ms host"
+                )
     print(f"JSON: {args.out}")
 
 

@@ -245,3 +245,26 @@ def test_a_functions_source_is_its_lines_read_without_tokenizing(
     namespace: dict[str, Any] = {}
     exec("def typed(x):\n    return x\n", namespace)
     assert cache.source_text(namespace["typed"]) == "" and cache.source_text(len) == ""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_tensor_hashes_as_its_cpu_copy_does_across_pieces() -> None:
+    import hashlib
+
+    from honed.pipeline import cache
+
+    g = torch.Generator().manual_seed(0)
+    # three pieces and a bit, a non-contiguous one, bf16, and one smaller than a piece
+    tensors = [
+        torch.randn(3 * cache._PIECE_BYTES // 4 + 5, generator=g),
+        torch.randn(64, 48, generator=g).t(),
+        torch.randn(1000, generator=g).to(torch.bfloat16),
+        torch.arange(7),
+    ]
+    for t in tensors:
+        on_cpu, on_gpu = hashlib.sha256(), hashlib.sha256()
+        cache._hash_tensor(on_cpu, t)
+        cache._hash_tensor(on_gpu, t.cuda())
+        assert on_gpu.hexdigest() == on_cpu.hexdigest()
+    model = TinyMLP()
+    assert cache.model_fingerprint(model.cuda()) == cache.model_fingerprint(model.cpu())
