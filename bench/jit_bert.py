@@ -133,25 +133,66 @@ PROGRAM = textwrap.dedent(
         dumps.flush()  # the last calls' lines, before the program's end
     routes = {}
     if sys.argv[8] == "1":  # the JIT's tuned module called through JIT, and directly, in turns
-        import honed.jit
-        jit_tuned = honed.jit.roots()[0].tuned if honed.jit.roots() else None
-        ways = {"jit": lambda: model(**inputs(ids))}
-        if jit_tuned is not None:
-            ways["honed.Module"] = lambda: jit_tuned(**inputs(ids))
-        taken = {name: ([], []) for name in ways}
+        if mode == "tune":
+            ways = {"honed.Module": lambda: model(**inputs(ids))}
+        else:
+            import honed.jit
+            jit_tuned = honed.jit.roots()[0].tuned if honed.jit.roots() else None
+            ways = {"jit": lambda: model(**inputs(ids))}
+            if jit_tuned is not None:
+                ways["honed.Module"] = lambda: jit_tuned(**inputs(ids))
+        gpu = device.startswith("cuda")
+        taken = {name: ([], [], []) for name in ways}
         with torch.no_grad():
             for _ in range(40):
                 for name, way in ways.items():
                     for k in range(26):
-                        t0 = time.perf_counter(); way(); tl = time.perf_counter(); sync()
+                        if gpu:
+                            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                                enable_timing=True)
+                            e0.record()
+                        t0 = time.perf_counter(); way(); tl = time.perf_counter()
+                        if gpu:
+                            e1.record()
+                        sync()
                         t1 = time.perf_counter()
                         if k:  # a block's first call pays for the switch
                             taken[name][0].append((t1 - t0) * 1e3)
                             taken[name][1].append((tl - t0) * 1e3)
+                            taken[name][2].append(e0.elapsed_time(e1) if gpu else 0.0)
         import statistics
-        routes = {name: {"median_ms": statistics.median(a), "launch_ms": statistics.median(b)}
-                  for name, (a, b) in taken.items()}
+        routes = {name: {"median_ms": statistics.median(a), "launch_ms": statistics.median(b),
+                         "gpu_ms": statistics.median(c)}
+                  for name, (a, b, c) in taken.items()}
     tuned["routes"] = routes
+    # What in this process could make every call slower: its threads, hooks and settings, and
+    # the time of a pure-Python call (the same in every run unless something hooks the frames).
+    import gc, threading
+    def nothing(a, b=1):
+        return a
+    t0 = time.perf_counter()
+    for _ in range(200_000):
+        nothing(1)
+    eval_frame = None
+    try:
+        from torch._C._dynamo import eval_frame as ef
+        previous = ef.set_eval_frame(None)
+        ef.set_eval_frame(previous)
+        eval_frame = repr(previous)
+    except Exception as e:
+        eval_frame = f"unknown: {e}"
+    tuned["process"] = {
+        "python_call_ns": (time.perf_counter() - t0) / 200_000 * 1e9,
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "trace": repr(sys.gettrace()), "profile": repr(sys.getprofile()),
+        "switch_interval_s": sys.getswitchinterval(),
+        "gc": [gc.isenabled(), gc.get_freeze_count(), list(gc.get_threshold())],
+        "torch_threads": torch.get_num_threads(),
+        "eval_frame": eval_frame,
+        "grad": torch.is_grad_enabled(),
+        "modules": len(sys.modules),
+        "module_call": repr(torch.nn.Module.__call__),
+    }
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
 )
@@ -178,7 +219,7 @@ def run_program(
         str(out),
         mode,
         str(args.watch_ms or 0),
-        "1" if args.routes and tag.startswith("warm") else "0",
+        "1" if args.routes and tag != "eager" and tag != "cold" else "0",
     ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -277,6 +318,8 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         out["steady_launch_ms"] = round(statistics.median(launches), 4)
     if data.get("routes"):
         out["routes"] = data["routes"]
+    if data.get("process"):
+        out["process"] = data["process"]
     # Per 5 s of the loop: its start, the median and the slowest call (where the time went).
     windows: dict[int, list[float]] = {}
     for t, m, *_ in calls:
@@ -375,7 +418,11 @@ def main() -> None:
         "device": args.device,
         "budget_s": budget,
         "backends": backends or "default",
-        "eager": {"median_ms": round(eager_ms, 4), "calls": len(eager["calls"])},
+        "eager": {
+            "median_ms": round(eager_ms, 4),
+            "calls": len(eager["calls"]),
+            "process": eager.get("process"),
+        },
         "cold": summarize(cold, eager_ms),
         "warm": summarize(warm, eager_ms),
     }
@@ -399,7 +446,12 @@ def main() -> None:
         if "steady_launch_ms" in r:
             print(f"  steady calls returned after {r['steady_launch_ms']:.3f} ms (before the sync)")
         for way, fig in r.get("routes", {}).items():
-            print(f"  through {way}: {fig['median_ms']:.4f} ms ({fig['launch_ms']:.4f} host)")
+            print(
+                f"  through {way}: {fig['median_ms']:.4f} ms ({fig['launch_ms']:.4f} host, "
+                f"{fig['gpu_ms']:.4f} gpu)"
+            )
+        if "process" in r:
+            print(f"  process: {json.dumps(r['process'])}")
         for c in r.get("slow_calls", [])[:8]:
             doing = " | ".join(" < ".join(fs[:2]) for fs in c["others"] if fs) or "-"
             print(f"  slow call {c['call']} at {c['at_s']:.1f} s, {c['ms']:.1f} ms: {doing}")
@@ -424,8 +476,11 @@ def main() -> None:
             for way, fig in r.get("routes", {}).items():
                 print(
                     f"  {tag} through {way}: {fig['median_ms']:.4f} ms a call, "
-                    f"{fig['launch_ms']:.4f} ms host"
+                    f"{fig['launch_ms']:.4f} ms host, {fig['gpu_ms']:.4f} ms gpu"
                 )
+            if "process" in r:
+                print(f"  {tag} process: {json.dumps(r['process'])}")
+        print(f"  eager process: {json.dumps(result['eager'].get('process'))}")
     print(f"JSON: {args.out}")
 
 
