@@ -359,3 +359,31 @@ def test_reset_leaves_what_the_program_froze_itself_frozen(jit: honed.jit.JitCon
         assert not _walked_by_the_collector(programs) and gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_the_exit_waits_for_jits_thread_to_end_not_only_its_last_job() -> None:
+    """What a job leaves is torn down on JIT's thread after the job counts as done; a daemon
+    thread still inside native code when the interpreter finalizes aborts the program (seen as
+    "terminate called without an active exception" when a program ended during the check)."""
+    from honed.jit import background
+
+    torn_down = threading.Event()
+
+    class SlowToTearDown:
+        def __del__(self) -> None:
+            time.sleep(0.5)
+            torn_down.set()
+
+    started = threading.Event()
+
+    def job(leftover: SlowToTearDown) -> None:
+        started.set()
+
+    assert background.submit(job, SlowToTearDown())
+    assert started.wait(GATE_TIMEOUT_S)
+    try:
+        background._at_exit()
+        assert torn_down.is_set()  # the job's leftovers went with its thread, before the exit
+        assert not any(t.name == "honed-jit" and t.is_alive() for t in threading.enumerate())
+    finally:
+        background._reset_exit()

@@ -305,6 +305,14 @@ def _at_exit() -> None:
             )
             wait(None)
         log.debug("honed.jit: stopping at exit took %.2fs", time.perf_counter() - started)
+    # The last job done is not the thread done: what the job leaves (its frames, a check's
+    # worker pool) is torn down after it, and a daemon thread still inside native code when the
+    # interpreter finalizes aborts the process ("terminate called without an active exception";
+    # 3 of 11 runs of a program that ended during the graph-break check). The thread ends once
+    # its queue is empty, and nothing new is queued now.
+    for thread in threading.enumerate():
+        if thread.name == "honed-jit" and thread is not threading.current_thread():
+            thread.join(_EXIT_WAIT_S)
     for hook in list(_WORKER.exit_hooks):
         try:
             hook()
