@@ -38,6 +38,10 @@ fi
 step "build (no network, no build isolation)"
 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . 2>&1 | grep -v "^WARNING" | tail -20
 $PY -c "import honed; print('honed', honed.__version__)" || exit 1
+# Bytecode for every module now, as a wheel's install writes it: this copy of the tree is fresh,
+# and a JIT benchmark would otherwise time Python compiling honed's modules at their first import
+# (beside the program's calls, holding the GIL).
+$PY -m compileall -q src/honed >/dev/null || true
 # Wheels carried in .whl/ (scripts/fetch-device-wheels.sh): torchao for TorchAOBackend.
 if ls .whl/torchao*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-deps --no-index .whl/torchao-*.whl 2>&1 | grep -v "^WARNING" | tail -5
