@@ -148,22 +148,28 @@ double binomial_cdf(int64_t k, int64_t n, double p) {
 // The stall events of two candidates measured side by side, and whether they are the machine's:
 // some stalled, and the incumbent's share of the events is what its share of the calls predicts
 // (a two-sided binomial test at the decision's confidence).
+// span: how many times longer one measurement ran than the other (its calls times its median
+// latency: the machine's time it covered, its stalls left out).
 struct Stalls {
   int64_t incumbent = 0;
   int64_t challenger = 0;
   bool machines = false;
+  double span = 1.0;
 };
 
 Stalls stalls_of(const CandidateResult& incumbent, const CandidateResult& challenger) {
   const auto& a = incumbent.measurement.samples_ms;
   const auto& b = challenger.measurement.samples_ms;
-  Stalls s{stall_events(a), stall_events(b), false};
+  Stalls s{stall_events(a), stall_events(b), false, 1.0};
   const int64_t total = s.incumbent + s.challenger;
   if (total == 0) return s;
   const double share = static_cast<double>(a.size()) / static_cast<double>(a.size() + b.size());
   const double lower = binomial_cdf(s.incumbent, total, share);
   const double upper = 1.0 - binomial_cdf(s.incumbent - 1, total, share);
   s.machines = std::min(1.0, 2.0 * std::min(lower, upper)) >= 1.0 - kDecisionConfidence;
+  const double span_a = static_cast<double>(a.size()) * median_of(a);
+  const double span_b = static_cast<double>(b.size()) * median_of(b);
+  if (span_a > 0 && span_b > 0) s.span = std::max(span_a, span_b) / std::min(span_a, span_b);
   return s;
 }
 
@@ -341,6 +347,12 @@ Evidence weigh(const CandidateResult& incumbent, const CandidateResult& challeng
     }
   } else if (!(e.interval.lo > threshold)) {
     e.why = figures.substr(0, figures.size() - 1) + ", needs > " + ratio_digits(threshold) + "x)";
+  } else if (basis.stalls.machines && basis.stalls.span > kSpanFactor) {
+    // Each median stands for the stretch of the machine's time it was taken in; a busy machine
+    // changes its speed between stretches (a 0.018 ms call ran 0.028 ms for seconds at a time).
+    e.why = figures + " but " + ratio_digits(basis.stalls.span) +
+            "x apart in the machine's time they were measured over: medians of a busy " +
+            "machine's different stretches, not comparable";
   } else {
     e.beats = true;
   }

@@ -203,6 +203,34 @@ TEST(Select, StallsAlikeInNumberAreTheMachines) {
   EXPECT_GT(on_the_median, 12);
 }
 
+TEST(Select, MediansOfDifferentStretchesOfABusyMachineDecideNothing) {
+  // The load test's failure (CI, 2 of 7 runs): eager measured briefly in a slow stretch (0.028 ms
+  // calls, one stall), the copy over 13x longer, mostly in a fast one (0.0207 ms, 83 stall runs).
+  // The stalls pass as the machine's (each side's share of them follows its share of the calls),
+  // and the medians differ by 1.35x for the same work.
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(0, 1);
+  auto calls = [&](int n, double typical, int stalls) {
+    std::vector<double> v;
+    for (int i = 0; i < n; ++i) v.push_back(typical * (1 + 0.02 * u(rng)));
+    for (int k = 0; k < stalls; ++k) v[(k * 2 + 1) * n / (2 * stalls + 1)] = 8.0;  // apart
+    return v;
+  };
+  const std::vector<CandidateResult> cands = {measured("eager", 0, calls(100, 0.028, 1)),
+                                              measured("same-work", 1, calls(1300, 0.0207, 83))};
+  const Decision d = honed::select_max_throughput(cands);
+  EXPECT_EQ(d.index, 0) << d.reason;
+  const honed::Evidence e = honed::weigh(cands[0], cands[1], honed::Figure::throughput, 1.02);
+  EXPECT_FALSE(e.beats);
+  EXPECT_GT(e.interval.lo, 1.2) << e.why;  // what the medians alone would have claimed
+  EXPECT_TRUE(contains(e.why, "on the median: stalls alike")) << e.why;
+  EXPECT_TRUE(contains(e.why, "not comparable")) << e.why;
+  // Spans alike (the same calls, each side 10 % faster in turn): the medians decide as before.
+  const Decision near = honed::select_max_throughput(
+      {measured("eager", 0, calls(1000, 0.028, 6)), measured("faster", 1, calls(1100, 0.0252, 7))});
+  EXPECT_EQ(near.index, 1) << near.reason;
+}
+
 TEST(Select, StallsOfACandidatesOwnCount) {
   // eager stalls on one call in twenty (its own, e.g. a collector pass); inductor runs the same
   // calls without them: the stalls differ in number, so the higher throughput is inductor's.

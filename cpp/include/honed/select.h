@@ -46,6 +46,10 @@ constexpr double kDecisionConfidence = 0.99;
 // Stalls: calls over this many times their own measurement's median latency.
 constexpr double kStallFactor = 5.0;
 
+// Where the machine's stalls move a comparison to the medians, the two measurements must span
+// comparable stretches of the machine's time (calls times median) within this factor.
+constexpr double kSpanFactor = 3.0;
+
 // Whether `challenger` beats `incumbent` on `figure` with evidence: both measurements stable and
 // the bootstrap interval of the ratio (> 1: the challenger is better; for throughput the
 // challenger's throughput over the incumbent's) lying entirely above `threshold`.
@@ -55,7 +59,9 @@ constexpr double kStallFactor = 5.0;
 // what its share of the calls predicts (a two-sided binomial test at kDecisionConfidence), the
 // stalls are the machine's and say nothing of the candidates: the comparison rests on the
 // median instead, and its text says so. Events that differ in number are the candidates' own
-// (a collector pass, a re-capture) and the mean keeps them.
+// (a collector pass, a re-capture) and the mean keeps them. Medians taken over spans of the
+// machine's time more than kSpanFactor apart (a measurement extended while the other was short)
+// come from different states of a busy machine: no candidate beats another on them.
 // why: when it does not beat it, what is missing, with the figures, e.g. "onnx 1.010x eager
 // throughput (99% CI 0.970–1.050, needs > 1.020x)" or "aot 356x eager throughput (99% CI
 // 12.0–900) but its measurement is unstable (CV 383.0%)".
