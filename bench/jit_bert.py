@@ -371,6 +371,13 @@ def main() -> None:
     parser.add_argument("--backends", default=None, help="HONED_JIT_BACKENDS (class names)")
     parser.add_argument("--timeout", type=float, default=560.0, help="per run, seconds")
     parser.add_argument(
+        "--cold-wait",
+        action="store_true",
+        help="the cold run waits for JIT's tune (HONED_JIT_WAIT=1): its variants are built and "
+        "measured beside an idle program, then the warm runs use them (is a variant built beside "
+        "the program's calls slower?)",
+    )
+    parser.add_argument(
         "--aot-busy",
         action="store_true",
         help="the AOT run's honed.tune runs beside a second copy's eager calls in a thread, as "
@@ -422,7 +429,8 @@ def main() -> None:
             jit_env["HONED_JIT_BACKENDS"] = backends
         eager = run_program(args, workdir, "eager", base, seconds)
         eager_ms = statistics.median([c[1] for c in eager["calls"][1:]])
-        cold = run_program(args, workdir, "cold", jit_env, cold_s)
+        cold_env = dict(jit_env, HONED_JIT_WAIT="1") if args.cold_wait else jit_env
+        cold = run_program(args, workdir, "cold", cold_env, cold_s)
         warm = run_program(args, workdir, "warm", jit_env, seconds)
         aot = None
         if args.aot:  # a cache of its own: its selection must not come from JIT's figures
@@ -439,6 +447,7 @@ def main() -> None:
         "device": args.device,
         "budget_s": budget,
         "backends": backends or "default",
+        "cold_waited": bool(args.cold_wait),
         "eager": {
             "median_ms": round(eager_ms, 4),
             "calls": len(eager["calls"]),
