@@ -357,6 +357,20 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     return out
 
 
+def print_probes(tag: str, r: dict[str, Any]) -> None:
+    """A run's host time per call, its --routes figures and its process probe, a line each."""
+    if "steady_launch_ms" in r:
+        launch = r["steady_launch_ms"]
+        print(f"  {tag}steady calls returned after {launch:.3f} ms (before the sync)")
+    for way, fig in r.get("routes", {}).items():
+        print(
+            f"  {tag}through {way}: {fig['median_ms']:.4f} ms a call ({fig['launch_ms']:.4f} "
+            f"host, {fig['gpu_ms']:.4f} gpu)"
+        )
+    if "process" in r:
+        print(f"  {tag}process: {json.dumps(r['process'])}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="where the JSON goes")
@@ -473,15 +487,7 @@ def main() -> None:
         )
         for line in r["tunes"]:
             print(f"  {line}")
-        if "steady_launch_ms" in r:
-            print(f"  steady calls returned after {r['steady_launch_ms']:.3f} ms (before the sync)")
-        for way, fig in r.get("routes", {}).items():
-            print(
-                f"  through {way}: {fig['median_ms']:.4f} ms ({fig['launch_ms']:.4f} host, "
-                f"{fig['gpu_ms']:.4f} gpu)"
-            )
-        if "process" in r:
-            print(f"  process: {json.dumps(r['process'])}")
+        print_probes("", r)
         for c in r.get("slow_calls", [])[:8]:
             doing = " | ".join(" < ".join(fs[:2]) for fs in c["others"] if fs) or "-"
             print(f"  slow call {c['call']} at {c['at_s']:.1f} s, {c['ms']:.1f} ms: {doing}")
@@ -499,17 +505,7 @@ def main() -> None:
             f"after: {ratios}"
         )
         for tag in ("aot", "warm_after"):
-            r = result[tag]
-            launch = r.get("steady_launch_ms")
-            if launch is not None:
-                print(f"  {tag}: steady calls returned after {launch:.3f} ms (before the sync)")
-            for way, fig in r.get("routes", {}).items():
-                print(
-                    f"  {tag} through {way}: {fig['median_ms']:.4f} ms a call, "
-                    f"{fig['launch_ms']:.4f} ms host, {fig['gpu_ms']:.4f} ms gpu"
-                )
-            if "process" in r:
-                print(f"  {tag} process: {json.dumps(r['process'])}")
+            print_probes(f"{tag}: ", result[tag])
         print(f"  eager process: {json.dumps(result['eager'].get('process'))}")
     print(f"JSON: {args.out}")
 
