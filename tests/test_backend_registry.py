@@ -173,6 +173,9 @@ def test_installed_only_answers_without_importing_what_a_backend_requires(
         assert availability(_NeedsProbe).ok
         verdict = availability(_NeedsAbsent)
         assert not verdict.ok and verdict.reason == "honed_absent_lib is not installed"
+        with reg.installed_only():  # blocks nest: the inner one's end leaves the outer in force
+            pass
+        assert availability(_NeedsProbe).ok
     assert "honed_probe_lib" not in sys.modules
     # Outside the block (and on other threads) the check is the backend's own, import included.
     outside = availability(_NeedsProbe)

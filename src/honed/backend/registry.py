@@ -145,8 +145,8 @@ def builtin_backends() -> list[type[Backend]]:
     return [lookup_backend(name) for name in _BUILTIN]
 
 
-# Threads answering availability without importing what a backend requires (see installed_only).
-_NO_IMPORTS: set[int] = set()
+# How deep this thread is in installed_only blocks (they may nest).
+_NO_IMPORTS = threading.local()
 
 
 @contextlib.contextmanager
@@ -160,18 +160,18 @@ def installed_only() -> Iterator[None]:
     that hold the GIL. Its candidates are built in workers, which check fully: a library that
     fails to import fails that candidate there, and the tune goes on without it.
     """
-    ident = threading.get_ident()
-    _NO_IMPORTS.add(ident)
+    _NO_IMPORTS.depth = getattr(_NO_IMPORTS, "depth", 0) + 1
     try:
         yield
     finally:
-        _NO_IMPORTS.discard(ident)
+        _NO_IMPORTS.depth -= 1
 
 
 def availability(cls: type[Backend]) -> Availability:
     """``cls.available()``; an exception inside it is an unavailable verdict naming the error
     (reported as "unavailable: <error>"), never a crash."""
-    if cls.requires and threading.get_ident() in _NO_IMPORTS:
+    depth: int = getattr(_NO_IMPORTS, "depth", 0)
+    if cls.requires and depth:
         missing = [
             name
             for name in cls.requires

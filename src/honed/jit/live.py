@@ -102,8 +102,11 @@ class Arm:
 
     def settle(self, timer: Any) -> bool:
         """Read every pending stamp that is ready; True when none is left."""
-        while self.pending and timer.ready(self.pending[0]):
-            self.samples_ms.append(timer.ms(self.pending.pop(0)))
+        read = 0
+        while read < len(self.pending) and timer.ready(self.pending[read]):
+            self.samples_ms.append(timer.ms(self.pending[read]))
+            read += 1
+        del self.pending[:read]  # once, not an element at a time (a block may be thousands)
         return not self.pending
 
     def run(self, module: Any, eager: Callable[..., Any], args: Any, kwargs: Any) -> Any:

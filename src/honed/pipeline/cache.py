@@ -55,8 +55,9 @@ def _hash_tensor(h: Any, t: torch.Tensor) -> None:
         _hash_cuda(h, raw)
     else:
         # hashlib reads the tensor's memory in place, without the GIL (a copy into bytes would
-        # hold it: hundreds of ms for a large model, beside a JIT program's calls)
-        h.update(raw.numpy().data)
+        # hold it: hundreds of ms for a large model, beside a JIT program's calls); .cpu() is
+        # the tensor itself on the CPU and a copy from any other device
+        h.update(raw.cpu().numpy().data)
 
 
 def _hash_cuda(h: Any, raw: torch.Tensor) -> None:
@@ -111,6 +112,7 @@ def source_text(obj: Any) -> str:
 
 
 def _code_lines(code: Any) -> str:
+    linecache.checkcache(code.co_filename)  # a file edited since it was last read, as inspect does
     lines = linecache.getlines(code.co_filename)
     if not lines:
         return ""
