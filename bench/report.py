@@ -850,8 +850,8 @@ def _runs_md(runs: list[dict[str, Any]]) -> list[str]:
         "## Runs",
         "",
         "| file | started (UTC) | commit | GPU | driver | torch | CUDA | triton | torchvision | "
-        "transformers | timm | honed | rows | finished |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "transformers | timm | honed | host | rows | finished |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         env = run["env"]
@@ -860,10 +860,24 @@ def _runs_md(runs: list[dict[str, Any]]) -> list[str]:
             f"| {run['file']} | {run.get('started', '')} | {env.get('commit')} | "
             f"{env.get('gpu') or env.get('cpu')} | {env.get('driver')} | {env.get('torch')} | "
             f"{env.get('torch_cuda')} | {env.get('triton')} | {env.get('torchvision')} | "
-            f"{env.get('transformers')} | {env.get('timm')} | {env.get('honed')} | {rows} | "
+            f"{env.get('transformers')} | {env.get('timm')} | {env.get('honed')} | "
+            f"{_host(run)} | {rows} | "
             f"{'yes' if run.get('finished') else 'no (stopped)'} {run.get('elapsed_s', 0):.0f} s |"
         )
     return [*lines, ""]
+
+
+def _host(run: dict[str, Any]) -> str:
+    """How much of the host the run had: its CPUs, and the suite runs beside it on other GPUs."""
+    env = run["env"]
+    usable, total = env.get("cpus_usable"), env.get("cpu_count")
+    if total is None:
+        return "-"
+    text = f"{usable} of {total} CPUs" if usable and usable != total else f"{total} CPUs"
+    beside = run["args"].get("beside", 0)
+    if beside:
+        text += f", beside {beside} other suite run(s) on other GPUs"
+    return text
 
 
 def _f(value: float | None, digits: int, suffix: str = "", signed: bool = False) -> str:

@@ -80,6 +80,10 @@ def environment(device: torch.device) -> dict[str, Any]:
     env["driver"] = None
     env["float32_matmul_precision"] = torch.get_float32_matmul_precision()  # "highest": no TF32
     env["cpu_count"] = os.cpu_count()
+    # A suite run beside others on a host of several GPUs gets its own GPU and its own cores
+    # (scripts/gpu-rows.sh); the report says so next to the run.
+    env["cpus_usable"] = len(os.sched_getaffinity(0))
+    env["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     if device.type == "cuda":
         probe = _core.probe_gpus()
         env["driver"] = probe.driver_version or None
@@ -562,7 +566,10 @@ def _default_name(args: argparse.Namespace) -> str:
     # Letters, digits, "." and "-" only: the GPU machine returns no file with another character
     # in its name (a HONED_COMMIT of "abc+" lost a run's JSON).
     label = re.sub(r"[^A-Za-z0-9.-]", "-", commit())
-    return f"suite-{args.device.split(':')[0]}-{stamp}-{label}.json"
+    # Runs started together on one host (scripts/gpu-rows.sh) differ by their GPU, not the second.
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "") if getattr(args, "beside", 0) else ""
+    where = "-gpu" + re.sub(r"[^A-Za-z0-9]", "-", gpu) if gpu else ""
+    return f"suite-{args.device.split(':')[0]}-{stamp}-{label}{where}.json"
 
 
 @contextlib.contextmanager
@@ -645,6 +652,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rebuild and re-measure every candidate honed tried (else only its selection)",
     )
     p.add_argument("--parallel", type=int, default=1, help="one-liner compiles at once")
+    p.add_argument(
+        "--beside",
+        type=int,
+        default=0,
+        help="how many other suite runs share this host at the same time, each on its own GPU "
+        "and cores (scripts/gpu-rows.sh); recorded for the report",
+    )
     p.add_argument("--budget-s", type=float, default=0.0, help="the run's wall budget; 0: none")
     p.add_argument(
         "--reserve-s",

@@ -750,6 +750,25 @@ def test_report_counts_the_winners_install_apart_from_the_warm_re_tune(
     assert report.generate(fixture_runs, tmp_path / "b")["targets"]["retune"]["met"] is False
 
 
+def test_report_says_what_shared_the_host_with_a_run(
+    fixture_runs: list[Path], tmp_path: Path
+) -> None:
+    """A run beside others on a host of several GPUs (scripts/gpu-rows.sh) had a share of the
+    host's CPUs; the run table says how much, and beside how many other runs."""
+    run = json.loads(fixture_runs[2].read_text())
+    run["env"].update(cpu_count=64, cpus_usable=16)
+    run["args"]["beside"] = 3
+    fixture_runs[2].write_text(json.dumps(run))
+    alone = json.loads(fixture_runs[1].read_text())
+    alone["env"].update(cpu_count=16, cpus_usable=16)
+    fixture_runs[1].write_text(json.dumps(alone))
+    report.generate(fixture_runs, tmp_path / "out")
+    lines = (tmp_path / "out" / "RESULTS.md").read_text().splitlines()
+    shared = next(x for x in lines if x.startswith("| run2.json |"))
+    assert "| 16 of 64 CPUs, beside 3 other suite run(s) on other GPUs |" in shared
+    assert "| 16 CPUs |" in next(x for x in lines if x.startswith("| run1.json |"))
+
+
 def test_report_prunes_only_superseded_runs(fixture_runs: list[Path], tmp_path: Path) -> None:
     extra = json.loads(fixture_runs[1].read_text())
     extra["started"] = "2026-01-05T00:00:00+00:00"  # a later run redoing bert b1 only
@@ -843,3 +862,6 @@ def test_the_default_json_name_holds_only_characters_the_gpu_machine_returns(
     name = suite._default_name(argparse.Namespace(device="cuda:0"))
     assert name.startswith("suite-cuda-") and name.endswith("-65c8c26-dirty-x.json"), name
     assert all(c.isalnum() or c in ".-" for c in name), name
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    beside = suite._default_name(argparse.Namespace(device="cuda:0", beside=3))
+    assert beside.endswith("-65c8c26-dirty-x-gpu2.json"), beside
