@@ -205,6 +205,7 @@ PROGRAM = textwrap.dedent(
         "grad": torch.is_grad_enabled(),
         "modules": len(sys.modules),
         "module_call": repr(torch.nn.Module.__call__),
+        "aoti_loads": dict(getattr(sys.modules.get("honed.backend._aoti_direct"), "LOADS", {})),
     }
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """

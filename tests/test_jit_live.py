@@ -300,6 +300,32 @@ def test_jit_adopts_the_runner_up_that_the_programs_calls_show_faster(jit: None)
     assert any("SkipsTheSleep adopted" in line for line in trial_lines), trial_lines
 
 
+def test_the_trials_rivals_are_listed_for_the_tuned_graph(
+    jit: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rivals are looked up among the candidates the tune listed for this graph: a strategy
+    lists some only for some graphs (channels_last for images), and without the graph's
+    description those rivals were never found."""
+    strategy_class = type(honed.jit.config.tune_strategy())
+    listed = strategy_class.backends
+    graphs: list[Any] = []
+
+    def recording(self: Any, device: torch.device, graph: Any = None) -> Any:
+        graphs.append(graph)
+        return listed(self, device, graph)
+
+    monkeypatch.setattr(strategy_class, "backends", recording)
+    torch.manual_seed(0)
+    model = Slow().eval()
+    with torch.no_grad():
+        for x in batches(4, 4, seed=1):
+            model(x)
+    root = honed.jit.roots()[0]
+    assert root.state is State.TUNED and root.trial is not None
+    assert graphs and all(g is not None for g in graphs), graphs
+    assert graphs[-1].opt_shapes == ((4, 16),)  # the trial's lookup: the tuned graph
+
+
 def test_jit_has_no_live_trial_when_it_is_off(jit: None) -> None:
     torch.manual_seed(0)
     model = Slow().eval()

@@ -12,4 +12,5 @@ void bind_isolate(nanobind::module_& m);
 void bind_env(nanobind::module_& m);
 void bind_machine(nanobind::module_& m);
 void bind_artifact(nanobind::module_& m);
+void bind_aoti(nanobind::module_& m);
 }  // namespace honed::py

@@ -15,4 +15,5 @@ NB_MODULE(_core, m) {
   honed::py::bind_env(m);
   honed::py::bind_machine(m);
   honed::py::bind_artifact(m);
+  honed::py::bind_aoti(m);
 }

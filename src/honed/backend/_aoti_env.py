@@ -220,7 +220,9 @@ def load_runner(path: str, device_type: str, single_threaded: bool = False) -> A
     machine's only to log a warning, and finding this CPU's vector ISA compiles and loads test
     programs in child processes, which dominates loading. honed checks the environment itself
     (the artifact's fingerprint) and loads with libtorch's loader directly, as the C++ runtime
-    does; torch's function is the fallback where that loader's Python binding differs.
+    does; torch's function is the fallback where that loader's Python binding differs. First
+    choice, where the package allows it: the library's C interface without the GIL
+    (_aoti_direct), so a program's other threads run while a package loads and runs.
 
     ``single_threaded``: one runner that records no CUDA event per call. The pooled runner does,
     and an event recorded while a CUDA graph captures the call can no longer be queried, which
@@ -228,6 +230,11 @@ def load_runner(path: str, device_type: str, single_threaded: bool = False) -> A
     """
     import torch._inductor
 
+    from honed.backend import _aoti_direct
+
+    direct = _aoti_direct.open_package(path, device_type, single_threaded)
+    if direct is not None:
+        return direct
     try:
         # torch re-exports it here without listing it in __all__ (its defining module moves)
         from torch._inductor.package import AOTICompiledModel  # type: ignore[attr-defined]

@@ -120,6 +120,7 @@ class _Worker:
         return True
 
     def _loop(self) -> None:
+        from honed.backend import _aoti_direct
         from honed.jit.patcher import paused
 
         while True:
@@ -136,7 +137,9 @@ class _Worker:
                 if self.exiting:
                     continue  # queued before the program ended: left undone
                 _spare_the_collector()
-                with paused(), _prompt_gil():  # JIT's calls of the modules run their originals
+                # JIT's calls of the modules run their originals; its packages load and run
+                # without the GIL, so the program's calls go on meanwhile.
+                with paused(), _prompt_gil(), _aoti_direct.unlocked_loads():
                     job(*args)
             except Exception:  # a job's failure is logged; the program and other jobs go on
                 log.warning("honed.jit: a background job failed", exc_info=True)

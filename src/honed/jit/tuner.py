@@ -326,7 +326,12 @@ def _start_trial(
     pick_row = next((c for c in report.graphs[0].candidates if c.selected), None)
     if pick_row is None or not pick_row.median_ms:
         return
-    by_name = {b.name: b for b in strategy.backends(device, None)}
+    # The candidates as the tune listed them for this graph (an image model's channels_last
+    # variants are listed only for a graph of images).
+    from honed.shapes import graph_info
+
+    graph = graph_info(wrapper.variants[0].profile, device) if wrapper.variants else None
+    by_name = {b.name: b for b in strategy.backends(device, graph)}
     arms = []
     # On CUDA the tune's worker measured on the program's GPU, and a rival's install in this
     # process holds the GIL (a package's first run, a compile from Inductor's cache): a rival it

@@ -1,0 +1,187 @@
+"""src/honed/backend/_aoti_direct.py: AOTInductor packages loaded and run without the GIL.
+
+torch's package loader (``torch._C._aoti.AOTIModelPackageLoader``) holds the GIL while it opens
+the package's library, takes the constants and runs each call, the first of which loads every
+kernel. A program that keeps calling its model while JIT mode installs a winner beside it stops
+for all of that. ``DirectLoader`` does the same work through the library's C interface
+(``honed._core.AotiContainer``), which releases the GIL around each step, and answers what honed
+asks of torch's loader (``boxed_run``, ``get_call_spec``, ``load_constants``,
+``get_constant_fqns``), so ``AotCompiled`` and the constants code take either.
+
+JIT mode loads its packages this way (its background jobs run inside ``unlocked_loads``);
+elsewhere torch's loader stays, whose calls cost a little less host time (no handle conversion,
+no GIL hand-over). ``HONED_AOTI_LOADER=direct`` or ``=torch`` decides for every load instead.
+
+It takes a package only where nothing else of torch's loader is needed: one model library, no
+extern-kernel description (ops outside AOTInductor's C shim run through torch's proxy executor,
+which only torch's loader makes), and torch's helpers that turn tensors into handles and back.
+``open`` answers None otherwise, and the caller uses torch's loader.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import tempfile
+import threading
+import zipfile
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from typing import Any
+
+import torch
+
+# honed's AOTInductor packages hold one model, under this folder of the archive.
+_MODEL_DIR = "data/aotinductor/model/"
+# HONED_AOTI_LOADER: "direct" or "torch" for every package; unset, JIT's jobs load directly.
+LOADER_VARIABLE = "HONED_AOTI_LOADER"
+_THIS_THREAD = threading.local()
+# How this process's package loads went: "direct", or why torch's loader took one.
+LOADS: collections.Counter[str] = collections.Counter()
+
+
+@contextlib.contextmanager
+def unlocked_loads() -> Iterator[None]:
+    """Packages this thread loads meanwhile are loaded and run without the GIL (where they can
+    be): work done beside a program whose own calls must not wait."""
+    depth = getattr(_THIS_THREAD, "depth", 0)
+    _THIS_THREAD.depth = depth + 1
+    try:
+        yield
+    finally:
+        _THIS_THREAD.depth = depth
+
+
+def wanted() -> bool:
+    choice = os.environ.get(LOADER_VARIABLE, "").strip().lower()
+    if choice in ("direct", "torch"):
+        return choice == "direct"
+    return getattr(_THIS_THREAD, "depth", 0) > 0
+
+
+def _handles() -> Any:
+    aoti = getattr(torch._C, "_aoti", None)
+    needed = ("unsafe_alloc_void_ptrs_from_tensors", "alloc_tensors_by_stealing_from_void_ptrs")
+    return aoti if aoti is not None and all(hasattr(aoti, n) for n in needed) else None
+
+
+class DirectLoader:
+    """One AOTInductor model container, called through its C interface without the GIL."""
+
+    def __init__(self, container: Any, folder: tempfile.TemporaryDirectory[str], device: str):
+        self._container = container
+        # Kernel binaries load lazily, at a kernel's first launch: the files stay while we do.
+        self._folder = folder
+        self._device = device
+        self._cuda = device.startswith("cuda")
+        self._aoti = _handles()
+        self.single_threaded = False
+        names = container.constants()
+        self._fqn_to_name = {fqn: name for name, fqn in names}
+
+    def get_call_spec(self) -> list[str]:
+        return list(self._container.call_spec())
+
+    def get_constant_fqns(self) -> list[str]:
+        return list(self._fqn_to_name)
+
+    def load_constants(
+        self,
+        constants: dict[str, torch.Tensor],
+        use_inactive: bool = False,
+        check_full_update: bool = True,
+        user_managed: bool = False,
+    ) -> None:
+        """As torch's loader does with these arguments: constants by FQN, copied in."""
+        if use_inactive or user_managed:
+            raise NotImplementedError("DirectLoader copies constants into the active buffer only")
+        unknown = [fqn for fqn in constants if fqn not in self._fqn_to_name]
+        if unknown:
+            raise RuntimeError(
+                f"the AOTInductor package has no constant {unknown[0]!r}; it was compiled from "
+                "another module"
+            )
+        fqns = list(constants)
+        tensors = [constants[f] for f in fqns]
+        handles = self._aoti.unsafe_alloc_void_ptrs_from_tensors(tensors)
+        try:
+            pairs = [(self._fqn_to_name[f], h) for f, h in zip(fqns, handles, strict=True)]
+            if self._cuda:
+                # The container copies on its own stream: the tensors' pending work comes first.
+                torch.cuda.current_stream().synchronize()
+            self._container.update_constants(pairs, check_full_update)
+        finally:
+            # The container borrowed the handles; they are ours to free.
+            self._aoti.alloc_tensors_by_stealing_from_void_ptrs(handles)
+
+    def boxed_run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        handles = self._aoti.unsafe_alloc_void_ptrs_from_tensors(inputs)
+        inputs.clear()  # as torch's boxed_run: the call owns its inputs now
+        stream = torch.cuda.current_stream().cuda_stream if self._cuda else 0
+        outs = self._container.run(handles, stream, self.single_threaded)
+        result: list[torch.Tensor] = self._aoti.alloc_tensors_by_stealing_from_void_ptrs(outs)
+        return result
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return self.boxed_run(list(inputs))
+
+
+class DirectRunner:
+    """What honed holds of a loaded package (torch's AOTICompiledModel has the same ``loader``)."""
+
+    def __init__(self, loader: DirectLoader) -> None:
+        self.loader = loader
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils._pytree import tree_unflatten, treespec_loads
+
+        if kwargs:
+            raise TypeError("a package loaded by honed takes its flat tensors, no keywords")
+        out_spec = treespec_loads(self.loader.get_call_spec()[1])
+        return tree_unflatten(self.loader.boxed_run(list(args)), out_spec)
+
+
+def open_package(path: str, device_type: str, single_threaded: bool) -> DirectRunner | None:
+    """The package at ``path`` through its C interface, or None where torch's loader is needed
+    (see the module's docstring); errors opening a package this loader takes are raised."""
+    if not wanted():
+        return None
+    if _handles() is None:
+        LOADS["torch: torch._C._aoti lacks the tensor handle helpers"] += 1
+        return None
+    from honed._core import AotiContainer
+
+    with zipfile.ZipFile(path) as archive:
+        members = [m for m in archive.infolist() if _in_model_dir(m.filename) and not m.is_dir()]
+        names = [PurePosixPath(m.filename).name for m in members]
+        libraries = [n for n in names if n.endswith(".so")]
+        extern = [n for n in names if n.endswith(".json") and not n.endswith("_metadata.json")]
+        if len(libraries) != 1 or extern:
+            why = "extern kernels (a proxy executor)" if extern else f"{len(libraries)} libraries"
+            LOADS[f"torch: {why}"] += 1
+            return None
+        folder = tempfile.TemporaryDirectory(prefix="honed-aoti-")
+        for member, name in zip(members, names, strict=True):
+            if name.endswith((".cpp", ".h")):
+                continue  # sources: nothing loads them
+            target = os.path.join(folder.name, name)
+            with archive.open(member) as src, open(target, "wb") as dst:
+                while chunk := src.read(1 << 22):
+                    dst.write(chunk)
+    if device_type == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    else:
+        device = device_type
+    library = os.path.join(folder.name, libraries[0])
+    container = AotiContainer.open(library, device, folder.name if device_type == "cuda" else "")
+    loader = DirectLoader(container, folder, device)
+    loader.single_threaded = single_threaded
+    LOADS["direct"] += 1
+    return DirectRunner(loader)
+
+
+def _in_model_dir(name: str) -> bool:
+    # "<archive name>/data/aotinductor/model/<file>": one folder level, none deeper.
+    head, sep, rest = name.partition(_MODEL_DIR)
+    return bool(sep) and "/" not in rest and head.count("/") <= 1

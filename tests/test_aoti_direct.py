@@ -1,0 +1,190 @@
+"""tests/test_aoti_direct.py: AOTInductor packages loaded through their C interface, no GIL held.
+
+One AOT compile (about 10 s on the CPU) shared by the module's tests: a net of two large matrix
+products, slow enough per call (a few hundred ms) that a thread holding the GIL through it shows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from honed.backend import _aoti_constants, _aoti_direct, _aoti_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")]
+
+WIDTH = 1536
+
+
+class Heavy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(WIDTH, WIDTH)
+        self.b = nn.Linear(WIDTH, 8)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.relu(self.a(x))
+        for _ in range(3):
+            h = torch.relu(self.a(h))
+        return {"out": self.b(h), "twice": y * 2}
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, Path, Any]:
+    torch.manual_seed(0)
+    model = Heavy().eval()
+    example = (torch.randn(WIDTH, WIDTH), torch.randn(5))
+    exported = torch.export.export(model, example)
+    path = tmp_path_factory.mktemp("aoti") / "model.pt2"
+    torch._inductor.aoti_compile_and_package(
+        exported, package_path=str(path), inductor_configs=_aoti_constants.NO_CONSTANTS_IN_SO
+    )
+    return model, path, exported
+
+
+def _load(path: Path, monkeypatch: pytest.MonkeyPatch, how: str, exported: Any, model: Any) -> Any:
+    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, how)
+    runner = _aoti_env.load_runner(str(path), "cpu")
+    constants = _aoti_constants.plan(runner.loader, exported, model)
+    _aoti_constants.give(runner.loader, constants.live)
+    return runner
+
+
+def test_a_package_runs_through_its_c_interface_as_through_torchs_loader(
+    package: tuple[nn.Module, Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, path, exported = package
+    direct = _load(path, monkeypatch, "direct", exported, model)
+    assert isinstance(direct, _aoti_direct.DirectRunner)
+    torchs = _load(path, monkeypatch, "torch", exported, model)
+    assert not isinstance(torchs, _aoti_direct.DirectRunner)
+    assert sorted(direct.loader.get_constant_fqns()) == sorted(torchs.loader.get_constant_fqns())
+    assert direct.loader.get_call_spec() == list(torchs.loader.get_call_spec())
+
+    x, y = torch.randn(WIDTH, WIDTH), torch.randn(5)
+    with torch.no_grad():
+        want = model(x, y)
+    got = direct(x, y)  # the pytree of the outputs, as torch's AOTICompiledModel gives it
+    assert set(got) == {"out", "twice"}
+    torch.testing.assert_close(got["out"], want["out"], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(got["twice"], y * 2)
+    flat = direct.loader.boxed_run([x, y])
+    theirs = torchs.loader.boxed_run([x, y])
+    for a, b in zip(flat, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_constants_it_does_not_know_are_refused(
+    package: tuple[nn.Module, Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, path, exported = package
+    direct = _load(path, monkeypatch, "direct", exported, model)
+    with pytest.raises(RuntimeError, match="no constant 'nope'"):
+        direct.loader.load_constants({"nope": torch.zeros(1)}, False, True, False)
+    with pytest.raises(TypeError, match="no keywords"):
+        direct(torch.zeros(1), y=torch.zeros(5))
+
+
+def _longest_stop_of_another_thread(runner: Any) -> tuple[float, float]:
+    """(the call's duration, the longest time the main thread ran no Python in its middle half)
+    while another thread makes one call of the package."""
+    x, y = torch.randn(WIDTH, WIDTH), torch.randn(5)
+    runner.loader.boxed_run([x, y])  # first call apart: kernels and buffers set up
+    span: dict[str, float] = {}
+
+    def call() -> None:
+        span["start"] = time.perf_counter()
+        runner.loader.boxed_run([x, y])
+        span["end"] = time.perf_counter()
+
+    thread = threading.Thread(target=call)
+    ticks: list[float] = []
+    thread.start()
+    while thread.is_alive():
+        ticks.append(time.perf_counter())
+    thread.join()
+    start, end = span["start"], span["end"]
+    quarter = (end - start) / 4
+    inside = [start + quarter] + [t for t in ticks if start + quarter < t < end - quarter]
+    inside.append(end - quarter)
+    return end - start, max(b - a for a, b in itertools.pairwise(inside))
+
+
+def test_other_threads_run_python_while_a_call_runs(
+    package: tuple[nn.Module, Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The point of the direct loader: torch's binding holds the GIL through a call, so the
+    program's other threads stop for all of it; through the C interface they keep running."""
+    model, path, exported = package
+    held, held_stop = _longest_stop_of_another_thread(
+        _load(path, monkeypatch, "torch", exported, model)
+    )
+    assert held_stop == pytest.approx(held / 2, rel=0.2), (held, held_stop)  # stopped throughout
+    free, free_stop = _longest_stop_of_another_thread(
+        _load(path, monkeypatch, "direct", exported, model)
+    )
+    assert free_stop < free / 4, (free, free_stop)
+
+
+def test_jit_jobs_load_directly_and_the_variable_decides_for_every_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(_aoti_direct.LOADER_VARIABLE, raising=False)
+    assert not _aoti_direct.wanted()  # a tune or honed.load: torch's loader
+    with _aoti_direct.unlocked_loads():
+        with _aoti_direct.unlocked_loads():
+            assert _aoti_direct.wanted()
+        assert _aoti_direct.wanted()  # an inner block's end keeps the outer one
+        seen: list[bool] = []
+        other = threading.Thread(target=lambda: seen.append(_aoti_direct.wanted()))
+        other.start()
+        other.join()
+        assert seen == [False]  # per thread: the program's own loads are not JIT's
+        monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "torch")
+        assert not _aoti_direct.wanted()
+    assert not _aoti_direct.wanted()
+    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+    assert _aoti_direct.wanted()
+
+    from honed.jit import background
+
+    monkeypatch.delenv(_aoti_direct.LOADER_VARIABLE)
+    in_job: list[bool] = []
+    assert background.submit(lambda: in_job.append(_aoti_direct.wanted()))
+    assert background.wait(30)
+    assert in_job == [True]
+
+
+def test_packages_needing_more_of_torchs_loader_go_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Extern kernels (a proxy executor) or several libraries: torch's loader, not this one."""
+    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+    for extra in (["abc.json"], ["other.so"]):
+        path = tmp_path / f"{extra[0]}.pt2"
+        with zipfile.ZipFile(path, "w") as z:
+            for name in ["abc.so", "abc_metadata.json", *extra]:
+                z.writestr(f"model/data/aotinductor/model/{name}", b"")
+        before = _aoti_direct.LOADS.copy()
+        assert _aoti_direct.open_package(str(path), "cpu", False) is None
+        why = "extern kernels (a proxy executor)" if extra == ["abc.json"] else "2 libraries"
+        assert _aoti_direct.LOADS - before == {f"torch: {why}": 1}
+
+
+def test_a_library_that_does_not_open_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+    path = tmp_path / "broken.pt2"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("model/data/aotinductor/model/abc.so", b"not a library")
+    with pytest.raises(RuntimeError, match="cannot open the AOTInductor library"):
+        _aoti_direct.open_package(str(path), "cpu", False)
