@@ -179,6 +179,18 @@ def test_packages_needing_more_of_torchs_loader_go_to_it(
         assert _aoti_direct.LOADS - before == {f"torch: {why}": 1}
 
 
+def test_nothing_outside_the_model_folder_is_taken(tmp_path: Path) -> None:
+    assert _aoti_direct._in_model_dir("m/data/aotinductor/model/k/a.cubin") == "k/a.cubin"
+    assert _aoti_direct._in_model_dir("m/data/aotinductor/model/abc.so") == "abc.so"
+    for name in (
+        "m/data/aotinductor/model/../../../evil.so",
+        "m/data/aotinductor/model/k/",
+        "m/data/aotinductor/other/abc.so",
+        "a/b/data/aotinductor/model/abc.so",
+    ):
+        assert _aoti_direct._in_model_dir(name) == "", name
+
+
 def test_a_library_that_does_not_open_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

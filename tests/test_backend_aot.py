@@ -758,10 +758,20 @@ def test_cuda_graphs_replay_the_package_and_outputs_survive_the_next_call() -> N
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_capture_on_another_thread_leaves_the_programs_cuda_work_alone() -> None:
+@pytest.mark.parametrize("loader", ["torch", "direct"])
+def test_a_capture_on_another_thread_leaves_the_programs_cuda_work_alone(
+    loader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """JIT loads and captures a winner on its own thread while the program's thread keeps
-    running CUDA work and synchronizing: neither may fail, and both compute right."""
+    running CUDA work and synchronizing: neither may fail, and both compute right. With the
+    direct loader (JIT's) the load, the first runs and the capture hold no GIL, so the program's
+    work truly runs meanwhile."""
     import threading
+
+    from honed.backend import _aoti_direct
+
+    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, loader)
+    loads_before = _aoti_direct.LOADS["direct"]
 
     torch.manual_seed(0)
     model = TinyMLP().cuda().eval()
@@ -799,6 +809,7 @@ def test_a_capture_on_another_thread_leaves_the_programs_cuda_work_alone() -> No
     thread.join()
     assert not errors, errors
     assert len(captured) == 5
+    assert _aoti_direct.LOADS["direct"] - loads_before == (5 if loader == "direct" else 0)
     with torch.no_grad():
         for fn in captured:
             torch.testing.assert_close(fn(x), model(x))

@@ -27,7 +27,6 @@ import tempfile
 import threading
 import zipfile
 from collections.abc import Iterator
-from pathlib import PurePosixPath
 from typing import Any
 
 import torch
@@ -153,19 +152,21 @@ def open_package(path: str, device_type: str, single_threaded: bool) -> DirectRu
     from honed._core import AotiContainer
 
     with zipfile.ZipFile(path) as archive:
-        members = [m for m in archive.infolist() if _in_model_dir(m.filename) and not m.is_dir()]
-        names = [PurePosixPath(m.filename).name for m in members]
-        libraries = [n for n in names if n.endswith(".so")]
-        extern = [n for n in names if n.endswith(".json") and not n.endswith("_metadata.json")]
+        # The model folder's files by their path inside it (kernel binaries may sit deeper).
+        members = {rel: m for m in archive.infolist() if (rel := _in_model_dir(m.filename))}
+        top = [rel for rel in members if "/" not in rel]
+        libraries = [n for n in top if n.endswith(".so")]
+        extern = [n for n in top if n.endswith(".json") and not n.endswith("_metadata.json")]
         if len(libraries) != 1 or extern:
             why = "extern kernels (a proxy executor)" if extern else f"{len(libraries)} libraries"
             LOADS[f"torch: {why}"] += 1
             return None
         folder = tempfile.TemporaryDirectory(prefix="honed-aoti-")
-        for member, name in zip(members, names, strict=True):
-            if name.endswith((".cpp", ".h")):
+        for rel, member in members.items():
+            if rel.endswith((".cpp", ".h")):
                 continue  # sources: nothing loads them
-            target = os.path.join(folder.name, name)
+            target = os.path.join(folder.name, *rel.split("/"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
             with archive.open(member) as src, open(target, "wb") as dst:
                 while chunk := src.read(1 << 22):
                     dst.write(chunk)
@@ -181,7 +182,11 @@ def open_package(path: str, device_type: str, single_threaded: bool) -> DirectRu
     return DirectRunner(loader)
 
 
-def _in_model_dir(name: str) -> bool:
-    # "<archive name>/data/aotinductor/model/<file>": one folder level, none deeper.
+def _in_model_dir(name: str) -> str:
+    """A file's path inside the archive's model folder ("<archive>/data/aotinductor/model/"),
+    "" for anything else."""
     head, sep, rest = name.partition(_MODEL_DIR)
-    return bool(sep) and "/" not in rest and head.count("/") <= 1
+    if not sep or head.count("/") > 1 or not rest or rest.endswith("/"):
+        return ""
+    parts = rest.split("/")
+    return rest if all(p not in ("", ".", "..") for p in parts) else ""
