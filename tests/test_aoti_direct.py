@@ -163,6 +163,29 @@ def test_jit_jobs_load_directly_and_the_variable_decides_for_every_load(
     assert in_job == [True]
 
 
+def test_a_jit_process_loads_directly_on_every_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JIT's tune runs on a thread of its own (the tuner's), not the JIT job's: while JIT is on,
+    every thread's loads are direct."""
+    import honed
+
+    monkeypatch.delenv(_aoti_direct.LOADER_VARIABLE, raising=False)
+    seen: list[bool] = []
+
+    def look() -> None:
+        seen.append(_aoti_direct.wanted())
+
+    honed.jit.enable_jit_tuning()
+    try:
+        other = threading.Thread(target=look)
+        other.start()
+        other.join()
+    finally:
+        honed.jit.disable_jit_tuning()
+        honed.jit.reset()
+    look()
+    assert seen == [True, False]
+
+
 def test_packages_needing_more_of_torchs_loader_go_to_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

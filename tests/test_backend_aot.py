@@ -771,7 +771,6 @@ def test_a_capture_on_another_thread_leaves_the_programs_cuda_work_alone(
     from honed.backend import _aoti_direct
 
     monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, loader)
-    loads_before = _aoti_direct.LOADS["direct"]
 
     torch.manual_seed(0)
     model = TinyMLP().cuda().eval()
@@ -785,6 +784,7 @@ def test_a_capture_on_another_thread_leaves_the_programs_cuda_work_alone(
     errors: list[BaseException] = []
     done = threading.Event()
     captured: list[AotCompiled] = []
+    loads_before = _aoti_direct.LOADS["direct"]  # the build above loaded once already
 
     def install() -> None:
         try:

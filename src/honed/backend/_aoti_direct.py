@@ -8,9 +8,10 @@ for all of that. ``DirectLoader`` does the same work through the library's C int
 asks of torch's loader (``boxed_run``, ``get_call_spec``, ``load_constants``,
 ``get_constant_fqns``), so ``AotCompiled`` and the constants code take either.
 
-JIT mode loads its packages this way (its background jobs run inside ``unlocked_loads``);
-elsewhere torch's loader stays, whose calls cost a little less host time (no handle conversion,
-no GIL hand-over). ``HONED_AOTI_LOADER=direct`` or ``=torch`` decides for every load instead.
+A JIT process loads its packages this way (``beside_a_program`` at JIT's start: its tunes run
+on threads of their own, beside the program's); elsewhere torch's loader stays, whose calls cost
+a little less host time (no handle conversion, no GIL hand-over). ``unlocked_loads`` asks for it
+on one thread; ``HONED_AOTI_LOADER=direct`` or ``=torch`` decides for every load instead.
 
 It takes a package only where nothing else of torch's loader is needed: one model library, no
 extern-kernel description (ops outside AOTInductor's C shim run through torch's proxy executor,
@@ -36,6 +37,7 @@ _MODEL_DIR = "data/aotinductor/model/"
 # HONED_AOTI_LOADER: "direct" or "torch" for every package; unset, JIT's jobs load directly.
 LOADER_VARIABLE = "HONED_AOTI_LOADER"
 _THIS_THREAD = threading.local()
+_PROCESS = {"beside_a_program": False}
 # How this process's package loads went: "direct", or why torch's loader took one.
 LOADS: collections.Counter[str] = collections.Counter()
 
@@ -52,11 +54,17 @@ def unlocked_loads() -> Iterator[None]:
         _THIS_THREAD.depth = depth
 
 
+def beside_a_program(on: bool) -> None:
+    """Every package this process loads from now on, on any thread, without the GIL (where it
+    can be): a process whose program keeps calling while honed works beside it (JIT mode)."""
+    _PROCESS["beside_a_program"] = on
+
+
 def wanted() -> bool:
     choice = os.environ.get(LOADER_VARIABLE, "").strip().lower()
     if choice in ("direct", "torch"):
         return choice == "direct"
-    return getattr(_THIS_THREAD, "depth", 0) > 0
+    return _PROCESS["beside_a_program"] or getattr(_THIS_THREAD, "depth", 0) > 0
 
 
 def _handles() -> Any:

@@ -194,6 +194,10 @@ def enable() -> None:
     """Discover and tune every module that runs from now on."""
     STATE.enabled = True
     install()
+    # JIT's tunes install winners beside the program's calls, on threads of their own.
+    from honed.backend import _aoti_direct
+
+    _aoti_direct.beside_a_program(True)
     if _flags.jit_report and not STATE.report_registered:
         STATE.report_registered = True
         background.on_exit(_report)  # after the running tune was cancelled, so it is in it
@@ -205,6 +209,9 @@ def disable() -> None:
     STATE.enabled = False
     STATE.opted_in = weakref.WeakSet()
     uninstall()
+    from honed.backend import _aoti_direct
+
+    _aoti_direct.beside_a_program(False)
     _restore_cores()
     log.info("honed.jit: JIT tuning disabled")
 
