@@ -214,12 +214,35 @@ def test_nothing_outside_the_model_folder_is_taken(tmp_path: Path) -> None:
         assert _aoti_direct._in_model_dir(name) == "", name
 
 
-def test_a_library_that_does_not_open_is_a_clear_error(
+def test_a_library_it_cannot_open_goes_to_torchs_loader_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
     path = tmp_path / "broken.pt2"
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("model/data/aotinductor/model/abc.so", b"not a library")
-    with pytest.raises(RuntimeError, match="cannot open the AOTInductor library"):
-        _aoti_direct.open_package(str(path), "cpu", False)
+    before = _aoti_direct.LOADS.copy()
+    assert _aoti_direct.open_package(str(path), "cpu", False) is None
+    (why,) = (_aoti_direct.LOADS - before).keys()
+    assert why.startswith("torch: cannot open the AOTInductor library"), why
+
+
+def test_constants_through_the_cxx_map_older_libraries_take(
+    package: tuple[nn.Module, Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.11's libraries lack the pairs entry point: the constants go as the C++ map they
+    take, which honed builds itself; the package computes the same as through torch's loader."""
+    model, path, exported = package
+    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+    runner = _aoti_direct.open_package(str(path), "cpu", False, pairs=False)
+    assert runner is not None and not runner.loader._container.uses_pairs
+    constants = _aoti_constants.plan(runner.loader, exported, model)
+    _aoti_constants.give(runner.loader, constants.live)
+    x, y = torch.randn(WIDTH, WIDTH), torch.randn(5)
+    with torch.no_grad():
+        want = model(x, y)
+    got = runner(x, y)
+    torch.testing.assert_close(got["out"], want["out"], rtol=1e-3, atol=1e-3)
+    paired = _load(path, monkeypatch, "direct", exported, model)
+    assert paired.loader._container.uses_pairs
+    torch.testing.assert_close(paired(x, y)["out"], got["out"])

@@ -7,8 +7,14 @@
 #include <dlfcn.h>
 
 #include <stdexcept>
+#include <unordered_map>
 
 #include "dynlib.h"
+
+// torch's C shim names its tensor handle type so (torch/csrc/inductor/aoti_torch/c/shim.h); the
+// map handed to older libraries must be of exactly this type.
+struct AtenTensorOpaque;
+using AtenTensorHandle = AtenTensorOpaque*;
 
 namespace honed {
 
@@ -35,11 +41,18 @@ struct AotiContainer::Api {
   status_t (*constant_fqn)(handle_t, size_t, const char**) = nullptr;
   status_t (*call_spec)(handle_t, const char**, const char**) = nullptr;
   status_t (*update_pairs)(handle_t, const ConstantEntry*, size_t, bool, bool) = nullptr;
+  // AOTInductorModelContainerUpdateConstantBuffer: the map's address as the map handle.
+  status_t (*update_map)(handle_t, void*, bool, bool) = nullptr;
 };
+
+namespace {
+constexpr bool kHonedCxx11Abi = _GLIBCXX_USE_CXX11_ABI != 0;
+}  // namespace
 
 std::unique_ptr<AotiContainer> AotiContainer::open(const std::string& library,
                                                    const std::string& device,
-                                                   const std::string& cubin_dir) {
+                                                   const std::string& cubin_dir,
+                                                   bool torch_cxx11_abi, bool pairs) {
   void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     throw std::runtime_error("cannot open the AOTInductor library " + library + ": " +
@@ -60,7 +73,18 @@ std::unique_ptr<AotiContainer> AotiContainer::open(const std::string& library,
   need("AOTInductorModelContainerGetConstantName", api->constant_name);
   need("AOTInductorModelContainerGetConstantOriginalFQN", api->constant_fqn);
   need("AOTInductorModelContainerGetCallSpec", api->call_spec);
-  need("AOTInductorModelContainerUpdateConstantBufferPairs", api->update_pairs);
+  if (pairs)
+    detail::resolve(lib, "AOTInductorModelContainerUpdateConstantBufferPairs", api->update_pairs);
+  if (api->update_pairs == nullptr) {
+    need("AOTInductorModelContainerUpdateConstantBuffer", api->update_map);
+    if (missing == nullptr && torch_cxx11_abi != kHonedCxx11Abi) {
+      dlclose(lib);
+      throw std::runtime_error(
+          "the AOTInductor library " + library +
+          " takes its constants as a C++ map only, and torch and honed were built with different "
+          "C++ library ABIs (_GLIBCXX_USE_CXX11_ABI)");
+    }
+  }
   if (missing != nullptr) {
     dlclose(lib);
     throw std::runtime_error(std::string("the AOTInductor library ") + library + " has no " +
@@ -118,8 +142,20 @@ std::vector<std::pair<std::string, std::string>> AotiContainer::constants() cons
   return out;
 }
 
+bool AotiContainer::uses_pairs() const { return api_->update_pairs != nullptr; }
+
 void AotiContainer::update_constants(
     const std::vector<std::pair<std::string, std::uintptr_t>>& handles, bool validate_full_update) {
+  if (api_->update_pairs == nullptr) {
+    std::unordered_map<std::string, AtenTensorHandle> map;
+    map.reserve(handles.size());
+    for (const auto& [name, handle] : handles) {
+      map.emplace(name, reinterpret_cast<AtenTensorHandle>(handle));
+    }
+    check(api_->update_map(container_, &map, /*use_inactive=*/false, validate_full_update),
+          "take its constants");
+    return;
+  }
   std::vector<ConstantEntry> pairs;
   pairs.reserve(handles.size());
   for (const auto& [name, handle] : handles) {

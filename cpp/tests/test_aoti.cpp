@@ -13,7 +13,7 @@ namespace {
 
 std::string open_error(const std::string& library) {
   try {
-    honed::AotiContainer::open(library, "cpu", "");
+    honed::AotiContainer::open(library, "cpu", "", /*torch_cxx11_abi=*/true);
   } catch (const std::runtime_error& e) {
     return e.what();
   }

@@ -25,11 +25,20 @@ namespace honed {
 class AotiContainer {
  public:
   // Opens library (dlopen) and creates its container for device ("cpu", "cuda:0"); cubin_dir is
-  // where the package's kernel binaries were extracted ("" on the CPU). Throws std::runtime_error
-  // naming what failed: the library does not open, lacks an entry point honed needs (an
-  // AOTInductor older than the C-ABI constant update), or the container cannot be created.
+  // where the package's kernel binaries were extracted ("" on the CPU).
+  //
+  // Constants go through the C-ABI entry point (a list of name/handle pairs) where the library
+  // has it and pairs is true; older AOTInductor libraries (torch 2.11) take only a
+  // std::unordered_map<std::string, AtenTensorHandle>, which this class builds itself: sound only
+  // where honed and the library agree on the C++ library's layout, which torch_cxx11_abi (torch's
+  // _GLIBCXX_USE_CXX11_ABI) vouches for: the library is compiled with torch's setting, on this
+  // machine. Throws std::runtime_error naming what failed: the library does not open, lacks an
+  // entry point, constants could not be handed over soundly, or the container cannot be made.
   static std::unique_ptr<AotiContainer> open(const std::string& library, const std::string& device,
-                                             const std::string& cubin_dir);
+                                             const std::string& cubin_dir, bool torch_cxx11_abi,
+                                             bool pairs = true);
+  // Whether constants go through the pairs entry point (else the map).
+  bool uses_pairs() const;
   ~AotiContainer();
   AotiContainer(const AotiContainer&) = delete;
   AotiContainer& operator=(const AotiContainer&) = delete;

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import tempfile
 import threading
@@ -31,6 +32,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+log = logging.getLogger("honed")
 
 # honed's AOTInductor packages hold one model, under this folder of the archive.
 _MODEL_DIR = "data/aotinductor/model/"
@@ -149,9 +152,13 @@ class DirectRunner:
         return tree_unflatten(self.loader.boxed_run(list(args)), out_spec)
 
 
-def open_package(path: str, device_type: str, single_threaded: bool) -> DirectRunner | None:
+def open_package(
+    path: str, device_type: str, single_threaded: bool, pairs: bool = True
+) -> DirectRunner | None:
     """The package at ``path`` through its C interface, or None where torch's loader is needed
-    (see the module's docstring); errors opening a package this loader takes are raised."""
+    (see the module's docstring, and a library this loader cannot open: the reason is counted in
+    ``LOADS`` and logged). ``pairs``: hand constants over through the C-ABI pairs where the
+    library has them (False: the C++ map older libraries take; for tests)."""
     if not wanted():
         return None
     if _handles() is None:
@@ -183,7 +190,21 @@ def open_package(path: str, device_type: str, single_threaded: bool) -> DirectRu
     else:
         device = device_type
     library = os.path.join(folder.name, libraries[0])
-    container = AotiContainer.open(library, device, folder.name if device_type == "cuda" else "")
+    try:
+        container = AotiContainer.open(
+            library,
+            device,
+            folder.name if device_type == "cuda" else "",
+            bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)),
+            pairs,
+        )
+    except RuntimeError as e:
+        # Never a candidate lost to this loader: torch's takes the package instead.
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        log.info("honed: torch's AOTInductor loader takes %s: %s", path, first)
+        LOADS[f"torch: {first}"] += 1
+        folder.cleanup()
+        return None
     loader = DirectLoader(container, folder, device)
     loader.single_threaded = single_threaded
     LOADS["direct"] += 1
