@@ -152,7 +152,7 @@ def test_jit_jobs_load_directly_and_the_variable_decides_for_every_load(
         assert not _aoti_direct.wanted()
     assert not _aoti_direct.wanted()
     monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
-    assert _aoti_direct.wanted()
+    assert _aoti_direct.wanted() and _aoti_direct.wanted("cuda")  # asked for: every device
 
     from honed.jit import background
 
@@ -184,6 +184,16 @@ def test_a_jit_process_loads_directly_on_every_thread(monkeypatch: pytest.Monkey
         honed.jit.reset()
     look()
     assert seen == [True, False]
+
+
+def test_cuda_packages_load_directly_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path has not run on a GPU yet: a JIT process keeps torch's loader there unless
+    HONED_AOTI_LOADER=direct asks."""
+    monkeypatch.delenv(_aoti_direct.LOADER_VARIABLE, raising=False)
+    with _aoti_direct.unlocked_loads():
+        assert _aoti_direct.wanted("cpu") and not _aoti_direct.wanted("cuda")
+        monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+        assert _aoti_direct.wanted("cuda")
 
 
 def test_packages_needing_more_of_torchs_loader_go_to_it(

@@ -304,6 +304,34 @@ def test_payload_round_trip_loads_without_compiling(
         loaded(torch.randn(10, 16))
 
 
+def test_constants_the_direct_loader_cannot_take_go_through_torchs_loader(
+    mlp: nn.Module, dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate is never lost to the GIL-free loader: where it fails to hand the package its
+    constants, torch's loader loads the package again and the variant computes right."""
+    from honed.backend import _aoti_direct
+
+    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("AOTInductor container could not take its constants")
+
+    monkeypatch.setattr(_aoti_direct.DirectLoader, "load_constants", refuse)
+    backend = TorchInductorAotBackend()
+    before = _aoti_direct.LOADS.copy()
+    loaded = backend.load_payload(
+        backend.export_payload(dynamic_fn), _copy(mlp), _profile(1, 1, 8, ("batch", ""))
+    )
+    assert not isinstance(loaded.runner, _aoti_direct.DirectRunner)
+    assert _aoti_direct.LOADS - before == {
+        "direct": 1,
+        "torch: constants: AOTInductor container could not take its constants": 1,
+    }
+    with torch.no_grad():
+        x = torch.randn(3, 16)
+        torch.testing.assert_close(loaded(x), mlp(x))
+
+
 def test_the_package_holds_code_and_takes_the_module_weights(
     mlp: nn.Module, dynamic_fn: AotCompiled
 ) -> None:

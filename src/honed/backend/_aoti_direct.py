@@ -8,10 +8,11 @@ for all of that. ``DirectLoader`` does the same work through the library's C int
 asks of torch's loader (``boxed_run``, ``get_call_spec``, ``load_constants``,
 ``get_constant_fqns``), so ``AotCompiled`` and the constants code take either.
 
-A JIT process loads its packages this way (``beside_a_program`` at JIT's start: its tunes run
-on threads of their own, beside the program's); elsewhere torch's loader stays, whose calls cost
-a little less host time (no handle conversion, no GIL hand-over). ``unlocked_loads`` asks for it
-on one thread; ``HONED_AOTI_LOADER=direct`` or ``=torch`` decides for every load instead.
+A JIT process loads its CPU packages this way (CUDA ones on request: AUTO_DEVICE_TYPES), from
+``beside_a_program`` at JIT's start on (its tunes run on threads of their own, beside the
+program's); elsewhere torch's loader stays, whose calls cost a little less host time (no handle
+conversion, no GIL hand-over). ``unlocked_loads`` asks for it on one thread;
+``HONED_AOTI_LOADER=direct`` or ``=torch`` decides for every load instead.
 
 It takes a package only where nothing else of torch's loader is needed: one model library, no
 extern-kernel description (ops outside AOTInductor's C shim run through torch's proxy executor,
@@ -63,10 +64,18 @@ def beside_a_program(on: bool) -> None:
     _PROCESS["beside_a_program"] = on
 
 
-def wanted() -> bool:
+# Device types whose packages JIT loads directly unasked. CUDA's path (the CUDA-graph capture, the
+# kernels' first load through it, torch 2.11's constant map) has not run on a GPU yet: there it is
+# taken only when HONED_AOTI_LOADER=direct asks for it.
+AUTO_DEVICE_TYPES = ("cpu",)
+
+
+def wanted(device_type: str = "cpu") -> bool:
     choice = os.environ.get(LOADER_VARIABLE, "").strip().lower()
     if choice in ("direct", "torch"):
         return choice == "direct"
+    if device_type not in AUTO_DEVICE_TYPES:
+        return False
     return _PROCESS["beside_a_program"] or getattr(_THIS_THREAD, "depth", 0) > 0
 
 
@@ -159,7 +168,7 @@ def open_package(
     (see the module's docstring, and a library this loader cannot open: the reason is counted in
     ``LOADS`` and logged). ``pairs``: hand constants over through the C-ABI pairs where the
     library has them (False: the C++ map older libraries take; for tests)."""
-    if not wanted():
+    if not wanted(device_type):
         return None
     if _handles() is None:
         LOADS["torch: torch._C._aoti lacks the tensor handle helpers"] += 1

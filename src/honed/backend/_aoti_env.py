@@ -200,20 +200,24 @@ def precompiled_header_pays() -> bool:
 
 
 # -- loading ---------------------------------------------------------------------------------------
-def load_package(package: bytes, device_type: str, single_threaded: bool = False) -> Any:
+def load_package(
+    package: bytes, device_type: str, single_threaded: bool = False, direct: bool = True
+) -> Any:
     """Load a .pt2 from bytes; the loader extracts what it needs, so the file can go after.
-    ``single_threaded``: see load_runner."""
+    ``single_threaded``: see load_runner; ``direct=False``: torch's loader whatever is asked."""
     with tempfile.TemporaryDirectory(prefix="honed-aot-") as tmp:
         path = Path(tmp) / PACKAGE_NAME
         path.write_bytes(package)
         probe_loading(path, device_type)
-        runner = load_runner(str(path), device_type, single_threaded)
+        runner = load_runner(str(path), device_type, single_threaded, direct)
         if IN_WORKER:
             _loaded_here(device_type)
         return runner
 
 
-def load_runner(path: str, device_type: str, single_threaded: bool = False) -> Any:
+def load_runner(
+    path: str, device_type: str, single_threaded: bool = False, direct: bool = True
+) -> Any:
     """AOTInductor's package loader, without torch's device-information check.
 
     ``torch._inductor.aoti_load_package`` first compares the package's metadata with this
@@ -232,9 +236,9 @@ def load_runner(path: str, device_type: str, single_threaded: bool = False) -> A
 
     from honed.backend import _aoti_direct
 
-    direct = _aoti_direct.open_package(path, device_type, single_threaded)
-    if direct is not None:
-        return direct
+    unlocked = _aoti_direct.open_package(path, device_type, single_threaded) if direct else None
+    if unlocked is not None:
+        return unlocked
     try:
         # torch re-exports it here without listing it in __all__ (its defining module moves)
         from torch._inductor.package import AOTICompiledModel  # type: ignore[attr-defined]

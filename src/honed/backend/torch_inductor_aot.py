@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from honed.backend import _aoti_constants, _aoti_env
+from honed.backend import _aoti_constants, _aoti_direct, _aoti_env
 from honed.backend._calling import CALLING_FILE, Calling, GuardedPayload
 from honed.backend._export import FlatForward, export_program, plan
 from honed.backend._inductor_env import cpu_available
@@ -282,7 +282,18 @@ class TorchInductorAotBackend(Backend):
         # Packages saved before the weights were stored apart hold their constants themselves.
         constants = _aoti_constants.tensors(files, module, graph.device)
         if constants is not None:
-            _aoti_constants.give(runner.loader, constants)
+            try:
+                _aoti_constants.give(runner.loader, constants)
+            except Exception as e:
+                if not isinstance(runner, _aoti_direct.DirectRunner):
+                    raise
+                # The GIL-free loader could not hand them over: torch's loader does instead.
+                first = (str(e).splitlines() or [type(e).__name__])[0]
+                _aoti_direct.LOADS[f"torch: constants: {first}"] += 1
+                runner = _aoti_env.load_package(
+                    package, graph.device.type, graphs_on is not None, direct=False
+                )
+                _aoti_constants.give(runner.loader, constants)
         kept = {n: files[n] for n in _aoti_constants.FILES if n in files}
         return AotCompiled(runner, package, calling, self.config.check_inputs, kept, graphs_on)
 
