@@ -4,7 +4,8 @@
 
 Without files it reads every bench/results/*.json. Rows are merged by (model, batch): a finished
 row beats an unfinished one, and among equals the latest run wins, so a suite split over several
-device calls (--rows, --models, --batches) merges into one table. --prune deletes the result files
+device calls (--rows, --models, --batches) merges into one table; a finished row with honed's
+figure beats one without (its tune ran out of time). --prune deletes the result files
 of that device from which no row is used any more (history lives in git). Every number and
 verdict in RESULTS.md is computed here from the JSON.
 """
@@ -38,6 +39,8 @@ COLD_RATIO_GOAL = 1.5  # issue 21: cold tune <= 1.5x the one-liner's cold compil
 WARM_RETUNE_GOAL_S = 5.0  # issue 21: a warm re-tune in <= 5 s plus installing the winner
 EXPERT_TOLERANCE_PCT = 2.0  # issue 22: ResNet-50 b64 at least as fast as the expert (2 %)
 CPP_TOLERANCE_PCT = 5.0  # issue 22: target="cpp" within 5 % of the best Python candidate
+ONELINER_GOAL = 1.25  # the product goal: honed at least 1.25x the one-liner, geomean over the suite
+GEOMEAN_BATCHES = (1, 8, 64)  # the suite's batch sizes, each with a geomean of its own
 
 # Published MLPerf Inference results of one H100 (closed division, datacenter, NVIDIA's
 # TensorRT submission, v4.0), from the MLCommons results repository. They run other models or
@@ -112,15 +115,23 @@ def pick_device(runs: list[dict[str, Any]], wanted: str | None) -> str:
 ROW_RANK = {"ok": 3, "failed": 2, "running": 1, "skipped": 0}
 
 
+def _rank(row: dict[str, Any]) -> float:
+    """Finished beats unfinished; of finished rows, one with honed's figure beats one without (a
+    row whose tune ran out of time finishes with eager, the one-liner and the expert alone)."""
+    rank = float(ROW_RANK.get(row.get("status", ""), 0))
+    if row.get("status") == "ok" and ms(row, "honed") is None:
+        rank -= 0.5
+    return rank
+
+
 def merge(runs: list[dict[str, Any]], device: str) -> dict[str, Any]:
-    """The rows of ``device``, one per (model, batch): finished beats unfinished, then latest."""
+    """The rows of ``device``, one per (model, batch): the best ranked (``_rank``), then latest."""
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     used = [r for r in runs if device_of(r) == device]
     for run in used:
         for row in run.get("rows", []):
             key = (row["model"], int(row["batch"]))
-            rank = ROW_RANK.get(row["status"], 0)
-            if rank >= ROW_RANK.get(rows.get(key, {}).get("status", ""), -1):
+            if key not in rows or _rank(row) >= _rank(rows[key]):
                 rows[key] = dict(row, run=run["file"], parallel=run["args"].get("parallel", 1))
     order = {m: i for i, m in enumerate(SUITE)}
     keys = sorted(rows, key=lambda k: (order.get(k[0], len(order)), k[0], k[1]))
@@ -270,7 +281,14 @@ def targets(merged: dict[str, Any]) -> dict[str, Any]:
         "rows": retunes,
         "met": bool(retunes) and all(s - i <= WARM_RETUNE_GOAL_S for *_, s, i in retunes),
     }
-    for batch in (1, 64):
+    every = [ratio(ms(r, "oneliner"), ms(r, "honed")) for r in ok]
+    over = [v for v in every if v is not None]
+    out["over_oneliner"] = {
+        "value": geomean(over),
+        "rows": len(over),
+        "met": bool(over) and (geomean(over) or 0.0) >= ONELINER_GOAL,
+    }
+    for batch in GEOMEAN_BATCHES:
         at = [
             (r["model"], ratio(ms(r, "oneliner"), ms(r, "honed")))
             for r in ok
@@ -431,8 +449,9 @@ def _targets_md(goals: dict[str, Any]) -> list[str]:
         "|---|---|---|",
         f"| selection within {SELECTION_TOLERANCE_PCT:g} % of the exhaustive best, every row (21) "
         f"| {text} | {_verdict(sel['met'])} |",
-        f"| cold tune <= {COLD_RATIO_GOAL:g}x the one-liner's cold compile (21; rows where both "
-        f"ran alone) | {cold_text} | {_verdict(cold['met'])} |",
+        f"| cold tune <= {COLD_RATIO_GOAL:g}x the one-liner's cold compile (21; rows where "
+        f"neither shared its cores with another compile) | {cold_text} | "
+        f"{_verdict(cold['met'])} |",
         f"| warm re-tune <= {WARM_RETUNE_GOAL_S:g} s plus installing the winner (21) | {retune} | "
         f"{_verdict(goals['retune']['met'])} |",
     ]
@@ -473,7 +492,13 @@ def _targets_md(goals: dict[str, Any]) -> list[str]:
             f'| {key}: target="cpp" within {CPP_TOLERANCE_PCT:g} % of the best Python (22) | '
             f"{c_text} | {_verdict(c['met'])} |"
         )
-    for batch in (1, 64):
+    g = goals["over_oneliner"]
+    g_text = "no row" if g["value"] is None else f"{g['value']:.2f}x over {g['rows']} rows"
+    lines.append(
+        f"| geomean speed-up of honed over the one-liner, every row with both "
+        f"(goal >= {ONELINER_GOAL:g}x) | {g_text} | {_verdict(g['met'])} |"
+    )
+    for batch in GEOMEAN_BATCHES:
         g = goals[f"over_oneliner_b{batch}"]
         g_text = (
             "no row" if g["value"] is None else f"{g['value']:.2f}x over {', '.join(g['models'])}"
@@ -560,7 +585,9 @@ def _cold_md(merged: dict[str, Any]) -> list[str]:
         'C++: a `target="cpp"` tune, then `honed-run '
         "--check` on the artifact (its own measurement protocol, in its own process). "
         "`(k at once)`: compiled while k processes compiled; such a time is inflated, so the "
-        "ratio is an under-estimate.",
+        "ratio is an under-estimate. A run beside other suite runs on a host of several GPUs "
+        "(*Runs*, host) compiled on its own GPU and its own share of the cores, 16 like the "
+        "single-GPU machine's.",
         "",
         "| model | batch | one-liner compile s | honed cold tune s | honed / one-liner | "
         "warm re-tune s | C++ tune s | honed-run ms | honed-run / Python |",

@@ -687,6 +687,11 @@ def test_report_merges_and_computes_targets(fixture_runs: list[Path], tmp_path: 
     b1 = goals["over_oneliner_b1"]
     assert b1["value"] == pytest.approx(1.2) and b1["models"] == ["bert"]  # llama's honed failed
     assert goals["over_oneliner_b64"]["value"] == pytest.approx(3.5 / 3.2)
+    # Every row with both figures: bert b1 1.2, bert b8 1.75/1.6, resnet50 b64 3.5/3.2.
+    every = goals["over_oneliner"]
+    assert every["rows"] == 3
+    assert every["value"] == pytest.approx((1.2 * 1.75 / 1.6 * 3.5 / 3.2) ** (1 / 3))
+    assert every["met"] is False  # 1.13x, short of 1.25x
 
     text = (out_dir / "RESULTS.md").read_text()
     assert "| bert | 8 | 6.500 | 1.750 | 1.700 | 1.600 |" in text
@@ -748,6 +753,28 @@ def test_report_counts_the_winners_install_apart_from_the_warm_re_tune(
     retune.update(tune_s=6.0, report={"install_s": 0.5})
     fixture_runs[0].write_text(json.dumps(run))
     assert report.generate(fixture_runs, tmp_path / "b")["targets"]["retune"]["met"] is False
+
+
+def test_a_later_row_without_honeds_figure_does_not_hide_one_with_it(
+    fixture_runs: list[Path], tmp_path: Path
+) -> None:
+    """A later run whose tune ran out of time finishes the row with eager, the one-liner and the
+    expert only: the earlier row with honed's figure stays in the table."""
+    later = json.loads(fixture_runs[2].read_text())
+    later["started"] = "2026-01-09T00:00:00+00:00"
+    resnet = next(r for r in later["rows"] if r["model"] == "resnet50")
+    resnet["variants"]["honed"] = {"status": "not run", "reason": "no cold tune"}
+    resnet["variants"]["eager"]["median_ms"] = 99.0
+    later["rows"] = [resnet]
+    path = tmp_path / "later.json"
+    path.write_text(json.dumps(later))
+    merged = report.generate([*fixture_runs, path], tmp_path / "out")["merged"]
+    row = next(r for r in merged["rows"] if r["model"] == "resnet50")
+    assert row["run"] == "run2.json" and report.ms(row, "honed") == pytest.approx(3.2)
+    resnet["variants"]["honed"] = {"status": "ok", "median_ms": 3.1}
+    path.write_text(json.dumps(later))
+    merged = report.generate([*fixture_runs, path], tmp_path / "out2")["merged"]
+    assert next(r for r in merged["rows"] if r["model"] == "resnet50")["run"] == "later.json"
 
 
 def test_report_says_what_shared_the_host_with_a_run(
