@@ -109,8 +109,7 @@ AotiContainer::AotiContainer(void* library, std::unique_ptr<Api> api, void* cont
 
 AotiContainer::~AotiContainer() {
   if (container_ != nullptr) api_->destroy(container_);
-  // The library stays mapped: kernels it registered (CUDA modules, thread-local state) may be
-  // referred to until the process ends, as torch's own loader leaves it.
+  dlclose(library_);  // as torch's loader does once its container is gone
 }
 
 void AotiContainer::check(int status, const char* what) const {

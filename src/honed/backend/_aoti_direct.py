@@ -17,7 +17,7 @@ conversion, no GIL hand-over). ``unlocked_loads`` asks for it on one thread;
 It takes a package only where nothing else of torch's loader is needed: one model library, no
 extern-kernel description (ops outside AOTInductor's C shim run through torch's proxy executor,
 which only torch's loader makes), and torch's helpers that turn tensors into handles and back.
-``open`` answers None otherwise, and the caller uses torch's loader.
+``open_package`` answers None otherwise, and the caller uses torch's loader.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ log = logging.getLogger("honed")
 
 # honed's AOTInductor packages hold one model, under this folder of the archive.
 _MODEL_DIR = "data/aotinductor/model/"
-# HONED_AOTI_LOADER: "direct" or "torch" for every package; unset, JIT's jobs load directly.
+# HONED_AOTI_LOADER: "direct" or "torch" for every package; unset, a JIT process's CPU packages
+# load directly.
 LOADER_VARIABLE = "HONED_AOTI_LOADER"
 _THIS_THREAD = threading.local()
 _PROCESS = {"beside_a_program": False}
@@ -92,7 +93,6 @@ class DirectLoader:
         self._container = container
         # Kernel binaries load lazily, at a kernel's first launch: the files stay while we do.
         self._folder = folder
-        self._device = device
         self._cuda = device.startswith("cuda")
         self._aoti = _handles()
         self.single_threaded = False
@@ -127,7 +127,8 @@ class DirectLoader:
         try:
             pairs = [(self._fqn_to_name[f], h) for f, h in zip(fqns, handles, strict=True)]
             if self._cuda:
-                # The container copies on its own stream: the tensors' pending work comes first.
+                # The tensors' pending work (their copy onto the device) comes before the
+                # container's copy, whichever stream that uses.
                 torch.cuda.current_stream().synchronize()
             self._container.update_constants(pairs, check_full_update)
         finally:
