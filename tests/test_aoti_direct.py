@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+import honed
 from honed.backend import _aoti_constants, _aoti_direct, _aoti_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")]
@@ -51,7 +52,7 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, Path, 
 
 
 def _load(path: Path, monkeypatch: pytest.MonkeyPatch, how: str, exported: Any, model: Any) -> Any:
-    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, how)
+    monkeypatch.setattr(honed.config, "aoti_loader", how)
     runner = _aoti_env.load_runner(str(path), "cpu")
     constants = _aoti_constants.plan(runner.loader, exported, model)
     _aoti_constants.give(runner.loader, constants.live)
@@ -137,7 +138,7 @@ def test_other_threads_run_python_while_a_call_runs(
 def test_jit_jobs_load_directly_and_the_variable_decides_for_every_load(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv(_aoti_direct.LOADER_VARIABLE, raising=False)
+    monkeypatch.setattr(honed.config, "aoti_loader", "auto")
     assert not _aoti_direct.wanted()  # a tune or honed.load: torch's loader
     with _aoti_direct.unlocked_loads():
         with _aoti_direct.unlocked_loads():
@@ -148,15 +149,15 @@ def test_jit_jobs_load_directly_and_the_variable_decides_for_every_load(
         other.start()
         other.join()
         assert seen == [False]  # per thread: the program's own loads are not JIT's
-        monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "torch")
+        monkeypatch.setattr(honed.config, "aoti_loader", "torch")
         assert not _aoti_direct.wanted()
     assert not _aoti_direct.wanted()
-    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+    monkeypatch.setattr(honed.config, "aoti_loader", "direct")
     assert _aoti_direct.wanted() and _aoti_direct.wanted("cuda")  # asked for: every device
 
     from honed.jit import background
 
-    monkeypatch.delenv(_aoti_direct.LOADER_VARIABLE)
+    monkeypatch.setattr(honed.config, "aoti_loader", "auto")
     in_job: list[bool] = []
     assert background.submit(lambda: in_job.append(_aoti_direct.wanted()))
     assert background.wait(30)
@@ -166,9 +167,7 @@ def test_jit_jobs_load_directly_and_the_variable_decides_for_every_load(
 def test_a_jit_process_loads_directly_on_every_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """JIT's tune runs on a thread of its own (the tuner's), not the JIT job's: while JIT is on,
     every thread's loads are direct."""
-    import honed
-
-    monkeypatch.delenv(_aoti_direct.LOADER_VARIABLE, raising=False)
+    monkeypatch.setattr(honed.config, "aoti_loader", "auto")
     seen: list[bool] = []
 
     def look() -> None:
@@ -189,10 +188,10 @@ def test_a_jit_process_loads_directly_on_every_thread(monkeypatch: pytest.Monkey
 def test_cuda_packages_load_directly_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA path has not run on a GPU yet: a JIT process keeps torch's loader there unless
     HONED_AOTI_LOADER=direct asks."""
-    monkeypatch.delenv(_aoti_direct.LOADER_VARIABLE, raising=False)
+    monkeypatch.setattr(honed.config, "aoti_loader", "auto")
     with _aoti_direct.unlocked_loads():
         assert _aoti_direct.wanted("cpu") and not _aoti_direct.wanted("cuda")
-        monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+        monkeypatch.setattr(honed.config, "aoti_loader", "direct")
         assert _aoti_direct.wanted("cuda")
 
 
@@ -200,7 +199,7 @@ def test_packages_needing_more_of_torchs_loader_go_to_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Extern kernels (a proxy executor) or several libraries: torch's loader, not this one."""
-    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+    monkeypatch.setattr(honed.config, "aoti_loader", "direct")
     for extra in (["abc.json"], ["other.so"]):
         path = tmp_path / f"{extra[0]}.pt2"
         with zipfile.ZipFile(path, "w") as z:
@@ -227,7 +226,7 @@ def test_nothing_outside_the_model_folder_is_taken(tmp_path: Path) -> None:
 def test_a_library_it_cannot_open_goes_to_torchs_loader_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+    monkeypatch.setattr(honed.config, "aoti_loader", "direct")
     path = tmp_path / "broken.pt2"
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("model/data/aotinductor/model/abc.so", b"not a library")
@@ -243,7 +242,7 @@ def test_constants_through_the_cxx_map_older_libraries_take(
     """torch 2.11's libraries lack the pairs entry point: the constants go as the C++ map they
     take, which honed builds itself; the package computes the same as through torch's loader."""
     model, path, exported = package
-    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+    monkeypatch.setattr(honed.config, "aoti_loader", "direct")
     runner = _aoti_direct.open_package(str(path), "cpu", False, pairs=False)
     assert runner is not None and not runner.loader._container.uses_pairs
     constants = _aoti_constants.plan(runner.loader, exported, model)

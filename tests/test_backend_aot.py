@@ -311,7 +311,7 @@ def test_constants_the_direct_loader_cannot_take_go_through_torchs_loader(
     constants, torch's loader loads the package again and the variant computes right."""
     from honed.backend import _aoti_direct
 
-    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, "direct")
+    monkeypatch.setattr(honed.config, "aoti_loader", "direct")
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("AOTInductor container could not take its constants")
@@ -798,7 +798,7 @@ def test_a_capture_on_another_thread_leaves_the_programs_cuda_work_alone(
 
     from honed.backend import _aoti_direct
 
-    monkeypatch.setenv(_aoti_direct.LOADER_VARIABLE, loader)
+    monkeypatch.setattr(honed.config, "aoti_loader", loader)
 
     torch.manual_seed(0)
     model = TinyMLP().cuda().eval()

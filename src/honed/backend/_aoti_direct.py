@@ -12,7 +12,8 @@ A JIT process loads its CPU packages this way (CUDA ones on request: AUTO_DEVICE
 ``beside_a_program`` at JIT's start on (its tunes run on threads of their own, beside the
 program's); elsewhere torch's loader stays, whose calls cost a little less host time (no handle
 conversion, no GIL hand-over). ``unlocked_loads`` asks for it on one thread;
-``HONED_AOTI_LOADER=direct`` or ``=torch`` decides for every load instead.
+``HONED_AOTI_LOADER=direct`` or ``=torch`` (``honed.config.aoti_loader``) decides for every
+load instead.
 
 It takes a package only where nothing else of torch's loader is needed: one model library, no
 extern-kernel description (ops outside AOTInductor's C shim run through torch's proxy executor,
@@ -38,9 +39,6 @@ log = logging.getLogger("honed")
 
 # honed's AOTInductor packages hold one model, under this folder of the archive.
 _MODEL_DIR = "data/aotinductor/model/"
-# HONED_AOTI_LOADER: "direct" or "torch" for every package; unset, a JIT process's CPU packages
-# load directly.
-LOADER_VARIABLE = "HONED_AOTI_LOADER"
 _THIS_THREAD = threading.local()
 _PROCESS = {"beside_a_program": False}
 # How this process's package loads went: "direct", or why torch's loader took one.
@@ -67,14 +65,15 @@ def beside_a_program(on: bool) -> None:
 
 # Device types whose packages JIT loads directly unasked. CUDA's path (the CUDA-graph capture, the
 # kernels' first load through it, torch 2.11's constant map) has not run on a GPU yet: there it is
-# taken only when HONED_AOTI_LOADER=direct asks for it.
+# taken only when HONED_AOTI_LOADER=direct (honed.config.aoti_loader) asks for it.
 AUTO_DEVICE_TYPES = ("cpu",)
 
 
 def wanted(device_type: str = "cpu") -> bool:
-    choice = os.environ.get(LOADER_VARIABLE, "").strip().lower()
-    if choice in ("direct", "torch"):
-        return choice == "direct"
+    from honed import config
+
+    if config.aoti_loader != "auto":  # HONED_AOTI_LOADER
+        return config.aoti_loader == "direct"
     if device_type not in AUTO_DEVICE_TYPES:
         return False
     return _PROCESS["beside_a_program"] or getattr(_THIS_THREAD, "depth", 0) > 0
