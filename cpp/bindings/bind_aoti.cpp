@@ -29,10 +29,9 @@ std::uintptr_t address(const nb::handle& capsule) {
 }  // namespace
 
 void bind_aoti(nb::module_& m) {
-  using release = nb::call_guard<nb::gil_scoped_release>;
   nb::class_<AotiContainer>(m, "AotiContainer")
       .def_static("open", &AotiContainer::open, "library"_a, "device"_a, "cubin_dir"_a,
-                  "torch_cxx11_abi"_a, "pairs"_a = true, release())
+                  "torch_cxx11_abi"_a, "pairs"_a = true, release_gil())
       .def_prop_ro("uses_pairs", &AotiContainer::uses_pairs)
       .def_prop_ro("num_inputs", &AotiContainer::num_inputs)
       .def_prop_ro("num_outputs", &AotiContainer::num_outputs)

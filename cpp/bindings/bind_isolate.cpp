@@ -112,7 +112,7 @@ void bind_worker(nb::module_& m) {
         return std::string("WorkerEvent(") + kind_name(e.kind) + ")";
       });
   nb::class_<Worker>(m, "Worker")
-      .def(nb::init<IsolateOptions>(), "options"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(nb::init<IsolateOptions>(), "options"_a, release_gil())
       .def_prop_ro("pid", &Worker::pid)
       .def_prop_ro("running", &Worker::running)
       .def_prop_ro("start_error", &Worker::start_error)
@@ -128,14 +128,13 @@ void bind_worker(nb::module_& m) {
             return w.send(data, timeout_s);
           },
           "message"_a, "timeout_s"_a = -1.0)
-      .def("receive", &Worker::receive, "timeout_s"_a = -1.0,
-           nb::call_guard<nb::gil_scoped_release>())
+      .def("receive", &Worker::receive, "timeout_s"_a = -1.0, release_gil())
       .def("cancel", &Worker::cancel)
-      .def("pause", &Worker::pause, nb::call_guard<nb::gil_scoped_release>())
-      .def("resume", &Worker::resume, nb::call_guard<nb::gil_scoped_release>())
-      .def("stop", &Worker::stop, "grace_s"_a = 0.0, nb::call_guard<nb::gil_scoped_release>())
+      .def("pause", &Worker::pause, release_gil())
+      .def("resume", &Worker::resume, release_gil())
+      .def("stop", &Worker::stop, "grace_s"_a = 0.0, release_gil())
       .def("take_output", &Worker::take_output)
-      .def("resident_bytes", &Worker::resident_bytes, nb::call_guard<nb::gil_scoped_release>())
+      .def("resident_bytes", &Worker::resident_bytes, release_gil())
       .def_prop_ro("peak_rss_bytes", &Worker::peak_rss_bytes);
 }
 

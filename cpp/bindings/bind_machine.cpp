@@ -52,7 +52,7 @@ void bind_machine(nb::module_& m) {
   m.def("probe_gpu_details", &probe_gpu_details, "device"_a, "libnvml"_a = "libnvidia-ml.so.1");
   m.def("other_processes", &other_processes, "pids"_a, "own_pids"_a, "own_context"_a);
   m.def("calibrate_cpu", &calibrate_cpu, "threads"_a, "chunks"_a = 60, "chunk_ms"_a = 0.5,
-        nb::call_guard<nb::gil_scoped_release>());
+        release_gil());
   m.def(
       "assess_load",
       [](const LoadSignals& s, double max_slowdown, double max_load_per_cpu) {

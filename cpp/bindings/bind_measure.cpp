@@ -162,8 +162,7 @@ void bind_measure(nb::module_& m) {
   bind_timers(m);
   m.def("measure", &measure, "fn"_a, "timer"_a, "cfg"_a = MeasureConfig{});
   // Pure computation on copied samples: without the GIL (a bootstrap takes milliseconds).
-  using release = nb::call_guard<nb::gil_scoped_release>;
-  m.def("stats", &compute_stats, "samples_ms"_a, release());
+  m.def("stats", &compute_stats, "samples_ms"_a, release_gil());
   m.def(
       "compare",
       [](const std::vector<double>& a, const std::vector<double>& b, int iterations,
@@ -171,7 +170,7 @@ void bind_measure(nb::module_& m) {
         return compare(a, b, iterations, confidence, seed, parse_statistic(statistic));
       },
       "a"_a, "b"_a, "iterations"_a = 2000, "confidence"_a = 0.95, "seed"_a = 42,
-      "statistic"_a = "median", release());
+      "statistic"_a = "median", release_gil());
   m.def(
       "batch_of",
       [](const std::vector<int>& batch_axes, const std::vector<std::vector<int64_t>>& shapes) {

@@ -63,16 +63,16 @@ void bind_select(nb::module_& m) {
 
   // Selections bootstrap thousands of resamples: without the GIL, so a program's calls beside a
   // tune (JIT mode) go on meanwhile. The candidates are copied into C++ first.
-  using release = nb::call_guard<nb::gil_scoped_release>;
-  m.def("select_one_backend", &select_one_backend, "cands"_a, release());
+  m.def("select_one_backend", &select_one_backend, "cands"_a, release_gil());
   const double margin = kDefaultDecisionMargin;
   m.attr("DEFAULT_DECISION_MARGIN") = margin;
   m.def("select_first_wins", &select_first_wins, "cands"_a, "min_speedup"_a, "margin"_a = margin,
-        release());
-  m.def("select_max_throughput", &select_max_throughput, "cands"_a, "margin"_a = margin, release());
-  m.def("select_min_latency", &select_min_latency, "cands"_a, "margin"_a = margin, release());
+        release_gil());
+  m.def("select_max_throughput", &select_max_throughput, "cands"_a, "margin"_a = margin,
+        release_gil());
+  m.def("select_min_latency", &select_min_latency, "cands"_a, "margin"_a = margin, release_gil());
   m.def("select_latency_budget", &select_latency_budget, "cands"_a, "budget_ms"_a,
-        "margin"_a = margin, release());
+        "margin"_a = margin, release_gil());
 }
 
 }  // namespace honed::py

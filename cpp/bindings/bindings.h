@@ -3,6 +3,10 @@
 #include <nanobind/nanobind.h>
 
 namespace honed::py {
+// A binding's guard for engine calls that touch no Python object: the GIL is released during the
+// call (after the arguments are converted), so other Python threads run meanwhile.
+using release_gil = nanobind::call_guard<nanobind::gil_scoped_release>;
+
 // First: every bind_* below throws C++ exceptions that it translates into honed.errors.
 void bind_errors(nanobind::module_& m);
 void bind_shapes(nanobind::module_& m);

@@ -150,15 +150,17 @@ class DirectRunner:
     """What honed holds of a loaded package (torch's AOTICompiledModel has the same ``loader``)."""
 
     def __init__(self, loader: DirectLoader) -> None:
+        from torch.utils._pytree import treespec_loads
+
         self.loader = loader
+        self._out_spec = treespec_loads(loader.get_call_spec()[1])  # parsed once, not per call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.utils._pytree import tree_unflatten, treespec_loads
+        from torch.utils._pytree import tree_unflatten
 
         if kwargs:
             raise TypeError("a package loaded by honed takes its flat tensors, no keywords")
-        out_spec = treespec_loads(self.loader.get_call_spec()[1])
-        return tree_unflatten(self.loader.boxed_run(list(args)), out_spec)
+        return tree_unflatten(self.loader.boxed_run(list(args)), self._out_spec)
 
 
 def open_package(
