@@ -255,3 +255,76 @@ def test_constants_through_the_cxx_map_older_libraries_take(
     paired = _load(path, monkeypatch, "direct", exported, model)
     assert paired.loader._container.uses_pairs
     torch.testing.assert_close(paired(x, y)["out"], got["out"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_package_runs_directly_on_the_callers_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA path: the library's kernels load from the package's folder, the constants come
+    from the model (through whichever entry point the library has), calls go on the caller's
+    current stream; the outputs equal torch's loader's, and a load and first run on another
+    thread leave the main thread's Python running."""
+    torch.manual_seed(0)
+    model = Heavy().cuda().eval()
+    x, y = torch.randn(256, WIDTH, device="cuda"), torch.randn(5, device="cuda")
+    exported = torch.export.export(model, (x, y))
+    path = tmp_path / "model.pt2"
+    torch._inductor.aoti_compile_and_package(
+        exported, package_path=str(path), inductor_configs=_aoti_constants.NO_CONSTANTS_IN_SO
+    )
+
+    def load(how: str) -> Any:
+        monkeypatch.setattr(honed.config, "aoti_loader", how)
+        runner = _aoti_env.load_runner(str(path), "cuda")
+        constants = _aoti_constants.plan(runner.loader, exported, model)
+        _aoti_constants.give(runner.loader, constants.live)
+        return runner
+
+    torchs = load("torch")
+    with torch.no_grad():
+        want = model(x, y)
+    for pairs in (True, False):
+        monkeypatch.setattr(honed.config, "aoti_loader", "direct")
+        runner = _aoti_direct.open_package(str(path), "cuda", False, pairs=pairs)
+        assert runner is not None
+        constants = _aoti_constants.plan(runner.loader, exported, model)
+        _aoti_constants.give(runner.loader, constants.live)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            got = runner(x, y)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.testing.assert_close(got["out"], want["out"], rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(got["twice"], y * 2)
+        for a, b in zip(
+            runner.loader.boxed_run([x, y]), torchs.loader.boxed_run([x, y]), strict=True
+        ):
+            torch.testing.assert_close(a, b)
+
+    def stop_while_loading(how: str) -> float:
+        """The longest the main thread ran no Python while another thread loaded the package and
+        ran it once (the kernels' load)."""
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                runner = load(how)
+                runner.loader.boxed_run([x, y])
+                torch.cuda.synchronize()
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=work)
+        ticks = [time.perf_counter()]
+        thread.start()
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+        thread.join()
+        return max(b - a for a, b in itertools.pairwise(ticks))
+
+    held, free = stop_while_loading("torch"), stop_while_loading("direct")
+    print(
+        f"longest stop while loading: torch's loader {held * 1e3:.1f} ms, direct {free * 1e3:.1f} ms"
+    )
+    assert free < held, (held, free)
