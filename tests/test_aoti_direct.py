@@ -325,6 +325,7 @@ def test_a_cuda_package_runs_directly_on_the_callers_stream(
 
     held, free = stop_while_loading("torch"), stop_while_loading("direct")
     print(
-        f"longest stop while loading: torch's loader {held * 1e3:.1f} ms, direct {free * 1e3:.1f} ms"
+        f"longest stop while loading: torch's loader {held * 1e3:.1f} ms, "
+        f"direct {free * 1e3:.1f} ms"
     )
     assert free < held, (held, free)
