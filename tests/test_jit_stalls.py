@@ -169,13 +169,17 @@ def test_the_check_runs_here_without_isolation(traced_here: list[str]) -> None:
 
 # -- the hand-off to the workers ---------------------------------------------------------------
 def test_cpu_tensors_travel_by_value() -> None:
-    weight = nn.Parameter(torch.randn(8, 8))
+    weight = nn.Parameter(torch.randn(64, 64))
     value = {"weight": weight, "view": weight.data[2:4], "n": 3}
-    blob, cuda = sharing.dumps(value)
+    frames, cuda = sharing.dumps(value)
     assert cuda == 0
-    back = sharing.loads(blob)
+    assert len(frames) == 2 and len(frames[1]) == 64 * 64 * 4  # one storage, out of the stream
+    assert len(frames[0]) < 1024
+    back = sharing.loads(frames)
     assert isinstance(back["weight"], nn.Parameter) and back["n"] == 3
     assert torch.equal(back["weight"], weight) and torch.equal(back["view"], weight[2:4])
+    back["weight"].data[2, 0] = 100.0  # one storage, as in the caller
+    assert back["view"][0, 0] == 100.0 and weight[2, 0] != 100.0
     context = shared_context(value, "test")
     assert context.fresh is None and context.payload() == context.blob
 
@@ -226,7 +230,7 @@ def test_what_does_not_pickle_is_not_isolatable() -> None:
 _LOAD_IN_ANOTHER_PROCESS = """
 import json, sys, torch
 from honed.pipeline.sharing import loads
-value = loads(sys.stdin.buffer.read())
+value = loads([sys.stdin.buffer.read()])
 w, v = value["weight"], value["view"]
 out = {
     "parameter": isinstance(w, torch.nn.Parameter),
@@ -244,11 +248,11 @@ print(json.dumps(out))
 def test_cuda_tensors_travel_as_handles_and_the_worker_owns_its_copy() -> None:
     weight = nn.Parameter(torch.randn(2048, 2048, device="cuda"))  # 16 MiB
     before = weight.detach().clone()
-    blob, cuda = sharing.dumps({"weight": weight, "view": weight.data[5:9]})
-    assert cuda == 2 and len(blob) < 64 * 1024  # handles, not 16 MiB of bytes
+    frames, cuda = sharing.dumps({"weight": weight, "view": weight.data[5:9]})
+    assert cuda == 2 and len(frames) == 1 and len(frames[0]) < 64 * 1024  # handles, not 16 MiB
     done = subprocess.run(
         [sys.executable, "-c", _LOAD_IN_ANOTHER_PROCESS],
-        input=blob,
+        input=bytes(frames[0]),
         capture_output=True,
         timeout=300,
         check=False,
@@ -266,9 +270,9 @@ def test_cuda_tensors_travel_as_handles_and_the_worker_owns_its_copy() -> None:
 def test_a_cuda_graph_context_is_sent_as_handles() -> None:
     module = nn.Linear(2048, 2048).cuda()  # 16 MiB of weights
     jobs = GraphJobs({"module": module, "samples": [torch.randn(4, 2048, device="cuda")]}, "cuda:0")
-    first, second = jobs.context.payload(), jobs.context.payload()
+    (first,), (second,) = jobs.context.payload(), jobs.context.payload()
     assert len(first) < 64 * 1024 and len(second) < 64 * 1024
-    assert first != second  # each worker's load gets shares of its own (torch counts them)
+    assert bytes(first) != bytes(second)  # each worker's load: shares of its own (torch counts)
 
 
 @pytest.mark.gpu

@@ -100,7 +100,28 @@ const char* kind_name(WorkerEvent::Kind kind) {
   return "unknown";
 }
 
-// The calls that wait run with the GIL released; messages cross as bytes.
+// A contiguous Python buffer (bytes, memoryview, PickleBuffer), held open for reading; made and
+// dropped with the GIL, read without it.
+class BufferView {
+ public:
+  explicit BufferView(nb::handle object) {
+    if (PyObject_GetBuffer(object.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) throw nb::python_error();
+  }
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
+  BufferView(BufferView&& other) noexcept : view_(other.view_) { other.view_.obj = nullptr; }
+  BufferView& operator=(BufferView&&) = delete;
+  ~BufferView() {
+    if (view_.obj != nullptr) PyBuffer_Release(&view_);
+  }
+  const char* data() const { return static_cast<const char*>(view_.buf); }
+  size_t size() const { return static_cast<size_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+};
+
+// The calls that wait run with the GIL released; messages cross as bytes (or buffers).
 void bind_worker(nb::module_& m) {
   nb::class_<WorkerEvent>(m, "WorkerEvent")
       .def_prop_ro("kind", [](const WorkerEvent& e) { return kind_name(e.kind); })
@@ -118,13 +139,22 @@ void bind_worker(nb::module_& m) {
       .def_prop_ro("start_error", &Worker::start_error)
       .def(
           "send",
-          [](Worker& w, nb::bytes message, double timeout_s) {
-            // The copy of a graph's context (hundreds of MB for a CPU model) is made without the
-            // GIL: `message` holds the bytes object, which never changes, while the copy runs.
-            const char* bytes = message.c_str();
-            const size_t size = message.size();
+          [](Worker& w, nb::handle message, double timeout_s) {
+            // One message from its parts (a pickle, then the buffers it left out of band: a CPU
+            // model's weights, hundreds of MB): the parts are joined without the GIL, while
+            // the buffer views keep them alive and unchanged.
+            std::vector<BufferView> parts;
+            if (PyList_Check(message.ptr())) {
+              for (nb::handle part : nb::borrow<nb::list>(message)) parts.emplace_back(part);
+            } else {
+              parts.emplace_back(message);
+            }
             nb::gil_scoped_release no_gil;
-            const std::string data(bytes, size);
+            size_t size = 0;
+            for (const BufferView& part : parts) size += part.size();
+            std::string data;
+            data.reserve(size);
+            for (const BufferView& part : parts) data.append(part.data(), part.size());
             return w.send(data, timeout_s);
           },
           "message"_a, "timeout_s"_a = -1.0)

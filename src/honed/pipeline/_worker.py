@@ -4,7 +4,9 @@ Run as ``python -m honed.pipeline._worker`` by honed.pipeline.pool, which talks 
 (a Unix socket; each message is an 8-byte little-endian length and a pickle). The conversation:
 
     pool -> ("hello", {sys_path, config})     worker -> ("ready",) once torch and Inductor load
-    pool -> ("context", key, blob)            the graph's module, samples, references, ...
+    pool -> ("context", key, sizes) + frames  the graph's module, samples, references, ...: the
+                                              envelope's pickle, then frames of those sizes
+                                              (honed.pipeline.sharing), in the same message
     pool -> ("job", kind, request)            worker -> ("phase", name) as it goes, then
                                               ("result", reply) or ("error", text)
     worker -> ("phase", "measure")            and waits for pool -> ("go",): one measurement
@@ -21,6 +23,7 @@ memory) and crashes are the pool's business: this process just works.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import pickle
 import struct
@@ -35,21 +38,32 @@ class _Channel:
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def _read(self, n: int) -> bytes | None:
-        data = bytearray()
-        while len(data) < n:
-            chunk = os.read(self.fd, min(n - len(data), 1 << 20))
-            if not chunk:
+    def _read(self, n: int) -> bytearray | None:
+        data = bytearray(n)
+        view, got = memoryview(data), 0
+        while got < n:
+            read = os.readv(self.fd, [view[got : got + (1 << 20)]])
+            if not read:
                 return None
-            data += chunk
-        return bytes(data)
+            got += read
+        return data
 
     def recv(self) -> Any:
         head = self._read(8)
         if head is None:
             return None
         body = self._read(struct.unpack("<Q", head)[0])
-        return None if body is None else pickle.loads(body)
+        if body is None:
+            return None
+        stream = io.BytesIO(body)
+        message = pickle.load(stream)
+        if message[0] == "context":  # its frames follow the envelope: views of this (writable)
+            at, frames = stream.tell(), []  # memory, which the worker's tensors then keep alive
+            for size in message[2]:
+                frames.append(memoryview(body)[at : at + size])
+                at += size
+            message = (*message[:2], frames)
+        return message
 
     def send(self, message: Any) -> None:
         body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)

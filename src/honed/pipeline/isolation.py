@@ -119,8 +119,11 @@ def shared_context(fields: dict[str, Any], what: str) -> Context:
         raise NotIsolatable(f"{what}: {type(e).__name__}: {e}") from e
     if not shared.cuda_tensors:
         blob = shared.blob()
-        return Context(hashlib.sha256(blob).hexdigest(), blob)
-    return Context(uuid.uuid4().hex, b"", fresh=shared.blob)
+        digest = hashlib.sha256()
+        for frame in blob:  # hashlib lets the GIL go for large buffers
+            digest.update(frame)
+        return Context(digest.hexdigest(), blob)
+    return Context(uuid.uuid4().hex, [], fresh=shared.blob)
 
 
 class GraphJobs:

@@ -58,13 +58,14 @@ _RECYCLE_SHARE = 0.5  # a worker above this share of its memory ceiling is repla
 @dataclasses.dataclass
 class Context:
     """Data many jobs share (module, samples, references), sent once per worker: ``blob``, or
-    ``fresh()`` when each worker needs a blob of its own (honed.pipeline.sharing's handles)."""
+    ``fresh()`` when each worker needs a blob of its own (honed.pipeline.sharing's handles).
+    A blob is frames: a pickle's stream, then the buffers it left out of band."""
 
     key: str
-    blob: bytes
-    fresh: Callable[[], bytes] | None = None
+    blob: list[Any]
+    fresh: Callable[[], list[Any]] | None = None
 
-    def payload(self) -> bytes:
+    def payload(self) -> list[Any]:
         return self.fresh() if self.fresh is not None else self.blob
 
 
@@ -354,9 +355,10 @@ class _Slot:
             if self.cancel_current:
                 self.worker.cancel()
             if job.context is not None and job.context.key != self.context_key:
-                event = self.worker.send(
-                    pickle.dumps(("context", job.context.key, job.context.payload())), -1
-                )
+                frames = job.context.payload()
+                head = ("context", job.context.key, [len(memoryview(f)) for f in frames])
+                # The frames follow the envelope in the same message, joined without the GIL.
+                event = self.worker.send([pickle.dumps(head), *frames], -1)
                 if event.kind != "sent":
                     return self._failed(event, "sending the job", job)
                 self.context_key = job.context.key

@@ -7,7 +7,11 @@ its own while it loads the blob (``loads``), then lets the handle go. So what a 
 loading is its own: it cannot change the program's weights, samples or references, and the
 program's memory is mapped in the worker only while it loads. Tensors sharing a storage share its
 copy, as they did in the caller. CPU tensors, and CUDA tensors the reduction refuses, travel by
-value: a CPU storage's bytes go to the pickler as one buffer (``_cpu_storage_args``).
+value: a CPU storage's bytes are copied once by torch (no GIL held) and left out of the pickle's
+stream (``_cpu_storage_bytes``): a blob is a list of frames, the stream and then those buffers,
+which the pool's ``Worker.send`` joins into one message without the GIL and the worker splits
+again. Pickled in band, a CPU model's weights were copied three times holding the GIL (into the
+pickle, out of it, into the pool's message), stopping the program's calls for that long.
 
 Each IPC share is counted by torch (the caller keeps the memory while a worker holds it), so a
 blob with handles is loaded once: ``Shared.blob()`` pickles afresh for each worker.
@@ -34,13 +38,23 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle, CUDA tensors as IPC handles (``share``) or as placeholders (a dry run)."""
 
     def __init__(self, file: io.BytesIO, share: bool) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.frames: list[Any] = []
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=self._aside)
         self.share = share
         self.cuda_tensors = 0
+        self._cpu_buffers: dict[tuple[int, int], tuple[pickle.PickleBuffer]] = {}
+
+    def _aside(self, buffer: pickle.PickleBuffer) -> None:
+        self.frames.append(buffer.raw())
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is torch.storage.TypedStorage and obj._untyped_storage.device.type == "cpu":
-            return _cpu_storage, _cpu_storage_args(obj)
+            # Tensors viewing one storage get one buffer, aliased again on load: the same tuple
+            # each time, which the pickler memoizes (a buffer itself it would send again).
+            key = (obj._untyped_storage.data_ptr(), obj._untyped_storage.nbytes())
+            if key not in self._cpu_buffers or not key[0]:
+                self._cpu_buffers[key] = (_cpu_storage_bytes(obj),)
+            return _cpu_storage, (self._cpu_buffers[key], obj.dtype)
         if not _shareable(obj):
             return super().reducer_override(obj)
         self.cuda_tensors += 1
@@ -69,18 +83,20 @@ def _placeholder() -> None:
     return None
 
 
-def _cpu_storage_args(storage: Any) -> tuple[Any, ...]:
-    """A CPU storage as its bytes, handed to the pickler as a buffer it copies once.
+def _cpu_storage_bytes(storage: Any) -> pickle.PickleBuffer:
+    """A CPU storage as its bytes: a copy (torch's, without the GIL), so later changes to the
+    caller's tensors do not reach a worker, handed to the pickler as an out-of-band buffer.
 
     torch's own reduction saves each storage with ``torch.save`` into bytes of its own, which the
     pickler then copies again: Python per storage and two copies of every weight, all holding the
     GIL in the program's process while its calls wait."""
-    flat = torch.empty((0,), dtype=torch.uint8).set_(storage._untyped_storage)
-    return pickle.PickleBuffer(flat.numpy().data), storage.dtype
+    flat = torch.empty((0,), dtype=torch.uint8).set_(storage._untyped_storage).clone()
+    return pickle.PickleBuffer(flat.numpy())
 
 
-def _cpu_storage(data: Any, dtype: torch.dtype) -> Any:
-    """In the worker: the storage over the unpickled bytes (its own memory, no further copy)."""
+def _cpu_storage(held: tuple[Any], dtype: torch.dtype) -> Any:
+    """In the worker: the storage over the received bytes (its own memory, no further copy)."""
+    (data,) = held
     if len(data):
         flat = torch.frombuffer(data, dtype=torch.uint8)
     else:  # frombuffer refuses an empty buffer
@@ -105,8 +121,9 @@ def _received(rebuild: Any, args: tuple[Any, ...]) -> Any:
     return own.requires_grad_(shared.requires_grad)
 
 
-def dumps(value: Any, share: bool = True) -> tuple[bytes, int]:
-    """``value`` pickled for a worker, and how many CUDA tensors it holds.
+def dumps(value: Any, share: bool = True) -> tuple[list[Any], int]:
+    """``value`` pickled for a worker as frames (the pickle's stream, then the buffers it left
+    out of band), and how many CUDA tensors it holds.
 
     share: CUDA tensors as IPC handles; False: as placeholders (checks that the rest pickles,
     and counts them, without sharing anything).
@@ -114,13 +131,13 @@ def dumps(value: Any, share: bool = True) -> tuple[bytes, int]:
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, share)
     pickler.dump(value)
-    return buffer.getvalue(), pickler.cuda_tensors
+    return [buffer.getbuffer(), *pickler.frames], pickler.cuda_tensors
 
 
-def loads(blob: bytes) -> Any:
-    """In the worker: ``blob`` loaded; every shared CUDA tensor already copied and let go."""
+def loads(frames: list[Any]) -> Any:
+    """In the worker: ``frames`` loaded; every shared CUDA tensor already copied and let go."""
     try:
-        return pickle.loads(blob)
+        return pickle.loads(frames[0], buffers=frames[1:])
     finally:
         # Letting the shared storages go closes their handles; torch first waits for the copies
         # queued on the stream, then tells the caller the memory is no longer used here.
@@ -133,9 +150,9 @@ class Shared:
     def __init__(self, value: Any) -> None:
         probe, self.cuda_tensors = dumps(value, share=False)  # raises when it does not pickle
         self.value = value if self.cuda_tensors else None  # kept alive while handles may go out
-        self._by_value = probe if not self.cuda_tensors else b""
+        self._by_value = probe if not self.cuda_tensors else []
 
-    def blob(self) -> bytes:
+    def blob(self) -> list[Any]:
         if not self.cuda_tensors:
             return self._by_value
         return dumps(self.value)[0]
