@@ -91,7 +91,7 @@ def _cpu_storage_bytes(storage: Any) -> pickle.PickleBuffer:
     pickler then copies again: Python per storage and two copies of every weight, all holding the
     GIL in the program's process while its calls wait."""
     flat = torch.empty((0,), dtype=torch.uint8).set_(storage._untyped_storage).clone()
-    return pickle.PickleBuffer(flat.numpy())
+    return pickle.PickleBuffer(memoryview(flat.numpy()))
 
 
 def _cpu_storage(held: tuple[Any], dtype: torch.dtype) -> Any:
