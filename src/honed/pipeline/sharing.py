@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import logging
 import pickle
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 import torch
@@ -91,7 +91,7 @@ def _cpu_storage_bytes(storage: Any) -> pickle.PickleBuffer:
     pickler then copies again: Python per storage and two copies of every weight, all holding the
     GIL in the program's process while its calls wait."""
     flat = torch.empty((0,), dtype=torch.uint8).set_(storage._untyped_storage).clone()
-    return pickle.PickleBuffer(memoryview(flat.numpy()))
+    return pickle.PickleBuffer(cast(Any, flat.numpy()))  # numpy's stubs lack __buffer__
 
 
 def _cpu_storage(held: tuple[Any], dtype: torch.dtype) -> Any:
