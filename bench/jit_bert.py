@@ -116,10 +116,16 @@ PROGRAM = textwrap.dedent(
                 me, main = threading.get_ident(), threading.main_thread().ident
                 for ident, frame in sys._current_frames().items():
                     if ident not in (me, main):
-                        where = traceback.extract_stack(frame)[-4:][::-1]
+                        where = traceback.extract_stack(frame)[-6:][::-1]
+                        # an import's module names (innermost first): which one compiles or runs
+                        names, f = [], frame
+                        while f is not None:
+                            if f.f_code.co_name == "_find_and_load":
+                                names.append(str(f.f_locals.get("name")))
+                            f = f.f_back
                         dumps.write(f"@@ {call[0]} thread {ident}: " + " < ".join(
                             f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})" for f in where)
-                            + "\\n")
+                            + (f" < importing {' < '.join(names)}" if names else "") + "\\n")
                 dumps.flush()
         threading.Thread(target=watch, daemon=True).start()
         def arm():
@@ -386,6 +392,13 @@ def main() -> None:
     parser.add_argument("--backends", default=None, help="HONED_JIT_BACKENDS (class names)")
     parser.add_argument("--timeout", type=float, default=560.0, help="per run, seconds")
     parser.add_argument(
+        "--loader",
+        choices=["auto", "direct", "torch"],
+        default=None,
+        help="HONED_AOTI_LOADER for the JIT runs (AOTInductor packages through honed's loader "
+        "or torch's; default: honed.config's)",
+    )
+    parser.add_argument(
         "--cold-wait",
         action="store_true",
         help="the cold run waits for JIT's tune (HONED_JIT_WAIT=1): its variants are built and "
@@ -442,6 +455,8 @@ def main() -> None:
         )
         if backends:
             jit_env["HONED_JIT_BACKENDS"] = backends
+        if args.loader:  # the environment's HONED_ variables are left out above: only this one
+            jit_env["HONED_AOTI_LOADER"] = args.loader
         eager = run_program(args, workdir, "eager", base, seconds)
         eager_ms = statistics.median([c[1] for c in eager["calls"][1:]])
         cold_env = dict(jit_env, HONED_JIT_WAIT="1") if args.cold_wait else jit_env
@@ -463,6 +478,7 @@ def main() -> None:
         "budget_s": budget,
         "backends": backends or "default",
         "cold_waited": bool(args.cold_wait),
+        "aoti_loader": args.loader or "default",
         "eager": {
             "median_ms": round(eager_ms, 4),
             "calls": len(eager["calls"]),
