@@ -335,3 +335,20 @@ print(sorted(m for m in ("onnx", "onnxruntime", "onnxscript", "torchao") if m in
     required, imported = done.stdout.strip().splitlines()[-2:]
     assert "onnxruntime" in required  # the ONNX Runtime candidate is listed (it is installed)
     assert imported == "[]"
+
+
+@pytest.mark.gpu
+def test_a_cuda_top_module_prepares_the_hashing_copies_in_its_first_call() -> None:
+    """The cache key hashes GPU weights through a side stream and pinned memory; making those
+    holds the GIL, so the top module's first call makes them, not a thread beside a later call."""
+    from honed.pipeline import cache
+
+    cache._COPIERS.clear()
+    model = TinyMLP().cuda().eval()
+    with honed.jit.config.patch(wait=False, min_samples=1000):  # the first call only
+        with torch.no_grad():
+            model(torch.randn(4, 16, device="cuda"))
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert device in cache._COPIERS
+    stream, staging = cache._COPIERS[device]
+    assert staging.is_pinned() and stream.device == device

@@ -119,11 +119,26 @@ def _discover(module: torch.nn.Module) -> Node:
     if parent is None:
         st.roots.append(node)
         add_step(f"New top module: {node.describe()}")
+        _prepare_copies(module)
     else:
         if parent.state in (State.TUNED, State.DETACHED):
             node.state = State.DETACHED
         add_step(f"New child module: {node.describe()}", logging.DEBUG)
     return node
+
+
+def _prepare_copies(module: torch.nn.Module) -> None:
+    """In a top module's first call (whose time is JIT's start-up anyway): what hashing its GPU
+    weights for the cache key needs, which would otherwise be made beside a later call."""
+    first = next(module.parameters(), None)
+    if first is None or not first.is_cuda:
+        return
+    from honed.pipeline.cache import prepare_copies
+
+    try:
+        prepare_copies(first.device)
+    except Exception as e:  # the hashing makes them later, or says why
+        log.debug("honed: JIT could not prepare its copies: %s", e)
 
 
 def _record(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

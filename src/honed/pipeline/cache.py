@@ -42,7 +42,28 @@ def _canonical(value: Any) -> str:
 
 # A GPU tensor is hashed in pieces of this many bytes, each copied to pinned memory.
 _PIECE_BYTES = 8 << 20
-_SIDE_STREAMS: dict[torch.device, Any] = {}
+_COPIERS: dict[torch.device, tuple[Any, torch.Tensor]] = {}
+_COPY_LOCK = threading.Lock()  # one staging buffer per device
+
+
+def prepare_copies(device: torch.device) -> tuple[Any, torch.Tensor]:
+    """The side stream and pinned staging buffer that hash ``device``'s tensors, made once.
+
+    Making them holds the GIL (torch's stream pool, the pinned allocation: tens of ms on the
+    H100), so a JIT program makes them in its first call (honed.jit.patcher), not beside a later
+    one."""
+    device = torch.device(device)
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    made = _COPIERS.get(device)
+    if made is None:
+        with _COPY_LOCK:
+            made = _COPIERS.get(device)
+            if made is None:
+                stream = torch.cuda.Stream(device)
+                staging = torch.empty(_PIECE_BYTES, dtype=torch.uint8, pin_memory=True)
+                made = _COPIERS[device] = (stream, staging)
+    return made
 
 
 def _hash_tensor(h: Any, t: torch.Tensor) -> None:
@@ -69,12 +90,9 @@ def _hash_cuda(h: Any, raw: torch.Tensor) -> None:
     program's kernels run beside the copies; only the hashing thread waits for them.
     """
     device = raw.device
-    side = _SIDE_STREAMS.get(device)
-    if side is None:
-        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    side, staging = prepare_copies(device)
     side.wait_stream(torch.cuda.current_stream(device))  # the bytes as the caller left them
-    staging = torch.empty(min(_PIECE_BYTES, raw.numel()), dtype=torch.uint8, pin_memory=True)
-    with torch.cuda.stream(side):
+    with _COPY_LOCK, torch.cuda.stream(side):
         for start in range(0, raw.numel(), _PIECE_BYTES):
             piece = raw[start : start + _PIECE_BYTES]
             buf = staging[: piece.numel()]
