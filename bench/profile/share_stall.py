@@ -5,8 +5,9 @@ IPC handles). Here the program is a loop of BERT-base eager calls on the main th
 synchronized and timed; beside it a thread pickles the context for eight workers, and a worker
 process loads each blob (as the pool's workers do, which lets torch release the shares). Printed:
 per blob, its time and its tensors' reduce times; the program's calls meanwhile (median,
-slowest) against the same loop alone; with the pickling on the program's current stream and on
-a side stream of its own.
+slowest) against the same loop alone; for each way of pickling: on the program's current stream
+or on a side stream of its own, at a given switch interval, and giving way (before each tensor,
+waiting while the program is inside a call).
 
     python bench/profile/share_stall.py [--blobs 8] [--batch 8]
 """
@@ -49,22 +50,32 @@ def _model(batch: int) -> tuple[Any, dict[str, Any]]:
     return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+_IN_CALL = [False]
+
+
 def _calls(model: Any, inputs: dict[str, Any], until: threading.Event, out: list[float]) -> None:
     with torch.no_grad():
         while not until.is_set():
             start = time.perf_counter()
+            _IN_CALL[0] = True
             model(**inputs)
+            _IN_CALL[0] = False
             torch.cuda.synchronize()
             out.append((time.perf_counter() - start) * 1e3)
 
 
-def _run(model: Any, inputs: dict[str, Any], blobs: int, side: bool) -> dict[str, Any]:
+def _run(
+    model: Any, inputs: dict[str, Any], blobs: int, side: bool, give_way: bool
+) -> dict[str, Any]:
     reduce_ms: list[float] = []
     real = sharing._Pickler.reducer_override
 
     def timed(self: Any, obj: Any) -> Any:
         if not sharing._shareable(obj):
             return real(self, obj)
+        waited = time.perf_counter()
+        while give_way and _IN_CALL[0] and time.perf_counter() - waited < 0.05:
+            time.sleep(0.0002)
         start = time.perf_counter()
         try:
             return real(self, obj)
@@ -116,11 +127,22 @@ def main() -> None:
     parser.add_argument("--blobs", type=int, default=8)
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
-    sys.setswitchinterval(5e-5)  # as JIT sets it
     model, inputs = _model(args.batch)
-    for side in (False, True, False, True):
-        r = _run(model, inputs, args.blobs, side)
-        where = "side stream" if side else "current stream"
+    ways = [  # (side stream, switch interval s, give way)
+        (False, 5e-5, False),
+        (True, 5e-5, False),
+        (True, 1e-5, False),
+        (True, 5e-6, False),
+        (True, 5e-5, True),
+        (False, 5e-5, False),
+        (True, 5e-5, True),
+    ]
+    for side, interval, give_way in ways:
+        sys.setswitchinterval(interval)
+        r = _run(model, inputs, args.blobs, side, give_way)
+        where = f"{'side' if side else 'current'} stream, interval {interval * 1e6:g} us" + (
+            ", giving way" if give_way else ""
+        )
         print(
             f"{where}: calls alone median {statistics.median(r['quiet']):.2f} ms, "
             f"max {max(r['quiet']):.2f}; while pickling median "
