@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from honed.errors import InputError, TuneError
+from honed.pipeline.courtesy import give_way
 
 CONSTANTS_JSON = "constants.json"
 CONSTANTS_FILE = "constants.safetensors"
@@ -129,6 +130,7 @@ def tensors(
     weights = module.state_dict()
     out: dict[str, torch.Tensor] = {}
     for c in listing["constants"]:
+        give_way()
         source = weights if c["source"] == "weights" else stored
         t = source.get(c["key"])
         dtype = getattr(torch, c["dtype"])

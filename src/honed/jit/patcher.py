@@ -31,6 +31,7 @@ from honed.jit.history import add as add_step
 from honed.jit.history import clear as clear_history
 from honed.jit.history import history as steps
 from honed.module import MISS
+from honed.pipeline import courtesy
 
 log = logging.getLogger("honed.jit")
 
@@ -46,6 +47,7 @@ class _Jit:
         self.nodes: weakref.WeakKeyDictionary[torch.nn.Module, Node] = weakref.WeakKeyDictionary()
         self.roots: list[Node] = []
         self.stack: list[Node] = []  # the discovered modules whose forward is running
+        self.in_call = 0  # the thread inside an outermost module call now (0: none)
         self._local = threading.local()
         self.opted_in: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # decorator's models
         self.grad_warned: set[int] = set()
@@ -67,6 +69,7 @@ STATE = _Jit()
 # Looked up once: an enum member read through its class costs a lookup on every module call.
 _TUNED, _INIT, _RECORDING = State.TUNED, State.INIT, State.RECORDING
 _is_compiling = torch.compiler.is_compiling
+_get_ident = threading.get_ident
 
 
 def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -81,8 +84,20 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     else:
         node.call_count += 1
     stack = st.stack
-    if not stack:
-        _outermost()  # while JIT works beside the program, a core for it (honed.jit.cores)
+    if stack:
+        return _call(st, node, self, args, kwargs)
+    _outermost()  # while JIT works beside the program, a core for it (honed.jit.cores)
+    st.in_call = _get_ident()  # JIT's work gives way meanwhile (honed.pipeline.courtesy)
+    try:
+        return _call(st, node, self, args, kwargs)
+    finally:
+        st.in_call = 0
+
+
+def _call(
+    st: _Jit, node: Node, self: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    stack = st.stack
     state = node.state
     if state is _TUNED:
         return _route(node, args, kwargs)
@@ -191,11 +206,19 @@ def _route(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         STATE.bypass -= 1
 
 
+def _program_busy() -> bool:
+    """Another thread than this one is inside an outermost module call, and not waiting for
+    JIT (``honed.jit.config.wait``)."""
+    busy = STATE.in_call
+    return busy != 0 and busy != _get_ident() and not config.wait
+
+
 def install() -> None:
     """Put the patched __call__ in place (idempotent)."""
     if not STATE.installed:
         torch.nn.Module.__call__ = _patched_call  # type: ignore[method-assign]
         STATE.installed = True
+        courtesy.watch(_program_busy)
 
 
 def uninstall() -> None:
@@ -203,6 +226,7 @@ def uninstall() -> None:
     if STATE.installed:
         torch.nn.Module.__call__ = _ORIGINAL_CALL  # type: ignore[method-assign]
         STATE.installed = False
+        courtesy.watch(None)
 
 
 def enable() -> None:

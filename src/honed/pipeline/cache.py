@@ -29,6 +29,7 @@ import torch
 from honed import trust
 from honed._version import __version__
 from honed.errors import HonedError
+from honed.pipeline.courtesy import give_way
 from honed.pipeline.figures import reusable
 
 log = logging.getLogger("honed")
@@ -161,8 +162,10 @@ def model_fingerprint(module: torch.nn.Module) -> str:
     cls = type(module)
     h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
     for sub in module.modules():
+        give_way()
         h.update(source_text(type(sub).forward).encode())
     for name, t in module.state_dict().items():
+        give_way()
         h.update(name.encode())
         _hash_tensor(h, t)
     return h.hexdigest()
@@ -176,6 +179,7 @@ def inputs_fingerprint(samples: list[Any]) -> str:
         h.update(str(spec).encode())
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
+                give_way()
                 _hash_tensor(h, leaf)
             else:
                 h.update(repr(leaf).encode())

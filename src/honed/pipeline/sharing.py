@@ -27,6 +27,8 @@ from typing import Any, cast
 import cloudpickle
 import torch
 
+from honed.pipeline.courtesy import give_way
+
 log = logging.getLogger("honed")
 
 # While a blob loads: the shared storage's address -> (that storage, the worker's copy). Holding
@@ -49,6 +51,7 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is torch.storage.TypedStorage and obj._untyped_storage.device.type == "cpu":
+            give_way()
             # Tensors viewing one storage get one buffer, aliased again on load: the same tuple
             # each time, which the pickler memoizes (a buffer itself it would send again).
             key = (obj._untyped_storage.data_ptr(), obj._untyped_storage.nbytes())
@@ -58,6 +61,7 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         if not _shareable(obj):
             return super().reducer_override(obj)
         self.cuda_tensors += 1
+        give_way()
         if not self.share:
             return _placeholder, ()
         from torch.multiprocessing.reductions import reduce_tensor

@@ -1,0 +1,46 @@
+"""src/honed/pipeline/courtesy.py: work beside a program that waits while the program's call runs.
+
+A JIT tune works in the program's own process, on a thread of its own, and much of that work is
+Python (pickling a model for the workers, hashing its weights for the cache key, laying out a
+package's constants): while it runs, every torch op of the program's call that gives the GIL up
+waits for it again, the switch interval each time, and a call of a few hundred ops ran four to
+six times its length on the H100 (bench/profile/share_stall.py). Such loops call ``give_way()``
+between their pieces: while the program is inside a call, it sleeps (the GIL free) until the
+call ends, for ``limit_s`` at most, so that a program that is always inside a call still lets
+the work go on, slowly.
+
+JIT says what "inside a call" means (``watch``: whether a thread other than the asking one is
+inside an outermost module call); without a probe (no JIT) it returns at once, and the thread
+making the call never waits for itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+_STEP_S = 0.0002  # how often a waiting thread looks again
+LIMIT_S = 0.02  # the longest one give_way waits
+
+_probe: list[Callable[[], bool] | None] = [None]
+
+
+def watch(busy: Callable[[], bool] | None) -> None:
+    """Set (or clear, None) the probe: is another thread than the caller inside a call now?"""
+    _probe[0] = busy
+
+
+def give_way(limit_s: float = LIMIT_S) -> float:
+    """Wait while the program is inside a call (``limit_s`` at most); the seconds waited."""
+    busy = _probe[0]
+    if busy is None or not busy():
+        return 0.0
+    start = time.perf_counter()
+    while True:
+        time.sleep(_STEP_S)
+        waited = time.perf_counter() - start
+        if waited >= limit_s or not busy():
+            return waited
+
+
+__all__ = ["LIMIT_S", "give_way", "watch"]

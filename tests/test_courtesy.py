@@ -1,0 +1,88 @@
+"""tests/test_courtesy.py: JIT's work beside the program waits while the program's call runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from torch import nn
+
+import honed
+import honed.jit
+from honed.pipeline import courtesy
+
+
+class Slow(nn.Module):
+    """A call that lasts ``seconds``, announcing its start."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.started = threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.started.set()
+        time.sleep(self.seconds)
+        return x
+
+
+def _give_way_during_a_call(model: Slow, limit_s: float) -> tuple[float, float]:
+    """(seconds give_way waited on another thread while ``model`` ran a call, the call's own)."""
+    took: dict[str, float] = {}
+
+    def call() -> None:
+        start = time.perf_counter()
+        model(torch.zeros(1))
+        took["call"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert model.started.wait(5)
+    waited = courtesy.give_way(limit_s)
+    thread.join()
+    return waited, took["call"]
+
+
+def test_work_waits_for_the_programs_call_to_end() -> None:
+    honed.jit.reset()
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):  # nothing is tuned
+        honed.jit.enable_jit_tuning()
+        try:
+            waited, call = _give_way_during_a_call(Slow(0.3), limit_s=5.0)
+            assert 0.2 < waited <= call + 0.05, (waited, call)
+            # at most limit_s: a program always inside a call still lets the work go on
+            waited, _ = _give_way_during_a_call(Slow(0.5), limit_s=0.05)
+            assert 0.05 <= waited < 0.3, waited
+            assert courtesy.give_way(5.0) == 0.0  # no call running: no wait
+            with honed.jit.config.patch(wait=True):  # the program waits for JIT: no courtesy
+                waited, _ = _give_way_during_a_call(Slow(0.3), limit_s=5.0)
+                assert waited == 0.0
+        finally:
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()
+
+
+def test_without_jit_nothing_waits() -> None:
+    honed.jit.reset()
+    waited, call = _give_way_during_a_call(Slow(0.3), limit_s=5.0)
+    assert waited == 0.0 and call >= 0.3
+
+
+def test_the_calling_thread_never_waits_for_itself() -> None:
+    honed.jit.reset()
+    seen: list[float] = []
+
+    class WaitsInside(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(courtesy.give_way(5.0))
+            return x
+
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):
+        honed.jit.enable_jit_tuning()
+        try:
+            WaitsInside()(torch.zeros(1))
+        finally:
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()
+    assert seen == [0.0]
