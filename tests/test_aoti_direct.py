@@ -264,8 +264,7 @@ def test_a_cuda_package_runs_directly_on_the_callers_stream(
 ) -> None:
     """The CUDA path, on a package built as a tune builds it: the library's kernels load from
     the package's folder, the constants come from the model (through whichever entry point the
-    library has), calls go on the caller's current stream; the outputs equal torch's loader's,
-    and a load and first run on another thread leave the main thread's Python running."""
+    library has), calls go on the caller's current stream; the outputs equal torch's loader's."""
     from honed.backend import GraphInfo, Sample
     from honed.backend.torch_inductor_aot import (
         PAYLOAD_PACKAGE,
@@ -311,30 +310,3 @@ def test_a_cuda_package_runs_directly_on_the_callers_stream(
     _aoti_constants.give(runner.loader, constants)
     for a, b in zip(runner.loader.boxed_run([x]), torchs.runner.loader.boxed_run([x]), strict=True):
         torch.testing.assert_close(a, b)
-
-    def stop_while_loading(how: str) -> float:
-        """The longest the main thread ran no Python while another thread loaded the package and
-        ran it once (the kernels' load)."""
-        done = threading.Event()
-
-        def work() -> None:
-            try:
-                load(how)(x)
-                torch.cuda.synchronize()
-            finally:
-                done.set()
-
-        thread = threading.Thread(target=work)
-        ticks = [time.perf_counter()]
-        thread.start()
-        while not done.is_set():
-            ticks.append(time.perf_counter())
-        thread.join()
-        return max(b - a for a, b in itertools.pairwise(ticks))
-
-    held, free = stop_while_loading("torch"), stop_while_loading("direct")
-    print(
-        f"longest stop while loading: torch's loader {held * 1e3:.1f} ms, "
-        f"direct {free * 1e3:.1f} ms"
-    )
-    assert free < held, (held, free)

@@ -54,13 +54,15 @@ void bind_aoti(nb::module_& m) {
           "pairs"_a, "validate_full_update"_a)
       .def(
           "run",
-          [](AotiContainer& c, const nb::list& inputs, std::uintptr_t stream,
-             bool single_threaded) {
+          [](AotiContainer& c, const nb::list& inputs, std::uintptr_t stream, bool single_threaded,
+             bool keep_gil) {
             std::vector<std::uintptr_t> in;
             in.reserve(inputs.size());
             for (nb::handle h : inputs) in.push_back(address(h));
             std::vector<std::uintptr_t> out;
-            {
+            if (keep_gil) {
+              out = c.run(in, stream, single_threaded);
+            } else {
               nb::gil_scoped_release unlocked;
               out = c.run(in, stream, single_threaded);
             }
@@ -68,9 +70,9 @@ void bind_aoti(nb::module_& m) {
             for (std::uintptr_t p : out) result.append(nb::capsule(reinterpret_cast<void*>(p)));
             return result;
           },
-          nb::sig("def run(self, inputs: list[object], stream: int, single_threaded: bool) "
-                  "-> list[object]"),
-          "inputs"_a, "stream"_a, "single_threaded"_a);
+          nb::sig("def run(self, inputs: list[object], stream: int, single_threaded: bool, "
+                  "keep_gil: bool = False) -> list[object]"),
+          "inputs"_a, "stream"_a, "single_threaded"_a, "keep_gil"_a = false);
 }
 
 }  // namespace honed::py

@@ -138,7 +138,11 @@ class DirectLoader:
         handles = self._aoti.unsafe_alloc_void_ptrs_from_tensors(inputs)
         inputs.clear()  # as torch's boxed_run: the call owns its inputs now
         stream = torch.cuda.current_stream().cuda_stream if self._cuda else 0
-        outs = self._container.run(handles, stream, self.single_threaded)
+        # While a CUDA graph captures the call, the GIL stays held (as torch's loader holds it):
+        # another thread's device-wide synchronize (a program's torch.cuda.synchronize) during a
+        # capture invalidates it, and both fail.
+        capturing = self._cuda and torch.cuda.is_current_stream_capturing()
+        outs = self._container.run(handles, stream, self.single_threaded, capturing)
         result: list[torch.Tensor] = self._aoti.alloc_tensors_by_stealing_from_void_ptrs(outs)
         return result
 
