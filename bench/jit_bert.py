@@ -213,6 +213,11 @@ PROGRAM = textwrap.dedent(
         "module_call": repr(torch.nn.Module.__call__),
         "aoti_loads": dict(getattr(sys.modules.get("honed.backend._aoti_direct"), "LOADS", {})),
     }
+    progress = sys.modules.get("honed.pipeline.progress")
+    # when each candidate entered each phase, in the loop's seconds
+    tuned["phases"] = [
+        [round(e.at - start, 3), e.candidate, e.phase] for e in getattr(progress, "RECENT", [])
+    ]
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
 )
@@ -342,6 +347,19 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         out["routes"] = data["routes"]
     if data.get("process"):
         out["process"] = data["process"]
+    if data.get("phases") and eager_ms:
+        out["phases"] = data["phases"]
+        # Calls after the first over 2x eager's median, by the phase last entered before each
+        # (which candidate was building, checking, measuring or installing meanwhile).
+        by_phase: dict[str, int] = {}
+        events = sorted(data["phases"])
+        for t, m, *_ in calls[1:]:
+            if m <= 2 * eager_ms:
+                continue
+            before = [e for e in events if e[0] <= t]
+            key = f"{before[-1][1]}: {before[-1][2]}" if before else "before the tune"
+            by_phase[key] = by_phase.get(key, 0) + 1
+        out["over_2x_by_phase"] = dict(sorted(by_phase.items(), key=lambda kv: -kv[1]))
     # Per 5 s of the loop: its start, the median and the slowest call (where the time went).
     windows: dict[int, list[float]] = {}
     for t, m, *_ in calls:
@@ -482,6 +500,8 @@ def main() -> None:
         "eager": {
             "median_ms": round(eager_ms, 4),
             "calls": len(eager["calls"]),
+            # a fresh process's first calls run slower without honed too (lazy kernel loads)
+            "first_calls_ms": [round(c[1], 2) for c in eager["calls"][:12]],
             "process": eager.get("process"),
         },
         "cold": summarize(cold, eager_ms),
@@ -493,6 +513,8 @@ def main() -> None:
         result["warm_vs_aot"] = against_aot([warm, warm_after], aot)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"{result['scenario']}: eager median {eager_ms:.3f} ms")
+    first = ", ".join(f"{m:.1f}" for m in result["eager"]["first_calls_ms"])
+    print(f"  eager first calls (ms): {first}")
     for tag in ("cold", "warm"):
         r = result[tag]
         print(
@@ -505,8 +527,21 @@ def main() -> None:
         for line in r["tunes"]:
             print(f"  {line}")
         print_probes("", r)
+        if r.get("over_2x_by_phase"):
+            over = sum(r["over_2x_by_phase"].values())
+            print(
+                f"  {over} call(s) after the first over 2x eager, by the phase last entered: "
+                + "; ".join(f"{k} {v}" for k, v in list(r["over_2x_by_phase"].items())[:8])
+            )
         for c in r.get("slow_calls", [])[:8]:
-            doing = " | ".join(" < ".join(fs[:2]) for fs in c["others"] if fs) or "-"
+            doing = (
+                " | ".join(
+                    " < ".join(fs[:2] + [f for f in fs[2:] if f.startswith("importing")])
+                    for fs in c["others"]
+                    if fs and not fs[0].startswith(("wait (threading", "_converse (pool"))
+                )
+                or "-"
+            )
             print(f"  slow call {c['call']} at {c['at_s']:.1f} s, {c['ms']:.1f} ms: {doing}")
     if aot is not None:
         v = result["warm_vs_aot"]

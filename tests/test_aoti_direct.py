@@ -185,14 +185,17 @@ def test_a_jit_process_loads_directly_on_every_thread(monkeypatch: pytest.Monkey
     assert seen == [True, False]
 
 
-def test_cuda_packages_load_directly_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CUDA path has not run on a GPU yet: a JIT process keeps torch's loader there unless
-    HONED_AOTI_LOADER=direct asks."""
+def test_jit_loads_cpu_and_cuda_packages_directly_and_other_devices_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(honed.config, "aoti_loader", "auto")
     with _aoti_direct.unlocked_loads():
-        assert _aoti_direct.wanted("cpu") and not _aoti_direct.wanted("cuda")
+        assert _aoti_direct.wanted("cpu") and _aoti_direct.wanted("cuda")
+        assert not _aoti_direct.wanted("xpu")
         monkeypatch.setattr(honed.config, "aoti_loader", "direct")
-        assert _aoti_direct.wanted("cuda")
+        assert _aoti_direct.wanted("xpu")
+        monkeypatch.setattr(honed.config, "aoti_loader", "torch")
+        assert not _aoti_direct.wanted("cuda")
 
 
 def test_packages_needing_more_of_torchs_loader_go_to_it(

@@ -39,6 +39,7 @@ def _give_way_during_a_call(model: Slow, limit_s: float) -> tuple[float, float]:
     thread = threading.Thread(target=call)
     thread.start()
     assert model.started.wait(5)
+    time.sleep(2 * courtesy.SLICE_S)  # this thread's work since it last waited: a slice
     waited = courtesy.give_way(limit_s)
     thread.join()
     return waited, took["call"]
@@ -86,3 +87,59 @@ def test_the_calling_thread_never_waits_for_itself() -> None:
             honed.jit.disable_jit_tuning()
             honed.jit.reset()
     assert seen == [0.0]
+
+
+def test_the_programs_device_syncs_wait_for_a_capture_beside_them() -> None:
+    """A device-wide synchronize during another thread's CUDA-graph capture breaks both: beside
+    a program, torch.cuda.synchronize waits for honed's capture to end (and only then)."""
+    from honed.backend import cuda_graphs
+
+    plain = torch.cuda.synchronize
+    synced: list[float] = []
+    honed.jit.reset()
+    honed.jit.enable_jit_tuning()
+    real = cuda_graphs._PLAIN_SYNCHRONIZE[0]
+    try:
+        assert torch.cuda.synchronize is not plain
+        cuda_graphs._PLAIN_SYNCHRONIZE[0] = lambda device=None: synced.append(time.perf_counter())
+        capture_ends = threading.Event()
+        ended_at: list[float] = []
+
+        def capture() -> None:
+            with cuda_graphs.CAPTURING:
+                torch.cuda.synchronize()  # as torch.cuda.graph does, on the capturing thread
+                capture_ends.wait(5)
+                ended_at.append(time.perf_counter())
+
+        thread = threading.Thread(target=capture)
+        thread.start()
+        time.sleep(0.1)
+        threading.Timer(0.2, capture_ends.set).start()
+        torch.cuda.synchronize()  # the program's: after the capture
+        thread.join()
+        assert len(synced) == 2 and synced[1] >= ended_at[0]
+    finally:
+        cuda_graphs._PLAIN_SYNCHRONIZE[0] = real
+        honed.jit.disable_jit_tuning()
+        honed.jit.reset()
+    assert torch.cuda.synchronize is plain
+
+
+def test_work_gives_way_once_per_slice_not_per_piece() -> None:
+    honed.jit.reset()
+    model = Slow(1.0)
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):
+        honed.jit.enable_jit_tuning()
+        try:
+            thread = threading.Thread(target=model, args=(torch.zeros(1),))
+            thread.start()
+            assert model.started.wait(5)
+            time.sleep(2 * courtesy.SLICE_S)
+            assert courtesy.give_way(0.05) >= 0.05  # the call goes on: waited the limit
+            assert courtesy.give_way(5.0) == 0.0  # right after a wait: the next piece goes on
+            time.sleep(2 * courtesy.SLICE_S)
+            assert courtesy.give_way(0.05) >= 0.05  # a slice later: gives way again
+            thread.join()
+        finally:
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()

@@ -453,9 +453,9 @@ jit_share_cores: bool = _flag("jit_share_cores", "HONED_JIT_SHARE_CORES", True, 
 jit_gc_freeze: bool = _flag("jit_gc_freeze", "HONED_JIT_GC_FREEZE", True, _Bool())
 
 # Which loader runs AOTInductor packages (honed.backend._aoti_direct): "auto" (in a JIT process,
-# honed's own for CPU packages: it releases the GIL, so the program's calls go on while a winner
-# loads; torch's elsewhere), "direct" (honed's for every package it can take), "torch" (torch's
-# AOTIModelPackageLoader for every package).
+# honed's own for CPU and CUDA packages: it releases the GIL, so the program's calls go on while
+# a winner loads; torch's elsewhere), "direct" (honed's for every package it can take), "torch"
+# (torch's AOTIModelPackageLoader for every package).
 aoti_loader: str = _flag(
     "aoti_loader", "HONED_AOTI_LOADER", "auto", _Choice(("auto", "direct", "torch"))
 )

@@ -8,7 +8,7 @@ for all of that. ``DirectLoader`` does the same work through the library's C int
 asks of torch's loader (``boxed_run``, ``get_call_spec``, ``load_constants``,
 ``get_constant_fqns``), so ``AotCompiled`` and the constants code take either.
 
-A JIT process loads its CPU packages this way (CUDA ones on request: AUTO_DEVICE_TYPES), from
+A JIT process loads its packages this way (CPU and CUDA ones: AUTO_DEVICE_TYPES), from
 ``beside_a_program`` at JIT's start on (its tunes run on threads of their own, beside the
 program's); elsewhere torch's loader stays, whose calls cost a little less host time (no handle
 conversion, no GIL hand-over). ``unlocked_loads`` asks for it on one thread;
@@ -63,10 +63,10 @@ def beside_a_program(on: bool) -> None:
     _PROCESS["beside_a_program"] = on
 
 
-# Device types whose packages JIT loads directly unasked. CUDA's path (the CUDA-graph capture, the
-# kernels' first load through it, torch 2.11's constant map) has not run on a GPU yet: there it is
-# taken only when HONED_AOTI_LOADER=direct (honed.config.aoti_loader) asks for it.
-AUTO_DEVICE_TYPES = ("cpu",)
+# Device types whose packages JIT loads directly unasked (both ran on their devices: the CPU
+# tests and runs, the H100's tests and BERT loop under JIT). Anything else: torch's loader unless
+# HONED_AOTI_LOADER=direct (honed.config.aoti_loader) asks.
+AUTO_DEVICE_TYPES = ("cpu", "cuda")
 
 
 def wanted(device_type: str = "cpu") -> bool:

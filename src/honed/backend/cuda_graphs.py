@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,6 +40,30 @@ from honed.errors import ConfigError, InputError, TuneError
 from honed.pipeline.correctness import Tolerance
 
 log = logging.getLogger("honed")
+
+# Held through each capture. A device-wide synchronize (cudaDeviceSynchronize) from another thread
+# while a stream captures invalidates the capture and fails itself ("operation not permitted when
+# stream is capturing"), whatever the capture mode: a JIT program calling torch.cuda.synchronize()
+# while JIT captures a winner on its own thread did (the H100 test, with either AOTInductor loader).
+# So beside a program (JIT), torch.cuda.synchronize takes this lock first (``guard_synchronize``):
+# it waits for a capture under way, and a capture waits for a synchronize under way. Re-entrant:
+# torch.cuda.graph synchronizes as it begins.
+CAPTURING = threading.RLock()
+_PLAIN_SYNCHRONIZE: list[Any] = []
+
+
+def _guarded_synchronize(device: Any = None) -> None:
+    with CAPTURING:
+        _PLAIN_SYNCHRONIZE[0](device)
+
+
+def guard_synchronize(on: bool) -> None:
+    """Make ``torch.cuda.synchronize`` wait for honed's captures (on), or put torch's back."""
+    if on and not _PLAIN_SYNCHRONIZE:
+        _PLAIN_SYNCHRONIZE.append(torch.cuda.synchronize)
+        torch.cuda.synchronize = _guarded_synchronize
+    elif not on and _PLAIN_SYNCHRONIZE:
+        torch.cuda.synchronize = _PLAIN_SYNCHRONIZE.pop()
 
 
 @dataclasses.dataclass
@@ -251,6 +276,7 @@ class CudaGraphed:
             graph = torch.cuda.CUDAGraph()
             try:
                 with (
+                    CAPTURING,
                     _workspaces_in_graph_pool(),
                     # thread_local: a capture on one thread (JIT installs beside the program)
                     # leaves other threads' CUDA work alone, and theirs does not break it.

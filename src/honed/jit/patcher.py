@@ -219,6 +219,9 @@ def install() -> None:
         torch.nn.Module.__call__ = _patched_call  # type: ignore[method-assign]
         STATE.installed = True
         courtesy.watch(_program_busy)
+        from honed.backend.cuda_graphs import guard_synchronize
+
+        guard_synchronize(True)  # the program's device-wide syncs wait for JIT's captures
 
 
 def uninstall() -> None:
@@ -227,6 +230,9 @@ def uninstall() -> None:
         torch.nn.Module.__call__ = _ORIGINAL_CALL  # type: ignore[method-assign]
         STATE.installed = False
         courtesy.watch(None)
+        from honed.backend.cuda_graphs import guard_synchronize
+
+        guard_synchronize(False)
 
 
 def enable() -> None:

@@ -103,11 +103,8 @@ def _hash_cuda(h: Any, raw: torch.Tensor) -> None:
     raw.record_stream(side)  # a temporary (a contiguous copy) is not reused before the side is done
 
 
-# CPython 3.11 keeps the AST builder's recursion counter per interpreter, not per thread: two
-# threads reading a class's source at once (inspect parses the file) can raise SystemError.
-_SOURCE_LOCK = threading.Lock()
 # Sources read so far (a function's by its code object, a class's by the class): the cache key
-# of every tune reads them, and reading one again costs a parse of its file.
+# of every tune reads them.
 _SOURCES: dict[Any, str] = {}
 
 
@@ -117,6 +114,9 @@ def source_text(obj: Any) -> str:
     A function's is the lines its code spans (decorators to its last statement), read without
     tokenizing: ``inspect.getsource`` tokenizes the block to find its end, which in a JIT
     program holds the GIL beside the program's calls (160 ms for BERT's modules on the H100).
+    A class's is the whole file that defines it: finding the class in it takes a parse of the
+    file, one C call holding the GIL (42 ms for a backend's file on the H100, beside a JIT
+    program's call); the file holds the class, so a change to the class still shows.
     """
     code = getattr(inspect.unwrap(obj), "__code__", None) if callable(obj) else None
     key = code if code is not None else obj
@@ -124,7 +124,7 @@ def source_text(obj: Any) -> str:
         return _SOURCES[key]
     except (KeyError, TypeError):
         pass
-    text = _code_lines(code) if code is not None else _parsed_source(obj)
+    text = _code_lines(code) if code is not None else _file_text(obj)
     with contextlib.suppress(TypeError):
         _SOURCES[key] = text
     return text
@@ -143,17 +143,15 @@ def _code_lines(code: Any) -> str:
     return "".join(lines[code.co_firstlineno - 1 : last])
 
 
-def _parsed_source(obj: Any) -> str:
-    for _ in range(2):
-        with _SOURCE_LOCK:
-            try:
-                return inspect.getsource(obj)
-            except (OSError, TypeError):
-                return ""
-            except SystemError:
-                # A thread outside honed parsed at the same moment; the next try reads it whole.
-                continue
-    return ""
+def _file_text(obj: Any) -> str:
+    try:
+        path = inspect.getsourcefile(obj)  # the module's file, found without reading it
+    except (OSError, TypeError):
+        return ""
+    if not path:
+        return ""
+    linecache.checkcache(path)
+    return "".join(linecache.getlines(path))
 
 
 def model_fingerprint(module: torch.nn.Module) -> str:

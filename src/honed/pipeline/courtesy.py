@@ -7,7 +7,7 @@ waits for it again, the switch interval each time, and a call of a few hundred o
 six times its length on the H100 (bench/profile/share_stall.py). Such loops call ``give_way()``
 between their pieces: while the program is inside a call, it sleeps (the GIL free) until the
 call ends, for ``limit_s`` at most, so that a program that is always inside a call still lets
-the work go on, slowly.
+the work go on, slowly. A thread gives way once per ``SLICE_S`` of its work, not per piece.
 
 JIT says what "inside a call" means (``watch``: whether a thread other than the asking one is
 inside an outermost module call); without a probe (no JIT) it returns at once, and the thread
@@ -16,11 +16,18 @@ making the call never waits for itself.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
 _STEP_S = 0.0002  # how often a waiting thread looks again
 LIMIT_S = 0.02  # the longest one give_way waits
+# How long a thread works on between waits: pieces of work far shorter than a call (a small
+# tensor's hash) would otherwise each wait for a call's end, and a program always inside a call
+# would slow the work to a piece per LIMIT_S. A call overlapping such a slice pays for the
+# slice's GIL hand-overs at most.
+SLICE_S = 0.002
+_local = threading.local()
 
 _probe: list[Callable[[], bool] | None] = [None]
 
@@ -31,16 +38,21 @@ def watch(busy: Callable[[], bool] | None) -> None:
 
 
 def give_way(limit_s: float = LIMIT_S) -> float:
-    """Wait while the program is inside a call (``limit_s`` at most); the seconds waited."""
+    """Wait while the program is inside a call (``limit_s`` at most), once this thread has run
+    ``SLICE_S`` since it last waited; the seconds waited."""
     busy = _probe[0]
-    if busy is None or not busy():
+    if busy is None:
         return 0.0
-    start = time.perf_counter()
+    now = time.perf_counter()
+    if now - getattr(_local, "resumed", 0.0) < SLICE_S or not busy():
+        return 0.0
+    start = now
     while True:
         time.sleep(_STEP_S)
-        waited = time.perf_counter() - start
-        if waited >= limit_s or not busy():
-            return waited
+        now = time.perf_counter()
+        if now - start >= limit_s or not busy():
+            _local.resumed = now
+            return now - start
 
 
 __all__ = ["LIMIT_S", "give_way", "watch"]

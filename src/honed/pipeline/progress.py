@@ -13,6 +13,7 @@ them side by side, so every method is safe from any thread.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -25,6 +26,9 @@ from typing import Any
 from honed import config
 
 PHASES = ("record", "build", "check", "measure", "interleave", "install")
+# Every tracker's latest steps in this process, oldest first: when each candidate entered which
+# phase (a JIT program's calls set beside them say what each phase cost it: bench/jit_bert.py).
+RECENT: collections.deque[Event] = collections.deque(maxlen=4096)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +143,9 @@ class Tracker:
             if name:
                 since = self._running.get(name, (phase, now))[1]
                 self._running[name] = (phase, since if candidate is not None else now)
-            self.events.append(Event(self.module, self.graph, name, phase))
+            event = Event(self.module, self.graph, name, phase)
+            self.events.append(event)
+            RECENT.append(event)
         self._refresh()
 
     def finished(
