@@ -825,16 +825,24 @@ def test_a_capture_on_another_thread_leaves_the_programs_cuda_work_alone(
         finally:
             done.set()
 
+    from honed.backend.cuda_graphs import guard_synchronize
+
+    # As under JIT: the program's device-wide syncs wait for the capture (a sync during another
+    # thread's capture breaks both, whichever loader ran the package).
+    guard_synchronize(True)
     thread = threading.Thread(target=install)
     thread.start()
     program = 0
-    with torch.no_grad():
-        while not done.is_set() or program < 50:
-            b = a @ a  # the program's own work, allocations and host syncs included
-            torch.cuda.synchronize()
-            assert torch.isfinite(b).all().item()
-            program += 1
-    thread.join()
+    try:
+        with torch.no_grad():
+            while not done.is_set() or program < 50:
+                b = a @ a  # the program's own work, allocations and host syncs included
+                torch.cuda.synchronize()
+                assert torch.isfinite(b).all().item()
+                program += 1
+    finally:
+        thread.join()
+        guard_synchronize(False)
     assert not errors, errors
     assert len(captured) == 5
     assert _aoti_direct.LOADS["direct"] - loads_before == (5 if loader == "direct" else 0)
