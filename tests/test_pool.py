@@ -499,3 +499,17 @@ def test_a_worker_placing_its_graph_on_another_device_leaves_the_original_where_
     assert server.context_on("cpu")["module"] is module
     x = samples[0].args[0]
     torch.testing.assert_close(module(x), server.context["module"](x))
+
+
+def test_large_bytes_of_a_request_travel_out_of_the_pickles_stream() -> None:
+    """A finalist's payload (hundreds of MB for a CPU model) is not copied into the pickle: the
+    pool's send joins it to the message without the GIL; the worker gets bytes back."""
+    import pickle
+
+    big = os.urandom(2 << 20)
+    request = {"finalists": [{"files": {"model.onnx": big, "small": b"x"}}], "n": (1, 2)}
+    frames = pool_module.request_frames(request)
+    assert len(frames) == 2 and bytes(frames[1]) == big
+    assert len(frames[0]) < 4096
+    back = pickle.loads(frames[0], buffers=frames[1:])
+    assert back == request and type(back["finalists"][0]["files"]["model.onnx"]) is bytes

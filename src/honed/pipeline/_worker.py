@@ -7,8 +7,9 @@ Run as ``python -m honed.pipeline._worker`` by honed.pipeline.pool, which talks 
     pool -> ("context", key, sizes) + frames  the graph's module, samples, references, ...: the
                                               envelope's pickle, then frames of those sizes
                                               (honed.pipeline.sharing), in the same message
-    pool -> ("job", kind, request)            worker -> ("phase", name) as it goes, then
-                                              ("result", reply) or ("error", text)
+    pool -> ("job", kind, sizes) + frames     the request, as frames too (its large bytes
+                                              apart); worker -> ("phase", name) as it goes,
+                                              then ("result", reply) or ("error", text)
     worker -> ("phase", "measure")            and waits for pool -> ("go",): one measurement
                                               per device at a time (honed.pipeline.pool's gates)
     pool -> ("exit",) or end of file          the worker leaves
@@ -57,8 +58,8 @@ class _Channel:
             return None
         stream = io.BytesIO(body)
         message = pickle.load(stream)
-        if message[0] == "context":  # its frames follow the envelope: views of this (writable)
-            at, frames = stream.tell(), []  # memory, which the worker's tensors then keep alive
+        if message[0] in ("context", "job"):  # its frames follow the envelope: views of this
+            at, frames = stream.tell(), []  # (writable) memory, which its tensors then keep alive
             for size in message[2]:
                 frames.append(memoryview(body)[at : at + size])
                 at += size
@@ -146,13 +147,13 @@ class _Server:
             elif message[0] == "job":
                 self.job(message[1], message[2])
 
-    def job(self, kind: str, blob: bytes) -> None:
+    def job(self, kind: str, frames: list[Any]) -> None:
         from honed.pipeline.shipping import evaluate_for_caller, interleave_shipped
 
         try:
             if self.context_error:
                 raise RuntimeError(self.context_error)
-            request: dict[str, Any] = pickle.loads(blob)
+            request: dict[str, Any] = pickle.loads(frames[0], buffers=frames[1:])
             if request["device"].startswith("cuda"):
                 import torch
 

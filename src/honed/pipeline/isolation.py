@@ -22,7 +22,7 @@ from typing import Any
 from honed import config
 from honed.backend.base import Backend
 from honed.pipeline.candidate import Outcome, measurement_from_record, per_call_ms
-from honed.pipeline.pool import Context, Job, JobResult, WorkerPool, wait_all
+from honed.pipeline.pool import Context, Job, JobResult, WorkerPool, request_frames, wait_all
 from honed.pipeline.sharing import Shared
 
 log = logging.getLogger("honed")
@@ -95,11 +95,10 @@ def new_pool(jobs: int, gpus: list[str] | None = None) -> WorkerPool:
     )
 
 
-def _pickled(value: Any, what: str) -> bytes:
-    import cloudpickle
-
+def _pickled(value: Any, what: str) -> None:
+    """Raise NotIsolatable unless ``value`` pickles as a job's request does."""
     try:
-        return bytes(cloudpickle.dumps(value))
+        request_frames(value)
     except Exception as e:
         raise NotIsolatable(f"{what}: {type(e).__name__}: {e}") from e
 

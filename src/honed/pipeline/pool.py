@@ -25,6 +25,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import dataclasses
+import io
 import itertools
 import logging
 import os
@@ -153,6 +154,42 @@ class _Gate:
             if self._measuring is slot:
                 self._measuring = None
             self._cond.notify_all()
+
+
+# Bytes this large in a job's request (a finalist's payload, hundreds of MB for a CPU model's
+# ONNX file) leave the pickle's stream: the pool's Worker.send joins them without the GIL.
+_OUT_OF_BAND_BYTES = 1 << 20
+
+
+class _OutOfBand:
+    """Large bytes of a request, pickled as an out-of-band buffer; bytes again when loaded."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return bytes, (pickle.PickleBuffer(self.data),)
+
+
+def _aside(value: Any) -> Any:
+    if isinstance(value, bytes) and len(value) >= _OUT_OF_BAND_BYTES:
+        return _OutOfBand(value)
+    if type(value) is dict:
+        return {k: _aside(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_aside(v) for v in value)
+    return value
+
+
+def request_frames(request: Any) -> list[Any]:
+    """A job's request as frames: cloudpickle's stream (classes of the user's __main__ travel by
+    value), then its large bytes (pickling copies none of them)."""
+    stream, buffers = io.BytesIO(), []
+    pickler = cloudpickle.Pickler(
+        stream, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=lambda b: buffers.append(b.raw())
+    )
+    pickler.dump(_aside(request))
+    return [stream.getbuffer(), *buffers]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -362,10 +399,9 @@ class _Slot:
                 if event.kind != "sent":
                     return self._failed(event, "sending the job", job)
                 self.context_key = job.context.key
-            request = dict(job.request, device=device)
-            # cloudpickle: classes of the user's __main__ travel by value.
-            message = pickle.dumps(("job", job.kind, cloudpickle.dumps(request)))
-            event = self.worker.send(message, _SEND_TIMEOUT_S)
+            frames = request_frames(dict(job.request, device=device))
+            head = ("job", job.kind, [len(memoryview(f)) for f in frames])
+            event = self.worker.send([pickle.dumps(head), *frames], _SEND_TIMEOUT_S)
             if event.kind != "sent":
                 return self._failed(event, "sending the job", job)
             phase = "build"
