@@ -47,9 +47,12 @@ void bind_machine(nb::module_& m) {
       .def_ro("load_per_cpu", &LoadVerdict::load_per_cpu)
       .def_ro("reasons", &LoadVerdict::reasons)
       .def_ro("summary", &LoadVerdict::summary);
-  m.def("probe_cpu", &probe_cpu, "cpuinfo_path"_a = "/proc/cpuinfo");
+  // Probes read files and query NVML (tens of ms on the H100): a JIT tune makes them beside the
+  // program's calls, so they run without the GIL.
+  m.def("probe_cpu", &probe_cpu, "cpuinfo_path"_a = "/proc/cpuinfo", release_gil());
   m.def("parse_cpuinfo", &parse_cpuinfo, "text"_a, "logical_cpus"_a);
-  m.def("probe_gpu_details", &probe_gpu_details, "device"_a, "libnvml"_a = "libnvidia-ml.so.1");
+  m.def("probe_gpu_details", &probe_gpu_details, "device"_a, "libnvml"_a = "libnvidia-ml.so.1",
+        release_gil());
   m.def("other_processes", &other_processes, "pids"_a, "own_pids"_a, "own_context"_a);
   m.def("calibrate_cpu", &calibrate_cpu, "threads"_a, "chunks"_a = 60, "chunk_ms"_a = 0.5,
         release_gil());
