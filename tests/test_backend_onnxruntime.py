@@ -333,3 +333,36 @@ def test_tune_save_load_in_a_new_process(tmp_path: Path) -> None:
     assert loaded.backend_class == "ONNXRuntimeBackend"
     (got,) = loaded.outputs
     torch.testing.assert_close(got, model.module(inside))
+
+
+def test_a_stored_model_loads_with_onnxruntime_alone(
+    dynamic_fn: OnnxCompiled, mlp: nn.Module, tmp_path: Path
+) -> None:
+    """Loading needs onnxruntime only: the exporter's packages (onnx, onnxscript: hundreds of
+    modules) stay unimported, in a JIT program's install as in honed.load."""
+    import pickle
+
+    files = ONNXRuntimeBackend().export_payload(dynamic_fn)
+    (tmp_path / "files.pkl").write_bytes(pickle.dumps(files))
+    x = batches(4)[0]
+    torch.save(x, tmp_path / "x.pt")
+    script = textwrap.dedent(
+        f"""
+        import pickle, sys, torch
+        from torch import nn
+        from honed.backend import GraphInfo
+        from honed.backend.onnxruntime import ONNXRuntimeBackend
+        files = pickle.loads(open({str(tmp_path / "files.pkl")!r}, "rb").read())
+        fn = ONNXRuntimeBackend().load_payload(files, nn.Identity(), GraphInfo(
+            torch.device("cpu"), True, ((2, 16),), ((4, 16),), ((8, 16),)))
+        torch.save(fn(torch.load({str(tmp_path / "x.pt")!r})), {str(tmp_path / "y.pt")!r})
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "onnxscript")))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    with torch.no_grad():
+        torch.testing.assert_close(torch.load(tmp_path / "y.pt"), mlp(x), rtol=1e-4, atol=1e-5)

@@ -48,8 +48,6 @@ def _dist_version(name: str) -> str:
 @functools.cache
 def onnx_available() -> Availability:
     """onnx, onnxruntime and onnxscript import, at versions that work with this torch. Cached."""
-    import importlib
-
     torch_version = torch.__version__
     if _version_tuple(torch_version) < _MIN_TORCH:
         wanted = ".".join(map(str, _MIN_TORCH))
@@ -58,7 +56,22 @@ def onnx_available() -> Availability:
             f"torch {torch_version} has no torch.onnx.export(dynamo=True) as honed uses it",
             f"install torch {wanted} or newer",
         )
-    for name, minimum in _MIN_VERSIONS.items():
+    return _importable(_MIN_VERSIONS)
+
+
+@functools.cache
+def runtime_available() -> Availability:
+    """onnxruntime imports, at a version honed works with: all a stored model's load needs. The
+    exporter's packages (onnx, onnxscript) stay unimported: hundreds of modules, which a JIT
+    program imported on its own thread at a winner's install, beside its calls. Cached."""
+    return _importable({"onnxruntime": _MIN_VERSIONS["onnxruntime"]})
+
+
+def _importable(packages: dict[str, tuple[int, ...]]) -> Availability:
+    import importlib
+
+    torch_version = torch.__version__
+    for name, minimum in packages.items():
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:

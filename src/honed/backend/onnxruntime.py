@@ -38,6 +38,7 @@ from honed.backend._onnx_export import (
     export_onnx,
     onnx_available,
     onnx_calling,
+    runtime_available,
 )
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
@@ -203,7 +204,7 @@ class ONNXRuntimeBackend(Backend):
     ) -> Callable[..., Any]:
         if not example_inputs:
             raise InputError("ONNXRuntimeBackend needs at least one recorded sample")
-        _require(onnx_available())
+        _require(runtime_available())
         cfg = self.config
         _check_provider(cfg.provider, graph.device)
         exported_plan = plan(example_inputs, graph, None, "ONNXRuntimeBackend")
@@ -237,7 +238,7 @@ class ONNXRuntimeBackend(Backend):
                 f"ONNXRuntimeBackend payload lacks {missing}; the artifact is incomplete: save "
                 "it again"
             )
-        _require(onnx_available())
+        _require(runtime_available())
         cfg = self.config
         _check_provider(cfg.provider, graph.device)
         calling = OnnxCalling.from_json(files[PAYLOAD_CALLING].decode(), graph.profile)
