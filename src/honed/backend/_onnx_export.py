@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -67,7 +68,7 @@ def runtime_available() -> Availability:
     return _importable({"onnxruntime": _MIN_VERSIONS["onnxruntime"]})
 
 
-def _importable(packages: dict[str, tuple[int, ...]]) -> Availability:
+def _importable(packages: Mapping[str, tuple[int, ...]]) -> Availability:
     import importlib
 
     torch_version = torch.__version__
