@@ -49,6 +49,15 @@ class KwModel(nn.Module):
         return {"y": y, "parts": (y.relu(), y.sum(dim=1))}
 
 
+def interruptible() -> None:
+    """A child's ``preexec_fn``: SIGINT at its default, so Python installs its handler there. A
+    test run started in the background of a non-interactive shell inherits SIGINT ignored, and so
+    would every process it starts, where a Ctrl-C test's signal would then do nothing."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def batches(*sizes: int, dim: int = 16, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(b, dim, generator=g) for b in sizes]

@@ -19,6 +19,8 @@ import torch
 import honed
 from honed.artifact import read_artifact
 
+from conftest import interruptible
+
 # Every test here runs the real honed command in a new process: the integration tier.
 pytestmark = pytest.mark.integration
 
@@ -178,6 +180,7 @@ def test_ctrl_c_is_one_line_exit_130_and_saves_nothing(work: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "HONED_PROGRESS": "off"},
+        preexec_fn=interruptible,
     )
     assert proc.stderr is not None
     for line in proc.stderr:  # the candidate's build has started

@@ -21,7 +21,7 @@ import torch
 import honed
 from honed.backend import Backend, Sample
 
-from conftest import TinyMLP, batches
+from conftest import TinyMLP, batches, interruptible
 
 pytestmark = pytest.mark.integration  # candidates run in worker processes
 
@@ -229,6 +229,7 @@ def test_ctrl_c_stops_the_tune_leaving_no_worker_and_no_artifact(tmp_path: Path)
         [sys.executable, str(script), str(artifact), str(building)],
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,
     )
     workers = _poll(lambda: _workers(proc.pid), within_s=120)
     assert workers, "no worker started"
