@@ -47,7 +47,7 @@ void bind_machine(nb::module_& m) {
       .def_ro("load_per_cpu", &LoadVerdict::load_per_cpu)
       .def_ro("reasons", &LoadVerdict::reasons)
       .def_ro("summary", &LoadVerdict::summary);
-  // Probes read files and query NVML (tens of ms on the H100): a JIT tune makes them beside the
+  // Probes read files and query NVML (slow, docs/jit.md): a JIT tune makes them beside the
   // program's calls, so they run without the GIL.
   m.def("probe_cpu", &probe_cpu, "cpuinfo_path"_a = "/proc/cpuinfo", release_gil());
   m.def("parse_cpuinfo", &parse_cpuinfo, "text"_a, "logical_cpus"_a);

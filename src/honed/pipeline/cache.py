@@ -50,9 +50,8 @@ _COPY_LOCK = threading.Lock()  # one staging buffer per device
 def prepare_copies(device: torch.device) -> tuple[Any, torch.Tensor]:
     """The side stream and pinned staging buffer that hash ``device``'s tensors, made once.
 
-    Making them holds the GIL (torch's stream pool, the pinned allocation: tens of ms on the
-    H100), so a JIT program makes them in its first call (honed.jit.patcher), not beside a later
-    one."""
+    Making them holds the GIL (torch's stream pool, the pinned allocation), so a JIT program
+    makes them in its first call (honed.jit.patcher), not beside a later one."""
     device = torch.device(device)
     if device.index is None:
         device = torch.device(device.type, torch.cuda.current_device())
@@ -115,8 +114,8 @@ def source_text(obj: Any) -> str:
     tokenizing: ``inspect.getsource`` tokenizes the block to find its end, which in a JIT
     program holds the GIL beside the program's calls (160 ms for BERT's modules on the H100).
     A class's is the whole file that defines it: finding the class in it takes a parse of the
-    file, one C call holding the GIL (42 ms for a backend's file on the H100, beside a JIT
-    program's call); the file holds the class, so a change to the class still shows.
+    file, one C call holding the GIL beside a JIT program's call (docs/jit.md); the file holds
+    the class, so a change to the class still shows.
     """
     code = getattr(inspect.unwrap(obj), "__code__", None) if callable(obj) else None
     key = code if code is not None else obj

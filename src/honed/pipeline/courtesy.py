@@ -3,8 +3,8 @@
 A JIT tune works in the program's own process, on a thread of its own, and much of that work is
 Python (pickling a model for the workers, hashing its weights for the cache key, laying out a
 package's constants): while it runs, every torch op of the program's call that gives the GIL up
-waits for it again, the switch interval each time, and a call of a few hundred ops ran four to
-six times its length on the H100 (bench/profile/share_stall.py). Such loops call ``give_way()``
+waits for it again, the switch interval each time, and a call of a few hundred ops runs several
+times its length (bench/profile/share_stall.py, docs/jit.md). Such loops call ``give_way()``
 between their pieces: while the program is inside a call, it sleeps (the GIL free) until the
 call ends, for ``limit_s`` at most, so that a program that is always inside a call still lets
 the work go on, slowly. A thread gives way once per ``SLICE_S`` of its work, not per piece.
