@@ -84,45 +84,39 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     else:
         node.call_count += 1
     stack = st.stack
-    if stack:
-        return _call(st, node, self, args, kwargs)
-    _outermost()  # while JIT works beside the program, a core for it (honed.jit.cores)
-    st.in_call = _get_ident()  # JIT's work gives way meanwhile (honed.pipeline.courtesy)
+    outermost = not stack
+    if outermost:
+        _outermost()  # while JIT works beside the program, a core for it (honed.jit.cores)
+        st.in_call = _get_ident()  # JIT's work gives way meanwhile (honed.pipeline.courtesy)
     try:
-        return _call(st, node, self, args, kwargs)
-    finally:
-        st.in_call = 0
-
-
-def _call(
-    st: _Jit, node: Node, self: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    stack = st.stack
-    state = node.state
-    if state is _TUNED:
-        return _route(node, args, kwargs)
-    if state is not _INIT and state is not _RECORDING:
-        # decided (SKIPPED, DETACHED, EAGER): only kept on the stack, so that modules it calls
-        # for the first time are found as its children
+        state = node.state
+        if state is _TUNED:
+            return _route(node, args, kwargs)
+        if state is not _INIT and state is not _RECORDING:
+            # decided (SKIPPED, DETACHED, EAGER): only kept on the stack, so that modules it
+            # calls for the first time are found as its children
+            stack.append(node)
+            try:
+                return _ORIGINAL_CALL(self, *args, **kwargs)
+            finally:
+                stack.pop()
+        if not node.tried:
+            _record(node, args, kwargs)
         stack.append(node)
         try:
-            return _ORIGINAL_CALL(self, *args, **kwargs)
+            out = _ORIGINAL_CALL(self, *args, **kwargs)
         finally:
             stack.pop()
-    if not node.tried:
-        _record(node, args, kwargs)
-    stack.append(node)
-    try:
-        out = _ORIGINAL_CALL(self, *args, **kwargs)
-    finally:
-        stack.pop()
-    if node.state is _INIT:
-        node.state = _RECORDING
-    if node.state is _RECORDING and not node.tried:
-        from honed.jit.tuner import maybe_try
+        if node.state is _INIT:
+            node.state = _RECORDING
+        if node.state is _RECORDING and not node.tried:
+            from honed.jit.tuner import maybe_try
 
-        maybe_try(node)
-    return out
+            maybe_try(node)
+        return out
+    finally:
+        if outermost:
+            st.in_call = 0
 
 
 def _discover(module: torch.nn.Module) -> Node:

@@ -95,7 +95,7 @@ def new_pool(jobs: int, gpus: list[str] | None = None) -> WorkerPool:
     )
 
 
-def _pickled(value: Any, what: str) -> None:
+def _check_pickles(value: Any, what: str) -> None:
     """Raise NotIsolatable unless ``value`` pickles as a job's request does."""
     try:
         request_frames(value)
@@ -144,7 +144,7 @@ class GraphJobs:
         on_phase: Callable[[str], None] | None = None,
     ) -> concurrent.futures.Future[JobResult]:
         """Submit ``backend``'s evaluation; raises NotIsolatable when it does not pickle."""
-        _pickled(backend, backend.name)
+        _check_pickles(backend, backend.name)
         job = Job(
             kind="evaluate",
             request={"backend": backend, "is_baseline": is_baseline},
@@ -209,7 +209,7 @@ class GraphJobs:
                 "per_call": [per_call_ms(o.measurement) for o in remaining],
             }
             try:
-                _pickled(request, "a finalist")
+                _check_pickles(request, "a finalist")
             except NotIsolatable as e:
                 log.info("honed: finalists not re-measured interleaved (%s)", e)
                 return

@@ -171,13 +171,13 @@ class _OutOfBand:
         return bytes, (pickle.PickleBuffer(self.data),)
 
 
-def _aside(value: Any) -> Any:
+def _large_bytes_aside(value: Any) -> Any:
     if isinstance(value, bytes) and len(value) >= _OUT_OF_BAND_BYTES:
         return _OutOfBand(value)
     if type(value) is dict:
-        return {k: _aside(v) for k, v in value.items()}
+        return {k: _large_bytes_aside(v) for k, v in value.items()}
     if type(value) in (list, tuple):
-        return type(value)(_aside(v) for v in value)
+        return type(value)(_large_bytes_aside(v) for v in value)
     return value
 
 
@@ -188,8 +188,15 @@ def request_frames(request: Any) -> list[Any]:
     pickler = cloudpickle.Pickler(
         stream, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=lambda b: buffers.append(b.raw())
     )
-    pickler.dump(_aside(request))
+    pickler.dump(_large_bytes_aside(request))
     return [stream.getbuffer(), *buffers]
+
+
+def _message(tag: str, name: str, frames: list[Any]) -> list[Any]:
+    """A worker's message of frames: the envelope ``(tag, name, sizes)`` pickled, then the
+    frames, which Worker.send joins without the GIL (honed.pipeline._worker splits them)."""
+    head = (tag, name, [len(memoryview(f)) for f in frames])
+    return [pickle.dumps(head), *frames]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -392,16 +399,14 @@ class _Slot:
             if self.cancel_current:
                 self.worker.cancel()
             if job.context is not None and job.context.key != self.context_key:
-                frames = job.context.payload()
-                head = ("context", job.context.key, [len(memoryview(f)) for f in frames])
-                # The frames follow the envelope in the same message, joined without the GIL.
-                event = self.worker.send([pickle.dumps(head), *frames], -1)
+                event = self.worker.send(
+                    _message("context", job.context.key, job.context.payload()), -1
+                )
                 if event.kind != "sent":
                     return self._failed(event, "sending the job", job)
                 self.context_key = job.context.key
-            frames = request_frames(dict(job.request, device=device))
-            head = ("job", job.kind, [len(memoryview(f)) for f in frames])
-            event = self.worker.send([pickle.dumps(head), *frames], _SEND_TIMEOUT_S)
+            request = request_frames(dict(job.request, device=device))
+            event = self.worker.send(_message("job", job.kind, request), _SEND_TIMEOUT_S)
             if event.kind != "sent":
                 return self._failed(event, "sending the job", job)
             phase = "build"
