@@ -44,7 +44,8 @@ def _canonical(value: Any) -> str:
 # A GPU tensor is hashed in pieces of this many bytes, each copied to pinned memory.
 _PIECE_BYTES = 8 << 20
 _COPIERS: dict[torch.device, tuple[Any, torch.Tensor]] = {}
-_COPY_LOCK = threading.Lock()  # one staging buffer per device
+_COPY_LOCK = threading.Lock()  # one staging buffer per device: one hashing at a time
+_MAKE_LOCK = threading.Lock()  # making them never waits for a hashing under way
 
 
 def prepare_copies(device: torch.device) -> tuple[Any, torch.Tensor]:
@@ -57,7 +58,7 @@ def prepare_copies(device: torch.device) -> tuple[Any, torch.Tensor]:
         device = torch.device(device.type, torch.cuda.current_device())
     made = _COPIERS.get(device)
     if made is None:
-        with _COPY_LOCK:
+        with _MAKE_LOCK:
             made = _COPIERS.get(device)
             if made is None:
                 stream = torch.cuda.Stream(device)
