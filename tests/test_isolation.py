@@ -112,6 +112,62 @@ def test_every_failure_is_contained_and_reported(isolated: None) -> None:
     torch.testing.assert_close(model(x), model.module(x))
 
 
+class Program:
+    """What a JIT tune runs beside (graph_tuner.ProgramCalls), always calling: its calls take
+    2 ms on eager and 1 ms on any variant built from the tune."""
+
+    def __init__(self) -> None:
+        self.arms: list[tuple[str, Any]] = []
+
+    def idle(self) -> bool:
+        return False
+
+    def measure(self, arms: list[tuple[str, Any]], sample: Sample) -> list[list[float]]:
+        self.arms = arms
+        return [
+            [(2.0 if fn is None else 1.0) * (1 + 0.001 * (k % 5)) for k in range(40)]
+            for _, fn in arms
+        ]
+
+
+def test_beside_a_calling_program_workers_build_and_check_and_its_calls_measure(
+    isolated: None, tmp_path: Path
+) -> None:
+    from honed.pipeline.graph_tuner import ON_PROGRAM
+    from honed.pipeline.tuner import Tuner
+
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    strategy = honed.MaxThroughputStrategy([NaNs(), Good()])
+    program = Program()
+    # Figures a worker would take (injected) favour eager: none is taken.
+    injected = {"TorchEagerBackend": [1.0], "Good": [3.0]}
+    with honed.config.patch(injected_latencies=injected):
+        tuner = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=program)
+        report = tuner.run(model, batches(4, 4), [])
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert rows["NaNs"].status == "rejected"  # checked in its worker, never on the calls
+    assert [label for label, _ in program.arms] == ["TorchEagerBackend", "Good"]
+    eager_arm, good_arm = (fn for _, fn in program.arms)
+    x = batches(4, seed=1)[0]
+    assert eager_arm is None  # the program's own call
+    torch.testing.assert_close(good_arm(x), model.module(x))  # installed here, from the worker
+    for name, median in (("TorchEagerBackend", 2.0), ("Good", 1.0)):
+        assert rows[name].status == "ok" and rows[name].measured_on == ON_PROGRAM
+        assert rows[name].median_ms == pytest.approx(median, rel=0.01)
+    assert report.selected() == ["Good"]
+    assert report.graphs[0].decision.endswith(f"measured on {ON_PROGRAM}")
+
+    # The cache kept the program's figures: a later tune decides from them alone.
+    again = honed.Module(model.module, "m")
+    with honed.config.patch(injected_latencies=injected):
+        tuner = Tuner(strategy, isolation="process", cache_dir=tmp_path)
+        report = tuner.run(again, batches(4, 4), [])
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert rows["Good"].cached and rows["Good"].measured_on == ON_PROGRAM
+    assert report.selected() == ["Good"]
+
+
 def test_isolation_is_the_default() -> None:
     out = subprocess.run(
         [sys.executable, "-c", "import honed; print(honed.config.isolation)"],

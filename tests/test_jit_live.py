@@ -70,20 +70,21 @@ def _jitter(base: float) -> Callable[[int], float]:
 
 
 def test_a_clearly_faster_runner_up_is_adopted_on_evidence() -> None:
-    verdict, trial, pick, rival, calls = _trial(_jitter(2.0), _jitter(1.0))
+    verdict, _, pick, rival, calls = _trial(_jitter(2.0), _jitter(1.0))
     assert verdict.adopted == "Rival"
     (figures,) = verdict.rivals
     assert figures.ratio == pytest.approx(2.0, rel=0.05) and figures.lo > 1.02
     assert (verdict.pick_calls, figures.calls) == (len(pick.samples_ms), len(rival.samples_ms))
     # Each variant ran its blocks in turn, every block's first call uncounted. The first round's
-    # blocks were sized from the tune's figure (1 ms a call: 25 calls), the rest from the calls
-    # of that round (a median of about 1.5 ms).
+    # blocks were sized from the tune's figure (1 ms a call: 25 calls), the rest from each one's
+    # calls of that round (a median of about 2 ms and 1 ms): blocks of about 25 ms each.
     first = int(live._BLOCK_MS / 1.0)
-    timed = sorted(pick.samples_ms[: first - 1] + rival.samples_ms[: first - 1])
-    assert trial.block == int(live._BLOCK_MS / timed[len(timed) // 2]) < first
-    assert calls == 2 * first + 2 * (live._ROUNDS - 1) * trial.block
-    per_arm = (first - 1) + (live._ROUNDS - 1) * (trial.block - 1)
-    assert len(pick.samples_ms) == len(rival.samples_ms) == per_arm
+    for arm, ms in ((pick, 2.0), (rival, 1.0)):
+        timed = sorted(arm.samples_ms[: first - 1])
+        assert arm.block == int(live._BLOCK_MS / timed[len(timed) // 2])
+        assert arm.block == pytest.approx(live._BLOCK_MS / ms, rel=0.06)
+        assert len(arm.samples_ms) == (first - 1) + (live._ROUNDS - 1) * (arm.block - 1)
+    assert calls == 2 * first + (live._ROUNDS - 1) * (pick.block + rival.block)
     assert verdict.describe().endswith(": Rival adopted")
 
 
@@ -123,7 +124,12 @@ def test_of_several_rivals_the_fastest_with_evidence_is_adopted() -> None:
     assert verdict.adopted == "Far"
     assert [r.label for r in verdict.rivals] == ["Near", "Same", "Far"]
     assert [round(r.ratio, 1) for r in verdict.rivals] == [1.5, 1.0, 3.0]
-    assert len(pick.samples_ms) == len(near.samples_ms) == len(far.samples_ms) > 0
+    # Each ran blocks of about the same time, so the faster ran more calls in them.
+    arms = (pick, near, same, far)
+    assert all(len(a.samples_ms) >= live._MIN_SAMPLES for a in arms)
+    assert len(far.samples_ms) > len(near.samples_ms) > len(pick.samples_ms)
+    spent = [sum(a.samples_ms) for a in arms]
+    assert max(spent) < 1.25 * min(spent), spent
 
 
 def test_a_miss_runs_eager_uncounted() -> None:
@@ -352,3 +358,126 @@ def test_rivals_are_the_best_runners_up_and_within_a_factor_when_asked() -> None
     assert [r.name for r in live.rivals(report, within=2.0)] == ["Close"]
     assert [r.name for r in live.rivals(report, most=3, within=10.0)] == ["Close", "Far", "Farther"]
     assert live.rivals(Row(graphs=[Row(candidates=rows), Row(candidates=rows)])) == []
+
+
+# -- candidates measured on the program's calls ---------------------------------------------
+class ShortSleep(Backend):
+    """A variant that sleeps 0.5 ms instead of 4: steady enough to be measured stable."""
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        assert isinstance(module, Slow)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.0005)
+            return module.body(x)
+
+        return run
+
+
+@pytest.fixture
+def beside(tmp_path: Path) -> Iterator[Path]:
+    """JIT tuning beside a program that keeps calling (no wait), live choice on. Any figure the
+    tune measured itself would favour eager (injected): only the program's calls favour the
+    fast variant."""
+    honed.jit.reset()
+    honed.jit.config.reset()
+    misled = {"TorchEagerBackend": [1.0], "ShortSleep": [3.0]}
+    cache = tmp_path / "jit-cache"
+    with (
+        honed.config.patch(injected_latencies=misled, jit_live_choice=True),
+        honed.jit.config.patch(
+            backends=[ShortSleep()],
+            min_parameters=100,
+            detect_graph_breaks=False,
+            cache_dir=str(cache),
+            live_choice=True,
+            wait=False,
+        ),
+    ):
+        honed.jit.enable_jit_tuning()
+        try:
+            yield cache
+        finally:
+            honed.jit.reset()
+
+
+def _body(model: Slow, x: torch.Tensor) -> torch.Tensor:
+    """model.body(x) without calling its modules (JIT would discover them as top modules)."""
+    f = torch.nn.functional
+    with torch.no_grad():
+        hidden = torch.relu(f.linear(x, model.fc1.weight, model.fc1.bias))
+        return f.linear(hidden, model.fc2.weight, model.fc2.bias)
+
+
+def _call_until_tuned(model: nn.Module, x: torch.Tensor, want: torch.Tensor) -> Any:
+    deadline = time.monotonic() + 120
+    with torch.no_grad():
+        while True:
+            torch.testing.assert_close(model(x), want)  # every call right, whichever answers
+            roots = honed.jit.roots()
+            if roots and roots[0].state is State.TUNED and roots[0].trial is None:
+                return roots[0]
+            assert time.monotonic() < deadline, honed.jit.history()
+
+
+def test_while_the_program_calls_its_calls_measure_every_candidate(beside: Path) -> None:
+    from honed.pipeline.graph_tuner import ON_PROGRAM
+
+    torch.manual_seed(0)
+    model = Slow().eval()
+    x = batches(4, seed=1)[0]
+    want = _body(model, x)
+    root = _call_until_tuned(model, x, want)
+    assert root.backend == "ShortSleep", "\n".join(honed.jit.history())
+    (record,) = honed.jit.tunes()
+    assert record.selected == "ShortSleep" and record.evidence == "the program's calls"
+    (graph,) = root.report.graphs
+    rows = {c.name: c for c in graph.candidates}
+    assert set(rows) == {"TorchEagerBackend", "ShortSleep"}
+    for row in rows.values():  # both measured on the program's calls, none by the tune itself
+        assert row.status == "ok" and row.measured_on == ON_PROGRAM, row
+        assert len(row.samples_ms) >= 20
+    # eager sleeps 4 ms a call, the variant 0.5 ms
+    assert rows["TorchEagerBackend"].median_ms > 4.0 > 4 * rows["ShortSleep"].median_ms
+    assert graph.decision.endswith(f"measured on {ON_PROGRAM}")
+    assert not [line for line in honed.jit.history() if "Live trial" in line]  # decided already
+
+    # A restart replays that decision from the cache: nothing measured again.
+    honed.jit.reset()
+    honed.jit.enable_jit_tuning()
+    torch.manual_seed(0)
+    again = Slow().eval()
+    root = _call_until_tuned(again, x, want)
+    assert root.backend == "ShortSleep"
+    (record,) = honed.jit.tunes()
+    assert record.evidence == "cache"  # and no second trial: the figures are the program's
+    assert all(c.cached and c.measured_on == ON_PROGRAM for c in root.report.graphs[0].candidates)
+
+
+def test_a_program_that_stops_calling_has_its_candidates_measured_in_the_tune(
+    beside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The candidates were built while the program called, then it stopped: the tune measures
+    them itself instead of waiting for calls that do not come (the injected figures: eager
+    wins)."""
+    monkeypatch.setattr(live, "_STALL_S", 0.5)
+    torch.manual_seed(0)
+    model = Slow().eval()
+    x = batches(4, seed=1)[0]
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)  # the tune starts
+        root = honed.jit.roots()[0]
+        deadline = time.monotonic() + 120
+        while root.trial is None:  # the tune built and checked the candidates: it is measuring
+            model(x)
+            assert time.monotonic() < deadline, honed.jit.history()
+    assert honed.jit.wait(120)  # no more calls
+    assert root.state is State.TUNED and root.backend == "TorchEagerBackend"
+    (graph,) = root.report.graphs
+    assert [(c.status, c.measured_on) for c in graph.candidates] == [("ok", "")] * 2
+    assert {c.name: c.median_ms for c in graph.candidates} == {
+        "TorchEagerBackend": 1.0,
+        "ShortSleep": 3.0,
+    }
+    assert "measured on this process (the program had stopped calling)" in graph.decision

@@ -171,6 +171,31 @@ def test_a_failed_job_fails_alone_and_its_worker_is_replaced(
     assert (outcome.status, outcome.reason) == ("failed", exited.failure)
 
 
+def test_a_job_told_not_to_measure_comes_back_built_and_checked_only(
+    graph: GraphJobs, short_limits: None
+) -> None:
+    """JIT beside a calling program: at its turn to measure, the job asks ``measure_if``; no
+    means the worker skips its measurement and the outcome is the checked build, deferred."""
+    asked: list[str] = []
+    phases: list[str] = []
+
+    def not_now() -> bool:
+        asked.append("skip")
+        return False
+
+    with new_pool(1) as pool:
+        skipped = graph.evaluate(
+            pool, Good(), False, on_phase=phases.append, measure_if=not_now
+        ).result(timeout=600)
+        measured = graph.evaluate(pool, Good(), False, measure_if=lambda: True).result(timeout=600)
+    assert skipped.ok and asked == ["skip"] and phases == ["build", "check", "measure"]
+    outcome = GraphJobs.outcome(Good(), False, skipped)
+    assert (outcome.status, outcome.deferred, outcome.measurement) == ("ok", True, None)
+    assert outcome.check is not None and outcome.check.ok and not outcome.passed
+    done = GraphJobs.outcome(Good(), False, measured)
+    assert done.passed and not done.deferred
+
+
 def test_cancel_ends_a_running_job_and_the_pool_goes_on(
     graph: GraphJobs, short_limits: None
 ) -> None:

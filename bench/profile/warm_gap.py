@@ -36,6 +36,7 @@ from pathlib import Path
 CHILD = textwrap.dedent(
     """
     import json, os, statistics, sys, threading, time
+    from pathlib import Path
     import torch
     from transformers import BertConfig, BertModel
 

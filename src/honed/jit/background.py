@@ -46,9 +46,11 @@ class TuneRecord:
         budget_s: the time budget it ran under (None: none).
         tried: candidate name -> status ("ok", "failed", "rejected", "not tried").
         selected: the winning backend(s) ("" when eager stayed).
-        evidence: what the choice rests on: "worker measurement" (candidates measured in the
-            worker pool), "in-process measurement" (isolation "none"), or "cache" (an earlier
-            run's measurements, nothing built or measured now).
+        evidence: what the choice rests on: "the program's calls" (candidates measured on the
+            program's own calls, in turns, while it was calling), "worker measurement"
+            (candidates measured in the worker pool while the program was idle or waiting),
+            "in-process measurement" (isolation "none"), or "cache" (an earlier run's
+            measurements, nothing built or measured now).
         took_s: seconds from the start of the job to the install.
         calls_meanwhile: the module's calls while the job ran; ``ran_meanwhile`` what answered
             them ("eager", or "the previous variant" during a widen).

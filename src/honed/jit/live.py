@@ -1,15 +1,16 @@
-"""src/honed/jit/live.py: choosing between the tune's pick and its runner-up on the program's calls.
+"""src/honed/jit/live.py: measuring and choosing variants on the program's own calls.
 
 A JIT tune measures its candidates in workers while the program runs, so on a machine without
 cores to spare the worker's figures carry the program's load: on the 2-core CPU machine small
 BERT's tune kept eager although AOTInductor ran 1.7x faster in a tune of its own. Once the tune
 is done, the program's own calls are the better evidence: they run the real inputs, on the
 cores as the program leaves them. A trial routes the module's calls to the pick and its best
-rivals (the runners-up) in turn, in blocks (so drift hits all alike; the first call of each
-block is not counted), times each call with the host clock, and adopts a rival only when the
-99 % bootstrap interval of the ratio of medians clears honed.config.decision_margin, the rule of
-every other decision (the fastest such rival, when several do). Otherwise the tune's pick stays,
-and the history says the live figures did not decide.
+rivals (the runners-up) in turn, in blocks of about the same time (so drift hits all alike; the
+first call of each block is not counted), times each call with the host clock, and adopts a
+rival only when the 99 % bootstrap interval of the ratio of medians clears
+honed.config.decision_margin, the rule of every other decision (the fastest such rival, when
+several do). Otherwise the tune's pick stays, and the history says the live figures did not
+decide.
 
 On the CPU a call's host time is its cost: a call returns when its work is done. A CUDA call
 returns once its work is launched, so there each call is timed with a pair of CUDA events
@@ -17,12 +18,18 @@ recorded on the calling stream around it: the GPU time from the call's first wor
 which includes any wait for launches that lag behind (a launch-bound call's real cost), and
 excludes work queued before the call. Nothing waits for an event: the figures are read once the
 events completed, and a trial whose last events are still running decides on a later call.
+
+The same turns measure a tune's candidates while the program calls (ProgramCalls, the tune's
+``live``): the workers then only build and check them, since a worker measuring on the program's
+GPU (or cores) slows the program's calls, and every checked candidate takes its turns on the
+program's calls instead; the tune compares the figures with its usual statistics and rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -99,6 +106,9 @@ class Arm:
     wrapper: Any = None
     samples_ms: list[float] = dataclasses.field(default_factory=list)
     pending: list[Any] = dataclasses.field(default_factory=list)
+    takes: Callable[[Any, Any], bool] | None = None  # the calls it runs (None: all it can)
+    block: int = 0  # calls per block (the Trial sizes it)
+    host_ms: list[float] = dataclasses.field(default_factory=list)  # first round, host clock
 
     def settle(self, timer: Any) -> bool:
         """Read every pending stamp that is ready; True when none is left."""
@@ -110,6 +120,8 @@ class Arm:
         return not self.pending
 
     def run(self, module: Any, eager: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        if self.takes is not None and not self.takes(args, kwargs):
+            return MISS
         if self.wrapper is None:
             return eager(module, *args, **kwargs)
         return self.wrapper.dispatch(args, kwargs)
@@ -154,6 +166,10 @@ class Verdict:
         return f"{figures}: not enough evidence to change, {self.pick} stays"
 
 
+def _block(per_call_ms: float) -> int:
+    return max(_MIN_BLOCK_CALLS, int(_BLOCK_MS / max(per_call_ms, 1e-3)))
+
+
 class Trial:
     """The pick and its rivals taking turns on one module's calls; ``done`` gets the verdict (on
     the program's thread, in the call that ends the trial: it must only assign)."""
@@ -166,13 +182,17 @@ class Trial:
         done: Callable[[Verdict], None],
         clock: Callable[[], float] = time.perf_counter,
         timer: Any = None,
+        judge: bool = True,
     ) -> None:
         """``timer``: how a call is timed (HostClock, the default, or CudaEvents); ``clock``
-        keeps the trial's own time (its blocks' sizing on the host, its time limit)."""
-        if not rivals:
+        keeps the trial's own time (its blocks' sizing on the host, its time limit).
+        ``judge=False``: only measure (``done`` gets None; the arms hold the figures)."""
+        if not rivals and judge:
             raise ValueError("a live trial needs at least one rival")
+        self.judge = judge
         self.arms = [pick, *rivals]
-        self.block = max(_MIN_BLOCK_CALLS, int(_BLOCK_MS / max(per_call_ms, 1e-3)))
+        for arm in self.arms:
+            arm.block = _block(per_call_ms)
         self.turn = 0
         self.in_block = 0
         self.rounds = 0
@@ -182,7 +202,6 @@ class Trial:
         self.started = clock()
         self.finished = False
         self.stopped = False  # the blocks are done; the verdict waits for the last figures
-        self.host_ms: list[float] = []  # the first round's host times, should none be readable
 
     def call(self, module: Any, eager: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Run this call on the variant whose turn it is; MISS when that variant does not take
@@ -202,9 +221,9 @@ class Trial:
         if self.in_block > 0:  # a block's first call pays for the switch: not counted
             arm.pending.append(stamp)
             if self.rounds == 0:
-                self.host_ms.append((self.clock() - h0) * 1e3)
+                arm.host_ms.append((self.clock() - h0) * 1e3)
         self.in_block += 1
-        if self.in_block >= self.block:
+        if self.in_block >= arm.block:
             self.in_block = 0
             arm.settle(self.timer)
             self.turn = (self.turn + 1) % len(self.arms)
@@ -223,18 +242,19 @@ class Trial:
         if self.finished or not all(arm.settle(self.timer) for arm in self.arms):
             return
         self.finished = True
-        self.done(self.verdict())
+        self.done(self.verdict() if self.judge else None)
 
     def _size_blocks(self) -> None:
-        """After the first round, blocks sized from the calls just timed: the tune's figure
-        (``per_call_ms``) was measured beside the program and may be far off. The figures read
-        so far, else the host times (a CUDA call's launch time is a floor of its cost)."""
+        """After the first round, each arm's blocks sized from its calls just timed, so that
+        every block lasts about _BLOCK_MS (drift hits all alike, and eager's slow calls do not
+        stretch the trial): the tune's figure (``per_call_ms``) was measured beside the program
+        and may be far off. The figures read so far, else the host times (a CUDA call's launch
+        time is a floor of its cost)."""
         for arm in self.arms:
             arm.settle(self.timer)
-        timed = sorted(ms for arm in self.arms for ms in arm.samples_ms) or sorted(self.host_ms)
-        if timed:
-            typical = timed[len(timed) // 2]
-            self.block = max(_MIN_BLOCK_CALLS, int(_BLOCK_MS / max(typical, 1e-3)))
+            timed = sorted(arm.samples_ms) or sorted(arm.host_ms)
+            if timed:
+                arm.block = _block(timed[len(timed) // 2])
 
     def verdict(self) -> Verdict:
         for arm in self.arms:  # on the CPU every figure is read; CUDA: what completed
@@ -271,3 +291,81 @@ def rivals(report: Any, most: int = 2, within: float | None = None) -> list[Any]
         if pick is not None:
             passed = [c for c in passed if c.throughput * within >= pick.throughput]
     return sorted(passed, key=lambda c: c.throughput, reverse=True)[:most]
+
+
+class _Direct:
+    """A built callable in a trial arm's place of a honed.Module (it takes every call it is
+    given: the arm's ``takes`` chose them)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def dispatch(self, args: Any, kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def _shapes(args: Any, kwargs: Any) -> tuple[Any, ...]:
+    import torch
+
+    return tuple(
+        (tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t)
+        for t in torch.utils._pytree.tree_leaves((args, kwargs))
+    )
+
+
+# A worker may measure once the program's latest call ended this long ago (ProgramCalls.idle);
+# a measurement on the program's calls gives up once they stopped for _STALL_S.
+_IDLE_S = 0.5
+_STALL_S = 5.0
+
+
+class ProgramCalls:
+    """A tune's view of the program it runs beside (honed.pipeline.graph_tuner.ProgramCalls):
+    ``node``'s calls. ``quiet(s)``: whether the program is in no call and ended none during the
+    last ``s`` seconds (honed.jit.patcher.program_idle); ``stopped()``: whether the tune should
+    give up (the program ends)."""
+
+    def __init__(
+        self,
+        node: Any,
+        device_type: str,
+        quiet: Callable[[float], bool],
+        stopped: Callable[[], bool],
+    ) -> None:
+        self.node = node
+        self.device_type = device_type
+        self.quiet = quiet
+        self.stopped = stopped
+
+    def idle(self) -> bool:
+        """The program is in no call and ended none during the last _IDLE_S."""
+        return self.quiet(_IDLE_S)
+
+    def measure(self, arms: list[tuple[str, Any]], sample: Any) -> list[list[float]] | None:
+        """Each arm's times on the program's calls with ``sample``'s shapes, in turns (a Trial
+        that only measures); None when the program stopped calling or ends first."""
+        key = _shapes(sample.args, sample.kwargs)
+
+        def takes(args: Any, kwargs: Any) -> bool:
+            return _shapes(args, kwargs) == key
+
+        turns = [
+            Arm(label, _Direct(fn) if fn is not None else None, takes=takes) for label, fn in arms
+        ]
+        finished = threading.Event()
+        timer = CudaEvents() if self.device_type == "cuda" else None
+        trial = Trial(turns[0], turns[1:], 1.0, lambda _: finished.set(), timer=timer, judge=False)
+        node = self.node
+        node.trial = trial
+        try:
+            calls, moved = node.call_count, time.monotonic()
+            while not finished.wait(0.25):
+                if self.stopped():
+                    return None
+                if node.call_count != calls:
+                    calls, moved = node.call_count, time.monotonic()
+                elif time.monotonic() - moved > _STALL_S:
+                    return None
+        finally:
+            node.trial = None
+        return [list(arm.samples_ms) for arm in turns]

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,6 +49,7 @@ class _Jit:
         self.roots: list[Node] = []
         self.stack: list[Node] = []  # the discovered modules whose forward is running
         self.in_call = 0  # the thread inside an outermost module call now (0: none)
+        self.call_ended = 0.0  # time.monotonic() at the end of the latest outermost call
         self._local = threading.local()
         self.opted_in: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # decorator's models
         self.grad_warned: set[int] = set()
@@ -70,6 +72,7 @@ STATE = _Jit()
 _TUNED, _INIT, _RECORDING = State.TUNED, State.INIT, State.RECORDING
 _is_compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
+_monotonic = time.monotonic
 
 
 def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -102,6 +105,8 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 stack.pop()
         if not node.tried:
             _record(node, args, kwargs)
+        elif node.trial is not None:  # its tune measures candidates on the program's calls
+            return _route(node, args, kwargs)
         stack.append(node)
         try:
             out = _ORIGINAL_CALL(self, *args, **kwargs)
@@ -117,6 +122,7 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     finally:
         if outermost:
             st.in_call = 0
+            st.call_ended = _monotonic()
 
 
 def _discover(module: torch.nn.Module) -> Node:
@@ -172,7 +178,8 @@ def _detach(value: Any) -> Any:
 
 
 def _route(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A TUNED module's call: through its honed.Module (eager for shapes it was not tuned for)."""
+    """A TUNED module's call: through its honed.Module (eager for shapes it was not tuned for);
+    during a live trial (honed.jit.live), of a tuned module or of one being tuned, through it."""
     module = node.module
     if torch.is_grad_enabled():
         if id(node) not in STATE.grad_warned:
@@ -192,12 +199,24 @@ def _route(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             out = node.tuned.dispatch(args, kwargs)
         if out is not MISS:
             return out
-        from honed.jit.tuner import outside_profile
+        if node.tuned is not None:  # not in a first tune's trial: nothing is tuned yet
+            from honed.jit.tuner import outside_profile
 
-        outside_profile(node, args, kwargs, node.tuned.miss_reason(args, kwargs))
+            outside_profile(node, args, kwargs, node.tuned.miss_reason(args, kwargs))
         return _ORIGINAL_CALL(module, *args, **kwargs)  # eager: never a crash or a wrong answer
     finally:
         STATE.bypass -= 1
+
+
+def program_idle(for_s: float) -> bool:
+    """No thread but this one is inside an outermost module call, none ended during the last
+    ``for_s`` seconds, and the program does not wait for JIT."""
+    if config.wait:
+        return True
+    busy = STATE.in_call
+    if busy != 0 and busy != _get_ident():
+        return False
+    return _monotonic() - STATE.call_ended >= for_s
 
 
 def _program_busy() -> bool:

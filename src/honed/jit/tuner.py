@@ -246,7 +246,7 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     importlib.import_module("torch._dynamo")  # every compile needs it: counts as rebuild time
     import_s = time.perf_counter() - started
     isolation = _flags.isolation
-    tuner = _new_tuner(strategy, fingerprints, budget, False)
+    tuner = _new_tuner(strategy, fingerprints, budget, False, _program_calls(node, dataset))
     node.tuner = tuner
     record.progress = lambda: (node.call_count - calls_before, _tried_so_far(tuner))
     if not background.set_current(tuner):
@@ -272,9 +272,14 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     record.took_s = took
     rows = [c for g in report.graphs for c in g.candidates]
     record.tried = _tried(rows)
+    from honed.pipeline.graph_tuner import ON_PROGRAM
+
+    on_program = any(c.measured_on == ON_PROGRAM for c in rows)
     record.evidence = (
         "cache"
         if rows and all(c.cached for c in rows)
+        else "the program's calls"
+        if on_program
         else "worker measurement"
         if isolation == "process"
         else "in-process measurement"
@@ -297,7 +302,8 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     _install(node, wrapper, backend, report)
     add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
     add_step(record.line())
-    _start_trial(node, wrapper, report, dataset, sizes, strategy, fingerprints, record)
+    if not on_program:  # else the program's calls chose already
+        _start_trial(node, wrapper, report, dataset, sizes, strategy, fingerprints, record)
 
 
 _CUDA_RIVALS_WITHIN = 2.0
@@ -403,11 +409,31 @@ def _rival_arm(
     return live.Arm(row.name, other) if other.is_tuned else None
 
 
+def _program_calls(node: Node, dataset: list[Any]) -> Any:
+    """The tune's view of the program (honed.jit.live.ProgramCalls): while the program calls,
+    its calls measure the candidates; None when live_choice is off, in wait mode (the program
+    waits: workers measure) or without the tuning cache (the figures must outlive the run)."""
+    from honed.jit import live
+    from honed.jit.patcher import program_idle
+
+    if not config.live_choice or config.wait or not _flags.cache_enabled or node.module is None:
+        return None
+    device = _device_of(node.module, dataset[0])
+    if device.split(":")[0] not in ("cpu", "cuda"):
+        return None
+    return live.ProgramCalls(node, device.split(":")[0], program_idle, background.exiting)
+
+
 def _new_tuner(
-    strategy: Any, fingerprints: dict[int, str], budget: float | None, cached: bool
+    strategy: Any,
+    fingerprints: dict[int, str],
+    budget: float | None,
+    cached: bool,
+    live: Any = None,
 ) -> Any:
     """JIT's Tuner: a restart replays the cached decision instead of measuring beside calls
-    (reuse_unstable); ``cached``: the cached-only pass."""
+    (reuse_unstable); ``cached``: the cached-only pass; ``live``: the program's calls
+    (_program_calls)."""
     return _jit_tuner(
         strategy=strategy,
         device=config.device,
@@ -417,6 +443,7 @@ def _new_tuner(
         reuse_unstable=True,
         cached_only=cached,
         fingerprints=fingerprints,
+        live=live,
     )
 
 

@@ -11,7 +11,8 @@ Run as ``python -m honed.pipeline._worker`` by honed.pipeline.pool, which talks 
                                               apart); worker -> ("phase", name) as it goes,
                                               then ("result", reply) or ("error", text)
     worker -> ("phase", "measure")            and waits for pool -> ("go",): one measurement
-                                              per device at a time (honed.pipeline.pool's gates)
+                                              per device at a time (honed.pipeline.pool's gates),
+                                              or ("skip",): no measurement (the job's measure_if)
     pool -> ("exit",) or end of file          the worker leaves
 
 Jobs are "evaluate" (candidate.evaluate, exactly as an in-process tune would, plus what the
@@ -105,8 +106,12 @@ class _Server:
         message = self.channel.recv()  # wait for our turn on the device
         if message is None:
             sys.exit(0)
+        if message[0] == "skip":
+            from honed.pipeline.candidate import MeasureDeferred
+
+            raise MeasureDeferred
         if message[0] != "go":
-            raise RuntimeError(f"honed worker: expected go, got {message[0]!r}")
+            raise RuntimeError(f"honed worker: expected go or skip, got {message[0]!r}")
 
     def context_on(self, device: str) -> dict[str, Any]:
         import torch

@@ -65,14 +65,17 @@ class Outcome:
     build_log: str | None = None  # the file that output was written to
     install_s: float = 0.0  # building/loading it in the caller's process once selected
     seconds: float | None = None  # how long its evaluation took, start to end
+    # Built and checked, not measured: the program it is tuned for was calling (JIT), and its
+    # calls measure it instead (honed.pipeline.graph_tuner: the program's calls).
+    deferred: bool = False
 
     @property
     def passed(self) -> bool:
         return self.status == "ok" and self.measurement is not None
 
     def to_record(self) -> dict[str, Any]:
-        """What the tuning cache stores: everything but the callable."""
-        return {
+        """What the tuning cache stores (and a worker replies): everything but the callable."""
+        record = {
             "status": self.status,
             "reason": self.reason,
             "build_s": self.build_s,
@@ -81,6 +84,11 @@ class Outcome:
             "memory_bytes": self.memory_bytes,
             "injected": self.injected,
         }
+        if self.deferred:
+            record["deferred"] = True
+        if self.device:
+            record["measured_on"] = self.device
+        return record
 
     @classmethod
     def from_record(cls, backend: Backend, record: Any, is_baseline: bool, key: str) -> Outcome:
@@ -101,6 +109,8 @@ class Outcome:
                 measurement=measurement_from_record(m),
                 memory_bytes=int(record.get("memory_bytes", 0)),
                 injected=bool(record.get("injected", False)),
+                deferred=bool(record.get("deferred", False)),
+                device=str(record.get("measured_on", "")),
                 cached=True,
                 cache_key=key,
             )
@@ -137,7 +147,7 @@ def record_problem(record: Any) -> str:
     if not isinstance(record["reason"], str):
         return "reason is not a string"
     m = record["measurement"]
-    if record["status"] == "ok" and not isinstance(m, dict):
+    if record["status"] == "ok" and not isinstance(m, dict) and not record.get("deferred"):
         return "an ok record has no measurement"
     if m is not None and not (
         isinstance(m, dict)
@@ -172,6 +182,11 @@ def measurement_from_record(m: dict[str, Any] | None) -> Any:
     )
 
 
+class MeasureDeferred(Exception):
+    """Raised by ``on_phase("measure")`` when the candidate is not to be measured now: the
+    program it is tuned for is calling, and its calls will measure it (JIT)."""
+
+
 def evaluate(
     backend: Backend,
     module: torch.nn.Module,
@@ -186,7 +201,8 @@ def evaluate(
     """Build ``backend`` for ``module``, check it on every sample, and measure it.
 
     ``on_phase(name)`` is called as it enters "build", "check" and "measure" (a worker reports
-    them to the pool, and waits there for its turn to measure).
+    them to the pool, and waits there for its turn to measure); raising MeasureDeferred at
+    "measure" returns the built, checked candidate unmeasured (``deferred``).
     """
     enter = on_phase or (lambda phase: None)
     outcome = Outcome(backend, is_baseline=is_baseline)
@@ -227,8 +243,12 @@ def evaluate(
             outcome.status, outcome.reason = "rejected", outcome.check.reason
             return outcome
         stage = "measure"
-        enter("measure")
         outcome.fn, outcome.checked_here = fn, True
+        try:
+            enter("measure")
+        except MeasureDeferred:
+            outcome.deferred = True
+            return outcome
         outcome.measurement, outcome.injected = measure(
             fn, samples[measure_at], graph.device, backend, batch_size
         )

@@ -10,6 +10,12 @@ always runs; then the plan (planning.py) cheapest first; when the time budget ru
 rest are "not tried". The finalists are re-measured side by side in one worker, from what
 their workers shipped (shipping.py), and the winner is installed from the same, checked once
 against eager here first.
+
+Beside a program (JIT, ``TuneContext.live``), a worker measures only while the program is idle:
+while it calls, a candidate is built and checked only, and every checked candidate is then
+installed here and measured on the program's own calls, in turns (ProgramCalls.measure). The
+figures go through the same statistics and the same rule as any others, and the cache keeps
+them (a restart replays the decision).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -35,10 +41,12 @@ from honed.pipeline import buildlog
 from honed.pipeline import figures as fig
 from honed.pipeline.cache import TuneCache, inputs_fingerprint, model_fingerprint, source_text
 from honed.pipeline.candidate import (
+    MeasureDeferred,
     Outcome,
     check,
     evaluate,
     finalists,
+    measure,
     measure_interleaved,
     measurement_record,
     needs_interleave,
@@ -59,6 +67,27 @@ log = logging.getLogger("honed")
 CACHED_ONLY_REASON = "cached pass: no outcome in the cache yet"
 
 TARGETS = ("python", "cpp")
+
+# Where the figures of candidates measured on the program's calls come from (CandidateReport).
+ON_PROGRAM = "the program's calls"
+# A candidate measured on the program's calls needs this many of them to count.
+_MIN_PROGRAM_CALLS = 20
+
+
+class ProgramCalls(Protocol):
+    """The program a tune runs beside (JIT): is it calling now, and its calls as a measure."""
+
+    def idle(self) -> bool:
+        """Whether the program makes no calls now (a worker may measure on its device)."""
+        ...
+
+    def measure(
+        self, arms: list[tuple[str, Callable[..., Any] | None]], sample: Sample
+    ) -> list[list[float]] | None:
+        """Route the program's calls with ``sample``'s shapes to each arm's callable in turn
+        (None: the program's own eager call) and return each one's call times (ms); None when
+        the program stopped calling before they were measured."""
+        ...
 
 
 @dataclasses.dataclass
@@ -84,6 +113,7 @@ class TuneContext:
     # Decide from cached outcomes alone, candidates without one not tried; a graph with an
     # uncached eager, no cached candidate or nothing uncached raises CachedPassDeclined.
     cached_only: bool = False
+    live: ProgramCalls | None = None  # the program the tune runs beside (JIT)
 
     def model_fingerprint(self, module: torch.nn.Module) -> str:
         if id(module) not in self.fingerprints:
@@ -187,7 +217,10 @@ class GraphTuner:
         baseline, outcomes = self._evaluate_all(baseline_backend, items)
         self.ctx.check_abandoned(self.module.name)
         competing = ([baseline] if uses_baseline else []) + outcomes
-        if needs_interleave(competing):
+        measured_on = ""
+        if any(o.deferred for o in competing):
+            measured_on = self._measure_on_program(competing)
+        elif needs_interleave(competing):
             self._interleave(competing)
         self.ctx.check_abandoned(self.module.name)
         decision, chosen = self._select(competing)
@@ -209,7 +242,9 @@ class GraphTuner:
             profile=_describe_profile(profile),
             candidates=rows,
             selected=chosen.backend.name if chosen is not None else None,
-            decision=decision.reason + target_note,
+            decision=decision.reason
+            + target_note
+            + (f"; measured on {measured_on}" if measured_on else ""),
             sweep=swept,
             install_s=chosen.install_s if chosen is not None else 0.0,
         )
@@ -327,6 +362,8 @@ class GraphTuner:
                 e,
             )
             return None
+        if outcome.deferred:  # never stored; a hand-made entry is evaluated again
+            return None
         from_cache_files(outcome, self.ctx.cache.files(key, record))
         return outcome
 
@@ -350,7 +387,8 @@ class GraphTuner:
         )
         if self.ctx.cache is not None and key is not None:
             outcome.cache_key = key
-            self.ctx.cache.put(key, outcome.to_record(), to_cache_files(outcome))
+            if not outcome.deferred:  # stored once the program's calls measured it
+                self.ctx.cache.put(key, outcome.to_record(), to_cache_files(outcome))
         return outcome
 
     def _job_fields(self) -> dict[str, Any]:
@@ -368,12 +406,16 @@ class GraphTuner:
         name = backend.name
         self.tracker.candidate(name)
         started = time.perf_counter()
+        live = self.ctx.live
+
+        def on_phase(phase: str) -> None:
+            self.tracker.phase(phase, name)
+            if phase == "measure" and live is not None and not live.idle():
+                raise MeasureDeferred
+
         with buildlog.capture() as lines:
             outcome = evaluate(
-                backend,
-                is_baseline=is_baseline,
-                on_phase=lambda phase: self.tracker.phase(phase, name),
-                **self._job_fields(),
+                backend, is_baseline=is_baseline, on_phase=on_phase, **self._job_fields()
             )
         outcome.output = "\n".join(lines)
         outcome.seconds = time.perf_counter() - started
@@ -463,6 +505,7 @@ class GraphTuner:
                     is_baseline,
                     priority=float(cost),
                     on_phase=lambda phase: self.tracker.phase(phase, name),
+                    measure_if=self.ctx.live.idle if self.ctx.live is not None else None,
                 )
             except NotIsolatable as e:
                 self._warn_not_isolatable(name, e)
@@ -559,6 +602,58 @@ class GraphTuner:
                 self.ctx.cache.put(
                     o.cache_key, dict(record, measurement=measurement_record(o.measurement))
                 )
+
+    def _measure_on_program(self, competing: list[Outcome]) -> str:
+        """Measure every checked candidate on the program's calls (``ctx.live``), each installed
+        here and checked against eager first; where the program stopped calling, each here
+        instead. Their figures replace any a worker took (one measure for all), and the
+        cache keeps them. Returns where they were measured."""
+        live = self.ctx.live
+        assert live is not None
+        arms = []
+        for o in competing:
+            if o.status != "ok":
+                continue
+            if not o.is_baseline and not (o.fn is not None and o.checked_here):
+                self.tracker.candidate(o.backend.name)
+                self.tracker.phase("install")
+                started = time.perf_counter()
+                problem = self._install(o)
+                if problem:
+                    o.deferred = False
+                    log.warning("honed: %s: %s %s", self.module.name, o.backend.name, problem)
+                    continue
+                o.install_s = time.perf_counter() - started
+            arms.append(o)
+        self.ctx.check_abandoned(self.module.name)
+        self.tracker.candidate("finalists")
+        self.tracker.phase("on the program's calls")
+        sample = self.samples[self.measure_at]
+        fns = [None if o.is_baseline else o.fn for o in arms]
+        figures = live.measure(
+            [(o.backend.name, fn) for o, fn in zip(arms, fns, strict=True)], sample
+        )
+        if figures is None:  # the program is idle now: each measured here, as a worker would
+            where = "this process (the program had stopped calling)"
+            self.tracker.phase("measure")
+            measurements = []
+            for o, fn in zip(arms, fns, strict=True):
+                fn = self.inner if fn is None else fn
+                m, o.injected = measure(fn, sample, self.ctx.device, o.backend, self.batch)
+                measurements.append(m)
+        else:
+            where = ON_PROGRAM
+            measurements = [program_measurement(f, self.batch) for f in figures]
+        for o, m in zip(arms, measurements, strict=True):
+            o.deferred = False
+            if m is None:
+                o.status = "not tried"
+                o.reason = f"fewer than {_MIN_PROGRAM_CALLS} of the program's calls ran it"
+                continue
+            o.measurement, o.device = m, where if figures is not None else ""
+            if self.ctx.cache is not None and o.cache_key:
+                self.ctx.cache.put(o.cache_key, o.to_record(), to_cache_files(o))
+        return where
 
     def _select(self, competing: list[Outcome]) -> tuple[Any, Outcome | None]:
         """The strategy's pick, installed here from what was shipped and checked against eager;
@@ -728,3 +823,16 @@ def capped(samples: list[float], cap: int = 2000) -> list[float]:
     """At most ``cap`` samples, taken evenly across the run (the report's distribution plots)."""
     stride = -(-len(samples) // cap)
     return samples[::stride] if stride > 1 else samples
+
+
+def program_measurement(samples_ms: list[float], batch_size: int) -> Any:
+    """A Measurement of calls the program made (ProgramCalls.measure), or None for too few.
+    Stable when the median of the first half of the calls and of the second agree within
+    config.stability_tolerance, as consecutive windows do in the engine's measure."""
+    if len(samples_ms) < _MIN_PROGRAM_CALLS:
+        return None
+    half = len(samples_ms) // 2
+    first, second = sorted(samples_ms[:half]), sorted(samples_ms[half:])
+    a, b = first[len(first) // 2], second[len(second) // 2]
+    stable = abs(a - b) <= config.stability_tolerance * max(min(a, b), 1e-9)
+    return _core.Measurement.from_samples(samples_ms, batch_size, float(sum(samples_ms)), 2, stable)

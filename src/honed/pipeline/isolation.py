@@ -142,8 +142,10 @@ class GraphJobs:
         is_baseline: bool,
         priority: float = 0.0,
         on_phase: Callable[[str], None] | None = None,
+        measure_if: Callable[[], bool] | None = None,
     ) -> concurrent.futures.Future[JobResult]:
-        """Submit ``backend``'s evaluation; raises NotIsolatable when it does not pickle."""
+        """Submit ``backend``'s evaluation; raises NotIsolatable when it does not pickle.
+        ``measure_if``: asked at its turn to measure; False: built and checked only."""
         _check_pickles(backend, backend.name)
         job = Job(
             kind="evaluate",
@@ -155,6 +157,7 @@ class GraphJobs:
             spread=spreads(backend),
             on_phase=on_phase,
             label=backend.name,
+            measure_if=measure_if,
         )
         return pool.submit(job)
 

@@ -16,7 +16,8 @@ Sound figures: a worker asks before it measures (``("phase", "measure")``) and w
 ``go``. Per device, one job measures at a time. On a CPU device builds would steal the cores
 being timed, so while a job measures there every building worker is paused (SIGSTOP to its
 process tree, SIGCONT after; the pause does not count against its time limit) and no build
-starts: no worker waits for another's long build to finish before it measures.
+starts: no worker waits for another's long build to finish before it measures. A job's
+``measure_if`` may answer ``skip`` instead (JIT: the program is calling, its calls measure).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class Job:
     device: where it measures ("cpu", "cuda:0"); spread: it may run on any GPU of the pool
     (the worker moves the context there); limits: seconds per phase ("build" starts the job,
     "measure" starts at the go; each phase restarts the clock); priority: lower runs first;
-    on_phase: called from the slot's thread as the worker enters a phase.
+    on_phase: called from the slot's thread as the worker enters a phase; measure_if: asked
+    once the job's turn to measure comes: False tells the worker to skip its measurement.
     """
 
     kind: str
@@ -90,6 +92,7 @@ class Job:
     spread: bool = False
     on_phase: Callable[[str], None] | None = None
     label: str = ""
+    measure_if: Callable[[], bool] | None = None
 
 
 @dataclasses.dataclass
@@ -456,9 +459,13 @@ class _Slot:
                     if in_build:
                         gate.leave_build(self)
                         in_build = False
-                    gate.enter_measure(self)
-                    measuring = True
-                    event = self.worker.send(pickle.dumps(("go",)), _SEND_TIMEOUT_S)
+                    go = job.measure_if is None or job.measure_if()
+                    if go:  # else measured elsewhere: no turn on the device is taken
+                        gate.enter_measure(self)
+                        measuring = True
+                    event = self.worker.send(
+                        pickle.dumps(("go" if go else "skip",)), _SEND_TIMEOUT_S
+                    )
                     if event.kind != "sent":
                         return self._failed(event, phase, job)
                 if phase in job.limits:

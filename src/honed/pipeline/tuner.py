@@ -28,7 +28,7 @@ from honed.module import Module, Variant, find_modules
 from honed.module import recording as recording_modules
 from honed.pipeline import guidance, machine, progress, signals
 from honed.pipeline.cache import open_for_tune
-from honed.pipeline.graph_tuner import TARGETS, GraphTuner, TuneContext, capped
+from honed.pipeline.graph_tuner import TARGETS, GraphTuner, ProgramCalls, TuneContext, capped
 from honed.pipeline.isolation import new_pool
 from honed.pipeline.pool import WorkerPool
 from honed.report import GraphReport, TuneReport
@@ -157,8 +157,12 @@ class Tuner:
         reuse_unstable: bool = False,
         cached_only: bool = False,
         fingerprints: dict[int, str] | None = None,
+        live: ProgramCalls | None = None,
     ) -> None:
+        """``live``: the program this tune runs beside (JIT): while it calls, its calls measure
+        the candidates instead of the workers (graph_tuner.py)."""
         self.strategy = strategy
+        self.live = live
         self.reuse_unstable = reuse_unstable
         self.cached_only = cached_only
         # Model fingerprints (a hash of the weights) by id(module), shared with another tune of
@@ -274,6 +278,7 @@ class Tuner:
             reuse_unstable=self.reuse_unstable,
             cached_only=self.cached_only,
             fingerprints=self.fingerprints,
+            live=self.live,
         )
 
     def _pool(self, jobs: int, device: torch.device) -> WorkerPool:
