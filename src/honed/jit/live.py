@@ -179,7 +179,7 @@ class Trial:
         pick: Arm,
         rivals: list[Arm],
         per_call_ms: float,
-        done: Callable[[Verdict], None],
+        done: Callable[[Verdict | None], None],
         clock: Callable[[], float] = time.perf_counter,
         timer: Any = None,
         judge: bool = True,

@@ -353,7 +353,8 @@ def _start_trial(
         return
     pick = pick_row.name
 
-    def done(verdict: live.Verdict) -> None:  # on the program's thread: assignments only
+    def done(verdict: live.Verdict | None) -> None:  # on the program's thread: assignments only
+        assert verdict is not None  # a judging trial
         node.trial = None
         add_step(f"Live trial for {node.short()}: {verdict.describe()}")
         if verdict.adopted is None:
