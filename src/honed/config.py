@@ -463,8 +463,9 @@ aoti_loader: str = _flag(
 # Niceness added to a tune's worker processes (JIT sets it from jit_worker_nice for its own).
 worker_nice: int = _flag("worker_nice", "HONED_WORKER_NICE", 0, _Number(0, 19, True))
 
-# JIT ends a tune with a trial on the program's own calls: the pick and its runners-up take
-# turns, and a runner-up replaces the pick only with evidence (honed.jit.live).
+# JIT measures its candidates on the program's own calls while the program calls (the workers
+# only build and check them), and ends a tune its workers measured with a trial of the pick and
+# its runners-up on those calls; a runner-up replaces the pick only with evidence (honed.jit.live).
 jit_live_choice: bool = _flag("jit_live_choice", "HONED_JIT_LIVE_CHOICE", True, _Bool())
 
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the

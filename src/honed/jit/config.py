@@ -54,10 +54,11 @@ class JitConfig:
             ``time_budget_s``; 0: none).
         batch_headroom: when the samples show a batch axis, also tune batches up to this
             factor times the largest one recorded (a power of two; 1: only those recorded).
-        live_choice: after a tune, the pick and its runners-up take turns on the program's
-            own calls (timed with the host clock on the CPU, CUDA events on CUDA), and a
-            runner-up replaces the pick when those calls show it faster with evidence
-            (honed.jit.live).
+        live_choice: while the program calls, its own calls measure the tune's candidates in
+            turns (the workers only build and check them); a tune whose workers measured ends
+            with a trial of the pick and its runners-up on those calls, a runner-up replacing
+            the pick when they show it faster with evidence (timed with the host clock on the
+            CPU, CUDA events on CUDA; honed.jit.live).
         stability_tolerance: how far the medians of a measurement's last windows may differ
             in a JIT tune (when larger than honed.config.stability_tolerance): the program's
             own calls share the device with the measuring worker.
