@@ -409,7 +409,7 @@ def _body(model: Slow, x: torch.Tensor) -> torch.Tensor:
         return f.linear(hidden, model.fc2.weight, model.fc2.bias)
 
 
-def _call_until_tuned(model: nn.Module, x: torch.Tensor, want: torch.Tensor) -> Any:
+def _call_until_tuned(model: Callable[..., Any], x: torch.Tensor, want: torch.Tensor) -> Any:
     deadline = time.monotonic() + 120
     with torch.no_grad():
         while True:
@@ -452,6 +452,64 @@ def test_while_the_program_calls_its_calls_measure_every_candidate(beside: Path)
     (record,) = honed.jit.tunes()
     assert record.evidence == "cache"  # and no second trial: the figures are the program's
     assert all(c.cached and c.measured_on == ON_PROGRAM for c in root.report.graphs[0].candidates)
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 64)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.004)
+        return self.fc(x) + y
+
+
+class StrictSpelling(Backend):
+    """Takes its inputs as the recorded samples spell them (positionally), as an AOTInductor
+    package does, and fails otherwise."""
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        assert isinstance(module, TwoInputs)
+
+        def run(*args: Any, **kwargs: Any) -> torch.Tensor:
+            if kwargs:
+                raise TypeError(f"called with keywords {sorted(kwargs)}")
+            x, y = args
+            time.sleep(0.0005)
+            return module.fc(x) + y
+
+        return run
+
+
+def test_the_programs_calls_reach_each_candidate_spelled_as_recorded(
+    beside: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The program calls with keywords in its own order; each candidate gets the call bound to
+    the module's signature, as the recorded samples are (an AOTInductor package refused the
+    raw spelling and the program failed)."""
+    from honed.pipeline.graph_tuner import ON_PROGRAM
+
+    torch.manual_seed(0)
+    model = TwoInputs().eval()
+    x, y = torch.randn(4, 16), torch.randn(4, 64)
+    with torch.no_grad():
+        want = torch.nn.functional.linear(x, model.fc.weight, model.fc.bias) + y
+    with honed.jit.config.patch(backends=[StrictSpelling()]):
+        root = _call_until_tuned(_Keywords(model, y), x, want)
+    assert root.backend == "StrictSpelling", "\n".join(honed.jit.history())
+    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    assert rows["StrictSpelling"].measured_on == ON_PROGRAM
+    assert not [r for r in caplog.records if "raised" in r.getMessage()]
+
+
+class _Keywords:
+    """Calls ``model(y=y, x=x)``: keywords, in another order than forward's."""
+
+    def __init__(self, model: nn.Module, y: torch.Tensor) -> None:
+        self.model, self.y = model, y
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(y=self.y, x=x)
 
 
 def test_a_program_that_stops_calling_has_its_candidates_measured_in_the_tune(

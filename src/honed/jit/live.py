@@ -293,17 +293,6 @@ def rivals(report: Any, most: int = 2, within: float | None = None) -> list[Any]
     return sorted(passed, key=lambda c: c.throughput, reverse=True)[:most]
 
 
-class _Direct:
-    """A built callable in a trial arm's place of a honed.Module (it takes every call it is
-    given: the arm's ``takes`` chose them)."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-
-    def dispatch(self, args: Any, kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-
 def _shapes(args: Any, kwargs: Any) -> tuple[Any, ...]:
     import torch
 
@@ -342,16 +331,18 @@ class ProgramCalls:
         return self.quiet(_IDLE_S)
 
     def measure(self, arms: list[tuple[str, Any]], sample: Any) -> list[list[float]] | None:
-        """Each arm's times on the program's calls with ``sample``'s shapes, in turns (a Trial
-        that only measures); None when the program stopped calling or ends first."""
+        """Each arm's times on the program's calls with ``sample``'s shapes (``sample`` is bound
+        to the module's signature; each call is bound alike before it is compared), in turns (a
+        Trial that only measures); None when the program stopped calling or ends first."""
+        from honed.calls import CallBinder
+
         key = _shapes(sample.args, sample.kwargs)
+        binder = CallBinder(self.node.module.forward)
 
         def takes(args: Any, kwargs: Any) -> bool:
-            return _shapes(args, kwargs) == key
+            return _shapes(*binder.bind(args, kwargs)) == key
 
-        turns = [
-            Arm(label, _Direct(fn) if fn is not None else None, takes=takes) for label, fn in arms
-        ]
+        turns = [Arm(label, wrapper, takes=takes) for label, wrapper in arms]
         finished = threading.Event()
         timer = CudaEvents() if self.device_type == "cuda" else None
         trial = Trial(turns[0], turns[1:], 1.0, lambda _: finished.set(), timer=timer, judge=False)

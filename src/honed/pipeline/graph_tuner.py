@@ -82,11 +82,11 @@ class ProgramCalls(Protocol):
         ...
 
     def measure(
-        self, arms: list[tuple[str, Callable[..., Any] | None]], sample: Sample
+        self, arms: list[tuple[str, Module | None]], sample: Sample
     ) -> list[list[float]] | None:
-        """Route the program's calls with ``sample``'s shapes to each arm's callable in turn
-        (None: the program's own eager call) and return each one's call times (ms); None when
-        the program stopped calling before they were measured."""
+        """Route the program's calls with ``sample``'s shapes to each arm in turn (a honed.Module
+        with one candidate installed; None: the program's own eager call) and return each one's
+        call times (ms); None when the program stopped calling before they were measured."""
         ...
 
 
@@ -630,9 +630,7 @@ class GraphTuner:
         self.tracker.phase("on the program's calls")
         sample = self.samples[self.measure_at]
         fns = [None if o.is_baseline else o.fn for o in arms]
-        figures = live.measure(
-            [(o.backend.name, fn) for o, fn in zip(arms, fns, strict=True)], sample
-        )
+        figures = live.measure([(o.backend.name, self._arm(o)) for o in arms], sample)
         if figures is None:  # the program is idle now: each measured here, as a worker would
             where = "this process (the program had stopped calling)"
             self.tracker.phase("measure")
@@ -654,6 +652,15 @@ class GraphTuner:
             if self.ctx.cache is not None and o.cache_key:
                 self.ctx.cache.put(o.cache_key, o.to_record(), to_cache_files(o))
         return where
+
+    def _arm(self, outcome: Outcome) -> Module | None:
+        """``outcome``'s installed callable as a honed.Module of its own (calls bound to the
+        module's signature, eager answering where it raises), None for eager."""
+        if outcome.is_baseline or outcome.fn is None:
+            return None
+        arm = Module(self.inner, self.module.name)
+        arm.install([Variant(self.profile, outcome.backend, outcome.fn, {}, None)])
+        return arm
 
     def _select(self, competing: list[Outcome]) -> tuple[Any, Outcome | None]:
         """The strategy's pick, installed here from what was shipped and checked against eager;
