@@ -112,6 +112,15 @@ def test_every_failure_is_contained_and_reported(isolated: None) -> None:
     torch.testing.assert_close(model(x), model.module(x))
 
 
+class CompilesOnFirstCall(Backend):
+    """Installs like torch.compile: the first call in the caller's process compiles."""
+
+    jit = True
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return module
+
+
 class Program:
     """What a JIT tune runs beside (graph_tuner.ProgramCalls), always calling: its calls take
     2 ms on eager and 1 ms on any variant built from the tune."""
@@ -138,7 +147,7 @@ def test_beside_a_calling_program_workers_build_and_check_and_its_calls_measure(
 
     torch.manual_seed(0)
     model = honed.Module(TinyMLP().eval(), "m")
-    strategy = honed.MaxThroughputStrategy([NaNs(), Good()])
+    strategy = honed.MaxThroughputStrategy([NaNs(), Good(), CompilesOnFirstCall()])
     program = Program()
     # Figures a worker would take (injected) favour eager: none is taken.
     injected = {"TorchEagerBackend": [1.0], "Good": [3.0]}
@@ -147,6 +156,11 @@ def test_beside_a_calling_program_workers_build_and_check_and_its_calls_measure(
         report = tuner.run(model, batches(4, 4), [])
     rows = {c.name: c for c in report.graphs[0].candidates}
     assert rows["NaNs"].status == "rejected"  # checked in its worker, never on the calls
+    # Built and checked, but its install would compile in the program's process: left out
+    # while Good installs without compiling.
+    left_out = rows["CompilesOnFirstCall"]
+    assert left_out.status == "not tried" and "installs without compiling" in left_out.reason
+    assert left_out.median_ms is None
     assert [label for label, _ in program.arms] == ["TorchEagerBackend", "Good"]
     eager_arm, good_arm = (fn for _, fn in program.arms)
     x = batches(4, seed=1)[0]
@@ -158,13 +172,18 @@ def test_beside_a_calling_program_workers_build_and_check_and_its_calls_measure(
     assert report.selected() == ["Good"]
     assert report.graphs[0].decision.endswith(f"measured on {ON_PROGRAM}")
 
-    # The cache kept the program's figures: a later tune decides from them alone.
+    # The cache kept the program's figures: a later tune beside the program decides from them
+    # alone, and leaves the compiling candidate out again without building it.
     again = honed.Module(model.module, "m")
+    program = Program()
     with honed.config.patch(injected_latencies=injected):
-        tuner = Tuner(strategy, isolation="process", cache_dir=tmp_path)
+        tuner = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=program)
         report = tuner.run(again, batches(4, 4), [])
     rows = {c.name: c for c in report.graphs[0].candidates}
     assert rows["Good"].cached and rows["Good"].measured_on == ON_PROGRAM
+    assert rows["CompilesOnFirstCall"].status == "not tried"
+    assert rows["CompilesOnFirstCall"].reason == left_out.reason
+    assert program.arms == []  # nothing was measured again
     assert report.selected() == ["Good"]
 
 

@@ -294,7 +294,9 @@ class GraphTuner:
                 self._skip(item, item.skip)
                 continue
             cached = self._cached(item.backend, False, unstable_too=True)
-            if cached is None:
+            if cached is not None and cached.deferred:  # left out beside a program before
+                self._skip(item, cached.reason)
+            elif cached is None:
                 pending.append(i)
             elif self.ctx.reuse_unstable or reusable_outcome(cached):
                 outcomes[i] = cached
@@ -362,7 +364,7 @@ class GraphTuner:
                 e,
             )
             return None
-        if outcome.deferred:  # never stored; a hand-made entry is evaluated again
+        if outcome.deferred and self.ctx.live is None:  # left out beside a program: measure now
             return None
         from_cache_files(outcome, self.ctx.cache.files(key, record))
         return outcome
@@ -607,12 +609,29 @@ class GraphTuner:
         """Measure every checked candidate on the program's calls (``ctx.live``), each installed
         here and checked against eager first; where the program stopped calling, each here
         instead. Their figures replace any a worker took (one measure for all), and the
-        cache keeps them. Returns where they were measured."""
+        cache keeps them. Returns where they were measured.
+
+        A candidate whose install compiles in this process (torch.compile: imports, tracing,
+        a compile from Inductor's cache, all holding the GIL) stops the program's calls for
+        seconds; while one that installs without compiling (an AOTInductor package) passed, it
+        is left out, and so it stays on restarts beside a calling program (the cache says so).
+        """
         live = self.ctx.live
         assert live is not None
+        ok = [o for o in competing if o.status == "ok"]
+        light = [o.backend.name for o in ok if not o.is_baseline and not _compiles_here(o)]
         arms = []
-        for o in competing:
-            if o.status != "ok":
+        for o in ok:
+            if light and _compiles_here(o) and not (o.fn is not None and o.checked_here):
+                o.status, o.deferred = "not tried", False
+                o.reason = (
+                    "built and checked, not installed beside the calling program: its install "
+                    f"compiles in the program's process, and {', '.join(light)} installs "
+                    "without compiling"
+                )
+                if self.ctx.cache is not None and o.cache_key:
+                    record = dict(o.to_record(), status="ok", deferred=True)
+                    self.ctx.cache.put(o.cache_key, record)
                 continue
             if not o.is_baseline and not (o.fn is not None and o.checked_here):
                 self.tracker.candidate(o.backend.name)
@@ -830,6 +849,12 @@ def capped(samples: list[float], cap: int = 2000) -> list[float]:
     """At most ``cap`` samples, taken evenly across the run (the report's distribution plots)."""
     stride = -(-len(samples) // cap)
     return samples[::stride] if stride > 1 else samples
+
+
+def _compiles_here(outcome: Outcome) -> bool:
+    """Whether installing ``outcome`` in this process compiles (a torch.compile backend)."""
+    backend = outcome.backend
+    return bool(backend.jit) and backend.expected_build_cost() >= 1
 
 
 def program_measurement(samples_ms: list[float], batch_size: int) -> Any:
