@@ -129,8 +129,12 @@ class TestOnCuda:
 
     def test_a_capture_on_another_thread_leaves_this_threads_calls_alone(self) -> None:
         """JIT captures on its own thread while the program keeps calling the model eagerly
-        on its thread: neither breaks the other."""
+        on its thread, syncing the device after each call: neither breaks the other. While JIT
+        is on, the program's torch.cuda.synchronize waits for honed's captures (a device-wide
+        sync during another thread's capture breaks both), as here."""
         import threading
+
+        from honed.backend.cuda_graphs import guard_synchronize
 
         model = _cuda_mlp()
         big = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(8)]).cuda().eval()
@@ -147,6 +151,7 @@ class TestOnCuda:
             except BaseException as e:  # what a capture in global mode does to this thread
                 errors.append(e)
 
+        guard_synchronize(True)
         caller = threading.Thread(target=program)
         caller.start()
         try:
@@ -154,6 +159,7 @@ class TestOnCuda:
         finally:
             stop.set()
             caller.join()
+            guard_synchronize(False)
         assert errors == []
         with torch.no_grad():
             for fn in fns:
