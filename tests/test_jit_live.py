@@ -454,6 +454,49 @@ def test_while_the_program_calls_its_calls_measure_every_candidate(beside: Path)
     assert all(c.cached and c.measured_on == ON_PROGRAM for c in root.report.graphs[0].candidates)
 
 
+class CompilesToo(Backend):
+    """Installs like torch.compile (its first call in the program's process would compile)."""
+
+    jit = True
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        assert isinstance(module, Slow)
+        return module.body
+
+
+def test_a_candidate_that_compiles_here_stays_out_beside_the_program_and_on_restart(
+    beside: Path,
+) -> None:
+    torch.manual_seed(0)
+    model = Slow().eval()
+    x = batches(4, seed=1)[0]
+    want = _body(model, x)
+    # In worker processes: one built in the program's process is installed already.
+    with (
+        honed.config.patch(isolation="process", jit_worker_nice=0),
+        honed.jit.config.patch(backends=[ShortSleep(), CompilesToo()]),
+    ):
+        root = _call_until_tuned(model, x, want)
+        assert root.backend == "ShortSleep"
+        rows = {c.name: c for c in root.report.graphs[0].candidates}
+        assert rows["CompilesToo"].status == "not tried"
+        assert "ShortSleep installs without compiling" in rows["CompilesToo"].reason
+        (record,) = honed.jit.tunes()
+        assert record.evidence == "the program's calls"
+
+        # A restart: the cached decision, installed once (no cached pass first), from the cache.
+        honed.jit.reset()
+        honed.jit.enable_jit_tuning()
+        torch.manual_seed(0)
+        root = _call_until_tuned(Slow().eval(), x, want)
+    assert root.backend == "ShortSleep"
+    (record,) = honed.jit.tunes()
+    assert record.evidence == "cache" and record.reason == "first tune"
+    assert not [line for line in honed.jit.history() if "from the cached decision" in line]
+    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    assert rows["CompilesToo"].status == "not tried" and not rows["CompilesToo"].cached
+
+
 class TwoInputs(nn.Module):
     def __init__(self) -> None:
         super().__init__()

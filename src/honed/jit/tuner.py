@@ -235,7 +235,9 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     budget = config.time_budget_s or None
     fingerprints: dict[int, str] = {}  # the weights are hashed once for both passes
     if reason == "first tune" and _flags.cache_enabled:
-        if not _cached_pass(node, dataset, sizes, _new_tuner(strategy, fingerprints, None, True)):
+        # The program's calls (live) tell the cached pass which candidates stay out beside it.
+        cached = _new_tuner(strategy, fingerprints, None, True, _program_calls(node, dataset))
+        if not _cached_pass(node, dataset, sizes, cached):
             return
     wrapper = Module(module, node.name, strategy=strategy)
     record = TuneRecord(node.short(), reason, len(dataset), _batches(dataset, sizes), budget)
@@ -275,9 +277,10 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     from honed.pipeline.graph_tuner import ON_PROGRAM
 
     on_program = any(c.measured_on == ON_PROGRAM for c in rows)
+    tried = [c for c in rows if c.status != "not tried"]
     record.evidence = (
         "cache"
-        if rows and all(c.cached for c in rows)
+        if tried and all(c.cached for c in tried)
         else "the program's calls"
         if on_program
         else "worker measurement"
