@@ -9,7 +9,8 @@ Run as ``python -m honed.pipeline._worker`` by honed.pipeline.pool, which talks 
                                               (honed.pipeline.sharing), in the same message
     pool -> ("job", kind, sizes) + frames     the request, as frames too (its large bytes
                                               apart); worker -> ("phase", name) as it goes,
-                                              then ("result", reply) or ("error", text)
+                                              then ("result", reply, retire) or ("error", text);
+                                              retire: its CUDA context is broken, start another
     worker -> ("phase", "measure")            and waits for pool -> ("go",): one measurement
                                               per device at a time (honed.pipeline.pool's gates),
                                               or ("skip",): no measurement (the job's measure_if)
@@ -185,7 +186,20 @@ class _Server:
             sys.stderr.write(text)
             self.channel.send(("error", f"the worker raised {type(e).__name__}: {e}"))
             return
-        self.channel.send(("result", reply))
+        # A candidate that failed with a sticky CUDA error (a device-side assert) returns a
+        # failed outcome, and every later job in this process would fail with it.
+        retire = request["device"].startswith("cuda") and not _cuda_usable()
+        self.channel.send(("result", reply, retire))
+
+
+def _cuda_usable() -> bool:
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except Exception:
+        return False
+    return True
 
 
 def _hello(channel: _Channel) -> bool:

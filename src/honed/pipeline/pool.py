@@ -440,6 +440,8 @@ class _Slot:
                     result = JobResult(reply=message[1], phase=phase, output=self._output())
                     in_build_phase = self.paused_seconds() - build_mark
                     result.paused_build_s = in_build_phase if phase == "build" else build_paused
+                    if len(message) > 2 and message[2]:  # its CUDA context broke: a new one
+                        self._stop(0.0)
                     return result
                 if message[0] == "error":
                     result = JobResult(failure=message[1], phase=phase, output=self._output())
