@@ -8,6 +8,7 @@ decide follows from the test alone. The JIT test uses real time on purpose, with
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -256,22 +257,23 @@ class SkipsTheSleep(Backend):
         return module.body
 
 
-@pytest.fixture
-def jit(tmp_path: Path) -> Iterator[None]:
+@contextlib.contextmanager
+def _live_jit(cache: Path, backend: Backend, wait: bool) -> Iterator[None]:
+    """JIT on, live choice on, ``backend`` its only candidate besides eager. The tune's own
+    measurement (in-process, or a worker's) is injected to favour eager: what a busy machine's
+    figures can say. The program's calls say otherwise."""
     honed.jit.reset()
     honed.jit.config.reset()
-    # The tune's (in-process) measurement is injected to favour eager: what a busy machine's
-    # worker figures can say. The program's calls say otherwise.
-    misled = {"TorchEagerBackend": [1.0], "SkipsTheSleep": [3.0]}
+    misled = {"TorchEagerBackend": [1.0], backend.name: [3.0]}
     with (
         honed.config.patch(injected_latencies=misled, jit_live_choice=True),
         honed.jit.config.patch(
-            backends=[SkipsTheSleep()],
+            backends=[backend],
             min_parameters=100,
             detect_graph_breaks=False,
-            cache_dir=str(tmp_path / "jit-cache"),
+            cache_dir=str(cache),
             live_choice=True,
-            wait=True,
+            wait=wait,
         ),
     ):
         honed.jit.enable_jit_tuning()
@@ -279,6 +281,12 @@ def jit(tmp_path: Path) -> Iterator[None]:
             yield
         finally:
             honed.jit.reset()
+
+
+@pytest.fixture
+def jit(tmp_path: Path) -> Iterator[None]:
+    with _live_jit(tmp_path / "jit-cache", SkipsTheSleep(), wait=True):
+        yield
 
 
 def test_jit_adopts_the_runner_up_that_the_programs_calls_show_faster(jit: None) -> None:
@@ -376,29 +384,11 @@ class ShortSleep(Backend):
 
 @pytest.fixture
 def beside(tmp_path: Path) -> Iterator[Path]:
-    """JIT tuning beside a program that keeps calling (no wait), live choice on. Any figure the
-    tune measured itself would favour eager (injected): only the program's calls favour the
-    fast variant."""
-    honed.jit.reset()
-    honed.jit.config.reset()
-    misled = {"TorchEagerBackend": [1.0], "ShortSleep": [3.0]}
+    """JIT tuning beside a program that keeps calling (no wait): only the program's calls
+    favour the fast variant."""
     cache = tmp_path / "jit-cache"
-    with (
-        honed.config.patch(injected_latencies=misled, jit_live_choice=True),
-        honed.jit.config.patch(
-            backends=[ShortSleep()],
-            min_parameters=100,
-            detect_graph_breaks=False,
-            cache_dir=str(cache),
-            live_choice=True,
-            wait=False,
-        ),
-    ):
-        honed.jit.enable_jit_tuning()
-        try:
-            yield cache
-        finally:
-            honed.jit.reset()
+    with _live_jit(cache, ShortSleep(), wait=False):
+        yield cache
 
 
 def _body(model: Slow, x: torch.Tensor) -> torch.Tensor:
