@@ -242,9 +242,7 @@ class GraphTuner:
             profile=_describe_profile(profile),
             candidates=rows,
             selected=chosen.backend.name if chosen is not None else None,
-            decision=decision.reason
-            + target_note
-            + (f"; measured on {measured_on}" if measured_on else ""),
+            decision=decision.reason + target_note + (f"; {measured_on}" if measured_on else ""),
             sweep=swept,
             install_s=chosen.install_s if chosen is not None else 0.0,
         )
@@ -609,7 +607,7 @@ class GraphTuner:
         """Measure every checked candidate on the program's calls (``ctx.live``), each installed
         here and checked against eager first; where the program stopped calling, each here
         instead. Their figures replace any a worker took (one measure for all), and the
-        cache keeps them. Returns where they were measured.
+        cache keeps them. Returns how they were measured, for the decision.
 
         A candidate whose install compiles in this process (torch.compile: imports, tracing,
         a compile from Inductor's cache, all holding the GIL) stops the program's calls for
@@ -622,8 +620,9 @@ class GraphTuner:
         light = [o.backend.name for o in ok if not o.is_baseline and not _compiles_here(o)]
         arms = []
         for o in ok:
+            o.deferred = False  # measured below, or left out
             if light and _compiles_here(o) and not (o.fn is not None and o.checked_here):
-                o.status, o.deferred = "not tried", False
+                o.status = "not tried"
                 o.reason = (
                     "built and checked, not installed beside the calling program: its install "
                     f"compiles in the program's process, and {', '.join(light)} installs "
@@ -639,7 +638,6 @@ class GraphTuner:
                 started = time.perf_counter()
                 problem = self._install(o)
                 if problem:
-                    o.deferred = False
                     log.warning("honed: %s: %s %s", self.module.name, o.backend.name, problem)
                     continue
                 o.install_s = time.perf_counter() - started
@@ -651,7 +649,7 @@ class GraphTuner:
         fns = [None if o.is_baseline else o.fn for o in arms]
         figures = live.measure([(o.backend.name, self._arm(o)) for o in arms], sample)
         if figures is None:  # the program is idle now: each measured here, as a worker would
-            where = "this process (the program had stopped calling)"
+            how = "measured in this process, the program having stopped calling"
             self.tracker.phase("measure")
             measurements = []
             for o, fn in zip(arms, fns, strict=True):
@@ -659,18 +657,17 @@ class GraphTuner:
                 m, o.injected = measure(fn, sample, self.ctx.device, o.backend, self.batch)
                 measurements.append(m)
         else:
-            where = ON_PROGRAM
+            how = f"measured on {ON_PROGRAM}"
             measurements = [program_measurement(f, self.batch) for f in figures]
         for o, m in zip(arms, measurements, strict=True):
-            o.deferred = False
             if m is None:
                 o.status = "not tried"
                 o.reason = f"fewer than {_MIN_PROGRAM_CALLS} of the program's calls ran it"
                 continue
-            o.measurement, o.device = m, where if figures is not None else ""
+            o.measurement, o.device = m, ON_PROGRAM if figures is not None else ""
             if self.ctx.cache is not None and o.cache_key:
                 self.ctx.cache.put(o.cache_key, o.to_record(), to_cache_files(o))
-        return where
+        return how
 
     def _arm(self, outcome: Outcome) -> Module | None:
         """``outcome``'s installed callable as a honed.Module of its own (calls bound to the
