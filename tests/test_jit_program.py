@@ -107,6 +107,9 @@ def run(tmp_path: Path, mode: str, tag: str) -> tuple[subprocess.CompletedProces
         HONED_JIT_MIN_PARAMETERS="100",
         HONED_JIT_DETECT_GRAPH_BREAKS="0",
         HONED_JIT_BACKENDS="TorchInductorBackend",
+        # The workers measure, whatever the program is doing at their turn (tests/conftest.py:
+        # measuring on the program's calls follows real time; tests/test_jit_live.py has it).
+        HONED_JIT_LIVE_CHOICE="0",
         HONED_CACHE_DIR=str(tmp_path / "honed-cache"),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"),
         TMPDIR=str(workers_tmp),  # the workers' folders: none may be left behind
