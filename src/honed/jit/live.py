@@ -336,8 +336,11 @@ class ProgramCalls:
         Trial that only measures); None when the program stopped calling or ends first."""
         from honed.calls import CallBinder
 
+        module = self.node.module
+        if module is None:  # the program dropped it
+            return None
         key = _shapes(sample.args, sample.kwargs)
-        binder = CallBinder(self.node.module.forward)
+        binder = CallBinder(module.forward)
 
         def takes(args: Any, kwargs: Any) -> bool:
             return _shapes(*binder.bind(args, kwargs)) == key
