@@ -213,10 +213,7 @@ def program_idle(for_s: float) -> bool:
     ``for_s`` seconds, and the program does not wait for JIT."""
     if config.wait:
         return True
-    busy = STATE.in_call
-    if busy != 0 and busy != _get_ident():
-        return False
-    return _monotonic() - STATE.call_ended >= for_s
+    return not _program_busy() and _monotonic() - STATE.call_ended >= for_s
 
 
 def _program_busy() -> bool:
