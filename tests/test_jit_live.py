@@ -470,6 +470,7 @@ def test_a_candidate_that_compiles_here_stays_out_beside_the_program_and_on_rest
         assert root.backend == "ShortSleep"
         rows = {c.name: c for c in root.report.graphs[0].candidates}
         assert rows["CompilesToo"].status == "not tried"
+        assert rows["CompilesToo"].reason.startswith("not built, not installed beside the calling")
         assert "ShortSleep installs without compiling" in rows["CompilesToo"].reason
         (record,) = honed.jit.tunes()
         assert record.evidence == "the program's calls"
@@ -485,6 +486,28 @@ def test_a_candidate_that_compiles_here_stays_out_beside_the_program_and_on_rest
     assert not [line for line in honed.jit.history() if "from the cached decision" in line]
     rows = {c.name: c for c in root.report.graphs[0].candidates}
     assert rows["CompilesToo"].status == "not tried" and not rows["CompilesToo"].cached
+
+
+class WrongShortSleep(ShortSleep):
+    """Installs without compiling, and answers wrong: fails the check against eager."""
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        run = super().build(module, example_inputs)
+        return lambda x: run(x) + 1.0
+
+
+def test_a_candidate_that_compiles_here_is_built_when_none_that_installs_without_passes(
+    beside: Path,
+) -> None:
+    torch.manual_seed(0)
+    model = Slow().eval()
+    x = batches(4, seed=1)[0]
+    want = _body(model, x)
+    with honed.jit.config.patch(backends=[WrongShortSleep(), CompilesToo()]):
+        root = _call_until_tuned(model, x, want)
+    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    assert rows["WrongShortSleep"].status == "rejected"
+    assert rows["CompilesToo"].status == "ok" and rows["CompilesToo"].samples_ms, rows
 
 
 class TwoInputs(nn.Module):

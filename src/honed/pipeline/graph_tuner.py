@@ -25,7 +25,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -307,6 +307,10 @@ class GraphTuner:
             else:  # it might win: measured again
                 pending.append(i)
         pending.sort()
+        last = self._last(items, pending)
+        if last and _installs_without_compiling(outcomes.values()):  # decided by the cache
+            self._still_wanted(items, last, outcomes)
+            pending = [i for i in pending if i not in last]
         for o in [baseline, *outcomes.values()]:
             if o is not None:
                 self.tracker.finished(
@@ -424,7 +428,15 @@ class GraphTuner:
     def _run_here(
         self, items: list[Planned], pending: list[int], outcomes: dict[int, Outcome]
     ) -> None:
-        for i in pending:
+        last = self._last(items, pending)
+        self._evaluate_each(items, [i for i in pending if i not in last], outcomes)
+        if last:
+            self._evaluate_each(items, self._still_wanted(items, last, outcomes), outcomes)
+
+    def _evaluate_each(
+        self, items: list[Planned], which: list[int], outcomes: dict[int, Outcome]
+    ) -> None:
+        for i in which:
             item = items[i]
             if self.ctx.out_of_time():
                 self._skip(item, self.ctx.budget_reason())
@@ -434,6 +446,26 @@ class GraphTuner:
                 self._skip(item, why)
                 continue
             outcomes[i] = self._evaluate_here(item.backend, False)
+
+    def _last(self, items: list[Planned], pending: list[int]) -> list[int]:
+        """Beside a calling program, the pending candidates whose install compiles in its
+        process: built last, and only where no candidate that installs without compiling
+        passes (_measure_on_program would leave them out; their builds share the program's
+        GPU and cores for nothing)."""
+        if self.ctx.live is None:
+            return []
+        return [i for i in pending if _compiles_here(items[i].backend)]
+
+    def _still_wanted(
+        self, items: list[Planned], last: list[int], known: dict[int, Outcome]
+    ) -> list[int]:
+        """Of ``last``, those to build now; the others are left out, with the reason."""
+        light = _installs_without_compiling(known.values())
+        if not light:
+            return last
+        for i in last:
+            self._skip(items[i], "not built, " + _left_out_beside_program(light))
+        return []
 
     def _key_of(self, backend: Backend, is_baseline: bool = False) -> str | None:
         if self.key_parts is None:
@@ -515,14 +547,20 @@ class GraphTuner:
 
         if baseline is None:
             submit(-1, baseline_backend, True, -1)
-        held = []
+        held, last = [], self._last(items, pending)
         for i in pending:
+            if i in last:
+                continue
             if waits_for(items[i], items):
                 held.append(i)
             else:
                 submit(i, items[i].backend, False, items[i].cost)
-        while running or held:
+        while running or held or last:
             held = self._release_held(items, held, {**outcomes, **results}, submit)
+            if not running and last:  # the rest is decided: build these, or leave them out
+                held += self._still_wanted(items, last, {**outcomes, **results})
+                last = []
+                continue
             if not running:
                 continue
             for future in wait_all(list(running), 0.5):  # back here twice a second: budget, stop
@@ -617,17 +655,13 @@ class GraphTuner:
         live = self.ctx.live
         assert live is not None
         ok = [o for o in competing if o.status == "ok"]
-        light = [o.backend.name for o in ok if not o.is_baseline and not _compiles_here(o)]
+        light = _installs_without_compiling(ok)
         arms = []
         for o in ok:
             o.deferred = False  # measured below, or left out
-            if light and _compiles_here(o) and not (o.fn is not None and o.checked_here):
+            if light and _compiles_here(o.backend) and not (o.fn is not None and o.checked_here):
                 o.status = "not tried"
-                o.reason = (
-                    "built and checked, not installed beside the calling program: its install "
-                    f"compiles in the program's process, and {', '.join(light)} installs "
-                    "without compiling"
-                )
+                o.reason = "built and checked, " + _left_out_beside_program(light)
                 if self.ctx.cache is not None and o.cache_key:
                     record = dict(o.to_record(), status="ok", deferred=True)
                     self.ctx.cache.put(o.cache_key, record)
@@ -848,10 +882,25 @@ def capped(samples: list[float], cap: int = 2000) -> list[float]:
     return samples[::stride] if stride > 1 else samples
 
 
-def _compiles_here(outcome: Outcome) -> bool:
-    """Whether installing ``outcome`` in this process compiles (a torch.compile backend)."""
-    backend = outcome.backend
+def _compiles_here(backend: Backend) -> bool:
+    """Whether installing ``backend``'s build in this process compiles (torch.compile)."""
     return bool(backend.jit) and backend.expected_build_cost() >= 1
+
+
+def _installs_without_compiling(outcomes: Iterable[Outcome]) -> list[str]:
+    """The candidates among ``outcomes`` that passed and install without compiling."""
+    return [
+        o.backend.name
+        for o in outcomes
+        if o.status == "ok" and not o.is_baseline and not _compiles_here(o.backend)
+    ]
+
+
+def _left_out_beside_program(light: list[str]) -> str:
+    return (
+        "not installed beside the calling program: its install compiles in the program's "
+        f"process, and {', '.join(light)} installs without compiling"
+    )
 
 
 def program_measurement(samples_ms: list[float], batch_size: int) -> Any:
