@@ -137,6 +137,18 @@ PROGRAM = textwrap.dedent(
     else:
         arm = lambda: None
         disarm = lambda i, t, ms: None
+    # Python's collector stops the whole process, eager's calls too: each collection's span
+    # (from the loop's start) and generation, so a slow call can be told apart from one honed
+    # made slow.
+    import gc
+    collections, gc_started = [], [0.0]
+    def on_gc(phase, info):
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            collections.append((gc_started[0] - start, time.perf_counter() - start,
+                                info["generation"]))
+    gc.callbacks.append(on_gc)
     with torch.no_grad():
         start = time.perf_counter()
         while len(times) < calls or time.perf_counter() - start < seconds:
@@ -148,6 +160,8 @@ PROGRAM = textwrap.dedent(
             t1 = time.perf_counter()
             disarm(len(times), t0 - start, (t1 - t0) * 1e3)
             times.append((t0 - start, (t1 - t0) * 1e3, (tl - t0) * 1e3))
+    gc.callbacks.remove(on_gc)
+    tuned["collections"] = collections
     if watch_ms > 0:
         dumps.flush()  # the last calls' lines, before the program's end
     routes = {}
@@ -317,6 +331,21 @@ def against_aot(warms: list[dict[str, Any]], aot: dict[str, Any]) -> dict[str, A
     }
 
 
+# What the eager run reports of its own slow calls: what JIT's runs are held against.
+_OWN_SLOW_CALLS = ("slowest_after_first_ms", "over_2x", "over_2x_in_gc", "slowest_outside_gc_ms")
+
+
+def _in_gc(call: list[float], collections: list[list[float]]) -> float:
+    """The ms of ``call`` (start s, ms, ...) that Python's collector spent collecting."""
+    t0, t1 = call[0], call[0] + call[1] / 1e3
+    return sum(max(0.0, min(t1, b) - max(t0, a)) for a, b, _ in collections) * 1e3
+
+
+def _gc_made_slow(call: list[float], collections: list[list[float]], eager_ms: float) -> bool:
+    """Whether the collector took most of the time ``call`` ran over eager's median."""
+    return _in_gc(call, collections) >= 0.5 * (call[1] - eager_ms)
+
+
 def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     calls = data["calls"]
     ms = [c[1] for c in calls]
@@ -347,17 +376,38 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         out["routes"] = data["routes"]
     if data.get("process"):
         out["process"] = data["process"]
+    collections = data.get("collections", [])
+    if eager_ms:
+        slow = [c for c in calls[1:] if c[1] > 2 * eager_ms]
+        in_gc = [c for c in slow if _gc_made_slow(c, collections, eager_ms)]
+        out["over_2x"], out["over_2x_in_gc"] = len(slow), len(in_gc)
+        outside = [c[1] for c in calls[1:] if not _gc_made_slow(c, collections, eager_ms)]
+        out["slowest_outside_gc_ms"] = round(max(outside), 3) if outside else None
+        out["collections"] = {  # generation: [how many, longest ms]
+            str(g): [
+                sum(1 for *_, k in collections if k == g),
+                round(max([(b - a) * 1e3 for a, b, k in collections if k == g] or [0.0]), 3),
+            ]
+            for g in (0, 1, 2)
+        }
     if data.get("phases") and eager_ms:
         out["phases"] = data["phases"]
         # Calls after the first over 2x eager's median, by the phase last entered before each
         # (which candidate was building, checking, measuring or installing meanwhile).
         by_phase: dict[str, int] = {}
         events = sorted(data["phases"])
-        for t, m, *_ in calls[1:]:
+        for call in calls[1:]:
+            t, m = call[0], call[1]
             if m <= 2 * eager_ms:
                 continue
             before = [e for e in events if e[0] <= t]
-            key = f"{before[-1][1]}: {before[-1][2]}" if before else "before the tune"
+            key = (
+                "garbage collection"
+                if _gc_made_slow(call, collections, eager_ms)
+                else f"{before[-1][1]}: {before[-1][2]}"
+                if before
+                else "before the tune"
+            )
             by_phase[key] = by_phase.get(key, 0) + 1
         out["over_2x_by_phase"] = dict(sorted(by_phase.items(), key=lambda kv: -kv[1]))
     # Per 5 s of the loop: its start, the median and the slowest call (where the time went).
@@ -502,6 +552,7 @@ def main() -> None:
             "calls": len(eager["calls"]),
             # a fresh process's first calls run slower without honed too (lazy kernel loads)
             "first_calls_ms": [round(c[1], 2) for c in eager["calls"][:12]],
+            **{k: v for k, v in summarize(eager, eager_ms).items() if k in _OWN_SLOW_CALLS},
             "process": eager.get("process"),
         },
         "cold": summarize(cold, eager_ms),
@@ -515,6 +566,12 @@ def main() -> None:
     print(f"{result['scenario']}: eager median {eager_ms:.3f} ms")
     first = ", ".join(f"{m:.1f}" for m in result["eager"]["first_calls_ms"])
     print(f"  eager first calls (ms): {first}")
+    e = result["eager"]
+    print(
+        f"  eager alone: slowest after the first {e['slowest_after_first_ms']:.2f} ms, "
+        f"{e['over_2x']} call(s) over 2x its median ({e['over_2x_in_gc']} in Python's garbage "
+        f"collection); slowest outside it {e['slowest_outside_gc_ms']} ms"
+    )
     for tag in ("cold", "warm"):
         r = result[tag]
         print(
@@ -522,7 +579,8 @@ def main() -> None:
             f"slowest after the first {r['slowest_after_first_ms']:.2f} ms "
             f"({r['slowest_vs_eager_median']:.2f}x eager), steady median "
             f"{r['steady_median_ms']:.3f} ms ({r['steady_speedup_vs_eager']:.2f}x), tuned speed "
-            f"after {r['seconds_to_tuned_speed']} s"
+            f"after {r['seconds_to_tuned_speed']} s; slowest outside garbage collection "
+            f"{r['slowest_outside_gc_ms']} ms"
         )
         for line in r["tunes"]:
             print(f"  {line}")
