@@ -292,17 +292,20 @@ def test_the_graph_break_check_of_a_cuda_module_runs_in_a_worker(traced_here: li
 
 
 def test_jit_workers_run_below_the_program(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check's and the tune's pools are made at HONED_JIT_WORKER_NICE (the pool test says
-    what a pool does with it); the program's own tunes are left as they were."""
+    """The pool of a first tune, its graph-break check's and then its tune's, is made at
+    HONED_JIT_WORKER_NICE (the pool test says what a pool does with it), once, with a worker
+    for each of the tune's jobs; the program's own tunes are left as they were."""
     from honed.pipeline import isolation
     from honed.pipeline import tuner as pipeline_tuner
 
     seen: list[int] = []
+    pools: list[Any] = []
     real = isolation.new_pool
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(honed.config.worker_nice)
-        return real(*args, **kwargs)
+        pools.append(real(*args, **kwargs))
+        return pools[-1]
 
     monkeypatch.setattr(isolation, "new_pool", spy)
     monkeypatch.setattr(pipeline_tuner, "new_pool", spy)
@@ -313,7 +316,10 @@ def test_jit_workers_run_below_the_program(monkeypatch: pytest.MonkeyPatch) -> N
     ):
         run(TinyMLP().eval(), batches(2, 4))
         assert honed.jit.roots()[0].state is State.TUNED
-    assert len(seen) == 2 and set(seen) == {6}  # the graph-break check, then the tune
+    assert seen == [6]  # one pool: the graph-break check, then the tune
+    assert pools[0].size == isolation.pool_size(2)  # eager and the candidate
+    assert pools[0].closed  # when the tune ended
+    assert [s for s in check_steps("TinyMLP") if "Checking in a worker" in s]
     assert honed.config.worker_nice == 0
 
 

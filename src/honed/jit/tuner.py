@@ -82,17 +82,55 @@ def _run_job(job: Any, node: Node, dataset: list[Any]) -> None:
 
 
 def _first_tune(node: Node, dataset: list[Any]) -> None:
-    """On JIT's thread: the graph-break check, then the module's first tune."""
+    """On JIT's thread: the graph-break check, then the module's first tune, in one pool."""
     if node.module is None:
         return  # the program dropped the module meanwhile
-    if config.detect_graph_breaks and _breaks(node, dataset[0]):
-        _eager(node, "graph breaks")
-        return
-    if config.dry_run:
-        node.reason = "dry run"
-        add_step(f"Dry run: would tune {node.describe()} on {len(dataset)} sample(s)")
-        return
-    _tune(node, dataset, "first tune")
+    workers = _Workers(_device_of(node.module, dataset[0]))
+    try:
+        if config.detect_graph_breaks and _breaks(node, dataset[0], workers):
+            _eager(node, "graph breaks")
+            return
+        if config.dry_run:
+            node.reason = "dry run"
+            add_step(f"Dry run: would tune {node.describe()} on {len(dataset)} sample(s)")
+            return
+        _tune(node, dataset, "first tune", workers)
+    finally:
+        workers.close()
+
+
+class _Workers:
+    """The worker processes of a first tune, started where its graph-break check first needs
+    one, as many as its tune will want: the tune then finds them running (each imports torch
+    and Inductor first, seconds of a core). Where nothing needs a worker (both cached), none
+    starts. Closed when the job ends."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.pool: Any = None
+
+    def __call__(self, jobs: int) -> Any:
+        if self.pool is None:
+            from honed.pipeline.isolation import new_pool
+            from honed.pipeline.tuner import measuring_gpus
+
+            device = torch.device(self.device)
+            planned = len(config.tune_strategy().backends(device)) + 1  # and eager
+            with _jit_flags():
+                self.pool = new_pool(max(jobs, planned), measuring_gpus(device))
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close(cancel=True)  # a job still running is one the tune left
+            self.pool = None
+
+
+def _jit_flags() -> Any:
+    """The flags JIT's tunes and their workers run with: below the program's priority, and
+    the stability JIT asks of figures taken beside the program's calls."""
+    tolerance = max(_flags.stability_tolerance, config.stability_tolerance)
+    return _flags.patch(stability_tolerance=tolerance, worker_nice=_flags.jit_worker_nice)
 
 
 def _skip(node: Node, why: str) -> None:
@@ -112,7 +150,9 @@ def _try_children(node: Node) -> None:
         maybe_try(child)
 
 
-def _breaks(node: Node, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
+def _breaks(
+    node: Node, sample: tuple[tuple[Any, ...], dict[str, Any]], workers: _Workers | None = None
+) -> bool:
     """Whether torch._dynamo.explain finds a graph break (or cannot trace) on a recorded sample.
 
     The trace runs in a worker process (isolation "process"): in this process it would hold the
@@ -126,7 +166,7 @@ def _breaks(node: Node, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
     key = graph_break_key(module, sample)
     found = cached_graph_breaks(key)
     if found is None:
-        count, reasons, how, keep = _check(node, module, sample)
+        count, reasons, how, keep = _check(node, module, sample, workers)
         if keep:
             store_graph_breaks(key, count, reasons)
     else:
@@ -144,7 +184,10 @@ def _breaks(node: Node, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
 
 
 def _check(
-    node: Node, module: torch.nn.Module, sample: tuple[tuple[Any, ...], dict[str, Any]]
+    node: Node,
+    module: torch.nn.Module,
+    sample: tuple[tuple[Any, ...], dict[str, Any]],
+    workers: _Workers | None = None,
 ) -> tuple[int, list[str], str, bool]:
     """(breaks, reasons, how the history says it was found, whether it is an answer to keep)."""
     if _flags.isolation != "process":
@@ -152,7 +195,7 @@ def _check(
     from honed.pipeline.isolation import IsolatedCheck, NotIsolatable
 
     try:
-        check = IsolatedCheck(module, sample, _device_of(module, sample))
+        check = IsolatedCheck(module, sample, _device_of(module, sample), workers)
     except NotIsolatable as e:
         add_step(
             f"{node.short()} cannot be sent to a worker process ({e}); checking its graph "
@@ -163,7 +206,7 @@ def _check(
     if not background.set_current(check):
         return 1, ["the program ended before the check"], "Checking", False
     try:
-        with _flags.patch(worker_nice=_flags.jit_worker_nice):
+        with _jit_flags():
             answer = check.run()
     finally:
         background.set_current(None)
@@ -211,19 +254,14 @@ def _jit_tuner(**settings: Any) -> Any:
 
     class JitTuner(Tuner):
         def run(self, func: Any, samples: list[Any], sizes: list[int]) -> Any:
-            tolerance = max(_flags.stability_tolerance, config.stability_tolerance)
             # JIT tunes the program's own calls as they are, measured beside them.
-            with (
-                paused(),
-                guidance.quiet(),
-                _flags.patch(stability_tolerance=tolerance, worker_nice=_flags.jit_worker_nice),
-            ):
+            with paused(), guidance.quiet(), _jit_flags():
                 return super().run(func, samples, sizes)
 
     return JitTuner(tracker=progress.Tracker(show=False), **settings)  # the program owns stderr
 
 
-def _tune(node: Node, dataset: list[Any], reason: str) -> None:
+def _tune(node: Node, dataset: list[Any], reason: str, workers: _Workers | None = None) -> None:
     """On JIT's thread: tune ``node`` on ``dataset`` with Tuner.start, then swap the winner in."""
     from honed.module import Module
 
@@ -236,7 +274,9 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     fingerprints: dict[int, str] = {}  # the weights are hashed once for both passes
     if reason == "first tune" and _flags.cache_enabled:
         # The program's calls (live) tell the cached pass which candidates stay out beside it.
-        cached = _new_tuner(strategy, fingerprints, None, True, _program_calls(node, dataset))
+        cached = _new_tuner(
+            strategy, fingerprints, None, True, _program_calls(node, dataset), workers
+        )
         if not _cached_pass(node, dataset, sizes, cached):
             return
     wrapper = Module(module, node.name, strategy=strategy)
@@ -248,7 +288,9 @@ def _tune(node: Node, dataset: list[Any], reason: str) -> None:
     importlib.import_module("torch._dynamo")  # every compile needs it: counts as rebuild time
     import_s = time.perf_counter() - started
     isolation = _flags.isolation
-    tuner = _new_tuner(strategy, fingerprints, budget, False, _program_calls(node, dataset))
+    tuner = _new_tuner(
+        strategy, fingerprints, budget, False, _program_calls(node, dataset), workers
+    )
     node.tuner = tuner
     record.progress = lambda: (node.call_count - calls_before, _tried_so_far(tuner))
     if not background.set_current(tuner):
@@ -434,10 +476,11 @@ def _new_tuner(
     budget: float | None,
     cached: bool,
     live: Any = None,
+    workers: _Workers | None = None,
 ) -> Any:
     """JIT's Tuner: a restart replays the cached decision instead of measuring beside calls
     (reuse_unstable); ``cached``: the cached-only pass; ``live``: the program's calls
-    (_program_calls)."""
+    (_program_calls); ``workers``: the first tune's pool (_Workers)."""
     return _jit_tuner(
         strategy=strategy,
         device=config.device,
@@ -448,6 +491,7 @@ def _new_tuner(
         cached_only=cached,
         fingerprints=fingerprints,
         live=live,
+        pool=workers,
     )
 
 

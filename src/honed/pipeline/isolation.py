@@ -11,6 +11,7 @@ cannot be pickled is evaluated in the tune's process instead (the caller warns o
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -248,9 +249,18 @@ class IsolatedCheck:
     the trace holds no lock of the program's, a crash or hang ends only the worker. Raises
     NotIsolatable when the module or sample does not pickle."""
 
-    def __init__(self, module: Any, sample: Any, device: str) -> None:
+    def __init__(
+        self,
+        module: Any,
+        sample: Any,
+        device: str,
+        pool: Callable[[int], WorkerPool] | None = None,
+    ) -> None:
+        """``pool``: a pool the caller owns to run the check in (given one job); None: a
+        worker of its own."""
         self.context = shared_context({"module": module, "sample": sample}, "the module or sample")
         self.device = device
+        self.given_pool = pool
         self.pool: WorkerPool | None = None
         self.future: concurrent.futures.Future[JobResult] | None = None
         self.cancelled = ""
@@ -272,7 +282,11 @@ class IsolatedCheck:
             {"build": config.build_timeout_s},
             label="graph-break check",
         )
-        with new_pool(1) as pool:
+        with contextlib.ExitStack() as stack:
+            if self.given_pool is not None:
+                pool = self.given_pool(1)
+            else:
+                pool = stack.enter_context(new_pool(1))
             self.pool = pool
             self.future = pool.submit(job)
             if self.cancelled:

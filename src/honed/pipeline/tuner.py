@@ -158,11 +158,15 @@ class Tuner:
         cached_only: bool = False,
         fingerprints: dict[int, str] | None = None,
         live: ProgramCalls | None = None,
+        pool: Callable[[int], WorkerPool] | None = None,
     ) -> None:
         """``live``: the program this tune runs beside (JIT): while it calls, its calls measure
-        the candidates instead of the workers (graph_tuner.py)."""
+        the candidates instead of the workers (graph_tuner.py). ``pool``: where the candidates
+        run, given how many jobs there are: a pool the caller owns and closes (JIT: the workers
+        its graph-break check started); None, a pool of the tune's own."""
         self.strategy = strategy
         self.live = live
+        self.given_pool = pool
         self.reuse_unstable = reuse_unstable
         self.cached_only = cached_only
         # Model fingerprints (a hash of the weights) by id(module), shared with another tune of
@@ -274,7 +278,9 @@ class Tuner:
             target=self.target,
             deadline=deadline,
             budget_s=self.time_budget_s,
-            pool=(lambda jobs: self._pool(jobs, device)) if self.isolation == "process" else None,
+            pool=(self.given_pool or (lambda jobs: self._pool(jobs, device)))
+            if self.isolation == "process"
+            else None,
             reuse_unstable=self.reuse_unstable,
             cached_only=self.cached_only,
             fingerprints=self.fingerprints,
@@ -284,7 +290,7 @@ class Tuner:
     def _pool(self, jobs: int, device: torch.device) -> WorkerPool:
         """The tune's worker pool, started on first use and kept for every graph."""
         if self.pool is None:
-            self.pool = new_pool(jobs, _measuring_gpus(device))
+            self.pool = new_pool(jobs, measuring_gpus(device))
         return self.pool
 
     def _close_pool(self, exc_type: object, *rest: object) -> None:
@@ -320,7 +326,7 @@ class Tuner:
         return reports
 
 
-def _measuring_gpus(device: torch.device) -> list[str]:
+def measuring_gpus(device: torch.device) -> list[str]:
     """GPUs of the target's model on this host, the target first (config.spread_gpus)."""
     if device.type != "cuda" or not config.spread_gpus or torch.cuda.device_count() < 2:
         return []
