@@ -153,13 +153,16 @@ PROGRAM = textwrap.dedent(
         start = time.perf_counter()
         while len(times) < calls or time.perf_counter() - start < seconds:
             arm()
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             model(**inputs(ids))
             tl = time.perf_counter()
+            cl = time.thread_time()
             sync()
             t1 = time.perf_counter()
             disarm(len(times), t0 - start, (t1 - t0) * 1e3)
-            times.append((t0 - start, (t1 - t0) * 1e3, (tl - t0) * 1e3))
+            # start, call, until it returned (before the sync), this thread's CPU time till then
+            times.append((t0 - start, (t1 - t0) * 1e3, (tl - t0) * 1e3, (cl - c0) * 1e3))
     gc.callbacks.remove(on_gc)
     tuned["collections"] = collections
     if watch_ms > 0:
@@ -410,12 +413,15 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
             )
             by_phase[key] = by_phase.get(key, 0) + 1
         out["over_2x_by_phase"] = dict(sorted(by_phase.items(), key=lambda kv: -kv[1]))
-    # Per 5 s of the loop: its start, the median and the slowest call (where the time went).
-    windows: dict[int, list[float]] = {}
-    for t, m, *_ in calls:
-        windows.setdefault(int(t // 5), []).append(m)
+    # Per 5 s of the loop: its start, the median and the slowest call, and the median call's
+    # time until it returned and its thread's CPU time till then (a launch that waited, for
+    # the GIL or a core, took more time than CPU; one that ran slower took more CPU).
+    windows: dict[int, list[list[float]]] = {}
+    for c in calls:
+        windows.setdefault(int(c[0] // 5), []).append(c)
     out["timeline"] = [
-        [5 * w, round(statistics.median(v), 3), round(max(v), 3)]
+        [5 * w, round(statistics.median(c[1] for c in v), 3), round(max(c[1] for c in v), 3)]
+        + [round(statistics.median(c[k] for c in v), 3) for k in (2, 3) if len(v[0]) > k]
         for w, v in sorted(windows.items())
     ]
     if eager_ms:
