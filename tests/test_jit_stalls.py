@@ -298,12 +298,12 @@ def test_jit_workers_run_below_the_program(monkeypatch: pytest.MonkeyPatch) -> N
     from honed.pipeline import isolation
     from honed.pipeline import tuner as pipeline_tuner
 
-    seen: list[int] = []
+    seen: list[tuple[int, float]] = []
     pools: list[Any] = []
     real = isolation.new_pool
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(honed.config.worker_nice)
+        seen.append((honed.config.worker_nice, honed.config.worker_spare_cores))
         pools.append(real(*args, **kwargs))
         return pools[-1]
 
@@ -316,11 +316,12 @@ def test_jit_workers_run_below_the_program(monkeypatch: pytest.MonkeyPatch) -> N
     ):
         run(TinyMLP().eval(), batches(2, 4))
         assert honed.jit.roots()[0].state is State.TUNED
-    assert seen == [6]  # one pool: the graph-break check, then the tune
+    # one pool, the graph-break check's and then the tune's, off the cores left to the program
+    assert seen == [(6, honed.config.jit_spare_cores)]
     assert pools[0].size == isolation.pool_size(2)  # eager and the candidate
     assert pools[0].closed  # when the tune ended
     assert [s for s in check_steps("TinyMLP") if "Checking in a worker" in s]
-    assert honed.config.worker_nice == 0
+    assert honed.config.worker_nice == 0 and honed.config.worker_spare_cores == 0
 
 
 def test_listing_jits_candidates_imports_none_of_their_libraries() -> None:

@@ -18,6 +18,7 @@ import torch
 
 import honed
 from honed.backend import Backend, Sample
+from honed.pipeline import isolation
 from honed.pipeline import pool as pool_module
 from honed.pipeline.isolation import GraphJobs, new_pool
 from honed.pipeline.pool import JobResult, WorkerPool, clean_stale_folders
@@ -484,6 +485,54 @@ def test_workers_start_at_the_niceness_asked_for(tmp_path: Path) -> None:
             isolation="process",
         )
     assert int(seen.read_text()) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+
+
+class RecordsCores(Backend):
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = str(path)
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        threads = os.environ["TORCHINDUCTOR_COMPILE_THREADS"]
+        Path(self.path).write_text(f"{sorted(os.sched_getaffinity(0))} {threads}")
+        return module
+
+
+def test_a_cuda_models_jit_workers_leave_the_program_cores(
+    graph: GraphJobs, tmp_path: Path
+) -> None:
+    """A CUDA model's JIT workers run off the cores left to the program's launching thread,
+    and Inductor's compile threads fit the cores they have; a CPU model's keep every core."""
+    seen = tmp_path / "cores"
+    allowed = sorted(os.sched_getaffinity(0))
+    with honed.config.patch(worker_spare_cores=0.25):
+        cpus = isolation.worker_cpus()
+        if cpus is None:
+            pytest.skip("one physical core: nothing to leave")
+        assert cpus and set(cpus) < set(allowed)
+        with new_pool(1, device="cuda:0") as pool:
+            assert _run(pool, graph, RecordsCores(seen)).ok
+        assert seen.read_text() == f"{cpus} {len(cpus)}"
+        with new_pool(1, device="cpu") as pool:
+            assert _run(pool, graph, RecordsCores(seen)).ok
+        assert seen.read_text() == f"{allowed} {len(allowed)}"
+
+
+def test_the_cores_left_to_the_program_are_whole_physical_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 8 physical cores, each with two hyperthreads: CPU c and c + 8
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(isolation, "_physical_core", lambda cpu: (0, cpu % 8))
+    with honed.config.patch(worker_spare_cores=0.25):
+        assert isolation.worker_cpus() == [*range(2, 8), *range(10, 16)]
+    with honed.config.patch(worker_spare_cores=1.0):  # never all: one core stays the workers'
+        assert isolation.worker_cpus() == [7, 15]
+    with honed.config.patch(worker_spare_cores=0.0):
+        assert isolation.worker_cpus() is None
+    monkeypatch.setattr(isolation, "_physical_core", lambda cpu: (0, 0))  # one core
+    with honed.config.patch(worker_spare_cores=0.25):
+        assert isolation.worker_cpus() is None
 
 
 class CheapBuild(Backend):

@@ -463,6 +463,18 @@ aoti_loader: str = _flag(
 # Niceness added to a tune's worker processes (JIT sets it from jit_worker_nice for its own).
 worker_nice: int = _flag("worker_nice", "HONED_WORKER_NICE", 0, _Number(0, 19, True))
 
+# The share of the machine's physical cores (at least one, never all) that the worker processes
+# of a CUDA model's JIT tune stay off, with their hyperthreads, so the program's launching
+# thread keeps a core of its own while the workers compile on every other (honed.pipeline.
+# isolation.worker_cpus); 0 lets them use all. A CPU model's tune is left alone: its program
+# computes on every core, and its workers' kernels are built for the cores they see.
+jit_spare_cores: float = _flag("jit_spare_cores", "HONED_JIT_SPARE_CORES", 0.25, _Number(0, 1))
+
+# The same for a tune's worker processes (JIT sets it from jit_spare_cores for its own).
+worker_spare_cores: float = _flag(
+    "worker_spare_cores", "HONED_WORKER_SPARE_CORES", 0.0, _Number(0, 1)
+)
+
 # JIT measures its candidates on the program's own calls while the program calls (the workers
 # only build and check them), and ends a tune its workers measured with a trial of the pick and
 # its runners-up on those calls; a runner-up replaces the pick only with evidence (honed.jit.live).

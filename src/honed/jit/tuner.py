@@ -117,7 +117,7 @@ class _Workers:
             device = torch.device(self.device)
             planned = len(config.tune_strategy().backends(device)) + 1  # and eager
             with _jit_flags():
-                self.pool = new_pool(max(jobs, planned), measuring_gpus(device))
+                self.pool = new_pool(max(jobs, planned), measuring_gpus(device), self.device)
         return self.pool
 
     def close(self) -> None:
@@ -127,10 +127,14 @@ class _Workers:
 
 
 def _jit_flags() -> Any:
-    """The flags JIT's tunes and their workers run with: below the program's priority, and
-    the stability JIT asks of figures taken beside the program's calls."""
+    """The flags JIT's tunes and their workers run with: below the program's priority, off
+    the cores left to it, and the stability JIT asks of figures taken beside its calls."""
     tolerance = max(_flags.stability_tolerance, config.stability_tolerance)
-    return _flags.patch(stability_tolerance=tolerance, worker_nice=_flags.jit_worker_nice)
+    return _flags.patch(
+        stability_tolerance=tolerance,
+        worker_nice=_flags.jit_worker_nice,
+        worker_spare_cores=_flags.jit_spare_cores,
+    )
 
 
 def _skip(node: Node, why: str) -> None:

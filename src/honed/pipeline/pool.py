@@ -310,6 +310,9 @@ class _Slot:
                     self.worker.pid,
                     os.getpriority(os.PRIO_PROCESS, 0) + self.pool.nice,
                 )
+        if self.worker.running and self.pool.cpus:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(self.worker.pid, self.pool.cpus)
         if self.worker.running:
             hello = {"sys_path": [p for p in sys.path if p], "config": self.pool.worker_config}
             self.worker.send(pickle.dumps(("hello", hello)), _SEND_TIMEOUT_S)
@@ -518,11 +521,13 @@ class WorkerPool:
         gpus: list[str] | None = None,
         lazy: bool = False,
         nice: int = 0,
+        cpus: list[int] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"WorkerPool: size must be at least 1, got {size}")
         clean_stale_folders()
         self.nice = nice  # added to each worker's niceness as it starts (JIT: below the program)
+        self.cpus = cpus  # the CPUs each worker runs on (None: this process's)
         self.memory_limit_bytes = memory_limit_bytes
         self.env = dict(env or {})
         self.worker_config = dict(worker_config or {})

@@ -290,7 +290,7 @@ class Tuner:
     def _pool(self, jobs: int, device: torch.device) -> WorkerPool:
         """The tune's worker pool, started on first use and kept for every graph."""
         if self.pool is None:
-            self.pool = new_pool(jobs, measuring_gpus(device))
+            self.pool = new_pool(jobs, measuring_gpus(device), str(device))
         return self.pool
 
     def _close_pool(self, exc_type: object, *rest: object) -> None:
