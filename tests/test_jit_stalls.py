@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -322,6 +323,46 @@ def test_jit_workers_run_below_the_program(monkeypatch: pytest.MonkeyPatch) -> N
     assert pools[0].closed  # when the tune ended
     assert [s for s in check_steps("TinyMLP") if "Checking in a worker" in s]
     assert honed.config.worker_nice == 0 and honed.config.worker_spare_cores == 0
+
+
+class CountsCalls(nn.Module):
+    """Notes the thread of each of its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.threads: list[str] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.threads.append(threading.current_thread().name)
+        return self.proj(x)
+
+
+class Direct(honed.backend.Backend):
+    """CountsCalls' computation without calling it."""
+
+    def build(self, module: nn.Module, example_inputs: list[Any]) -> Any:
+        assert isinstance(module, CountsCalls)
+        return lambda x: torch.nn.functional.linear(x, module.proj.weight, module.proj.bias)
+
+
+def test_a_jit_tune_runs_the_model_here_once_per_sample(tmp_path: Path) -> None:
+    """JIT's samples are the program's own calls: its tune notes their signatures without
+    running the model again, the pass over the cache runs it not at all, and eager's outputs
+    for the checks are computed once per sample in the program's process (workers build)."""
+    torch.manual_seed(0)
+    model = CountsCalls().eval()
+    with (
+        honed.jit.config.patch(dry_run=False, backends=[Direct()]),
+        honed.config.patch(cache_enabled=True, jit_worker_nice=0),
+    ):
+        run(model, batches(2, 4))
+        assert honed.jit.roots()[0].state is State.TUNED, honed.jit.history()
+    (record,) = honed.jit.tunes()
+    assert record.status == "installed" and record.batch_sizes == [2, 4, 8]
+    # each of the two samples and its copy at the headroom batch (8): four references
+    program = threading.main_thread().name
+    assert len([t for t in model.threads if t != program]) == 4, model.threads
 
 
 def test_listing_jits_candidates_imports_none_of_their_libraries() -> None:

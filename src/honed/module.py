@@ -71,14 +71,24 @@ _RECORDING: contextvars.ContextVar[list[Module] | None] = contextvars.ContextVar
 )
 
 
+# Whether a recording module also runs its call (the caller needs its output, or a nested
+# honed.Module must see the call) or only notes what it received.
+_RECORD_RUNS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "honed_record_runs", default=True
+)
+
+
 @contextlib.contextmanager
-def recording() -> Iterator[list[Module]]:
-    """Every honed.Module called in this ``with`` block records what it receives."""
+def recording(run: bool = True) -> Iterator[list[Module]]:
+    """Every honed.Module called in this ``with`` block records what it receives; with
+    ``run=False`` a call returns None without running the module (the caller needs only the
+    recording)."""
     modules: list[Module] = []
-    token = _RECORDING.set(modules)
+    token, runs = _RECORDING.set(modules), _RECORD_RUNS.set(run)
     try:
         yield modules
     finally:
+        _RECORD_RUNS.reset(runs)
         _RECORDING.reset(token)
 
 
@@ -208,7 +218,7 @@ class Module(torch.nn.Module):
             if self not in recorded:
                 recorded.append(self)
         graph.add(sig, Sample(_detach(bargs), _detach(bkwargs)))
-        return self.module(*args, **kwargs)
+        return self.module(*args, **kwargs) if _RECORD_RUNS.get() else None
 
     def dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The tuned variant's output for these inputs, or ``MISS`` when none covers them.

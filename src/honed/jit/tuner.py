@@ -257,6 +257,9 @@ def _jit_tuner(**settings: Any) -> Any:
     background.register_exit()  # JIT's exit runs before the pool's, now that it is imported
 
     class JitTuner(Tuner):
+        # The samples are the program's own calls: each would run the model again beside them
+        record_runs = False
+
         def run(self, func: Any, samples: list[Any], sizes: list[int]) -> Any:
             # JIT tunes the program's own calls as they are, measured beside them.
             with paused(), guidance.quiet(), _jit_flags():

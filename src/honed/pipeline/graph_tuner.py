@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import logging
 import time
@@ -187,13 +188,19 @@ class GraphTuner:
         self.key_parts: dict[str, Any] | None = None
         self.not_tried: list[Outcome] = []
 
+    @functools.cached_property
+    def references(self) -> list[Any]:
+        """Eager's outputs for the samples, computed where first needed: a pass that decides
+        from the cache alone (a restart) runs no eager call for them (beside a JIT program each
+        one holds the GIL and the program's GPU)."""
+        with torch.no_grad():
+            return [self.inner(*s.args, **s.kwargs) for s in self.samples]
+
     # -- the whole graph -----------------------------------------------------------------------
     def run(self) -> tuple[GraphReport, Variant | None]:
         profile, swept = self._profile()
         self.profile = profile
         self.info = graph_info(profile, self.ctx.device)
-        with torch.no_grad():
-            self.references = [self.inner(*s.args, **s.kwargs) for s in self.samples]
         self.measure_at = _measure_index(profile, self.recording.signatures)
         self.batch = _batch_size(profile, self.recording.signatures[self.measure_at])
         if self.ctx.cache is not None:

@@ -142,6 +142,11 @@ class Tuner:
     tunes in several threads (a JIT tune beside the program) do not see each other.
     """
 
+    # Whether recording runs the dataset through the model (a sample that does not fit it fails
+    # there, with one clear line); a tune whose samples are the model's own calls (JIT) records
+    # their signatures only.
+    record_runs = True
+
     def __init__(
         self,
         strategy: TuneStrategy,
@@ -228,7 +233,7 @@ class Tuner:
         with signals.terminate_like_interrupt(), self.tracker, contextlib.ExitStack() as stack:
             stack.push(self._close_pool)
             self.tracker.phase("record")
-            modules = _record(func, samples, sizes)
+            modules = _record(func, samples, sizes, self.record_runs)
             if not modules:
                 raise InputError(
                     "honed.tune: no honed.Module was called while running the dataset; wrap the "
@@ -385,12 +390,22 @@ def _resize_batch(sample: Any, batch: int) -> Any:
     return torch.utils._pytree.tree_map(resize, sample)
 
 
-def _record(func: Callable[..., Any], samples: list[Any], sizes: list[int]) -> list[Module]:
+def _record(
+    func: Callable[..., Any], samples: list[Any], sizes: list[int], runs: bool = True
+) -> list[Module]:
+    """The modules ``func`` calls on the samples, each with what it received. ``runs=False``
+    with ``func`` a honed.Module holding no other: only its calls' signatures are noted, the
+    module not run (Tuner.record_runs)."""
     known = find_modules(func)
     for m in known:
         m.reset()
+    runs = (
+        runs
+        or not isinstance(func, Module)
+        or any(isinstance(m, Module) for m in func.module.modules())
+    )
     try:
-        with torch.no_grad(), recording_modules() as recorded:
+        with torch.no_grad(), recording_modules(runs) as recorded:
             for sample in samples:
                 _call(func, sample)
                 for b in sizes:
