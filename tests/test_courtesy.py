@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 from torch import nn
 
@@ -143,3 +144,34 @@ def test_work_gives_way_once_per_slice_not_per_piece() -> None:
         finally:
             honed.jit.disable_jit_tuning()
             honed.jit.reset()
+
+
+def test_without_a_program_own_stream_leaves_the_stream_as_it_is() -> None:
+    honed.jit.reset()
+    with courtesy.own_stream(torch.device("cuda:0")):  # no probe: not even CUDA is touched
+        x = torch.ones(3) * 2
+    assert x.tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.gpu
+def test_beside_a_program_gpu_work_runs_on_a_stream_of_its_own() -> None:
+    """A check or an eager reference on JIT's thread: off the default stream the program's
+    thread shares, after what the calling stream held, and done when the block ends."""
+    honed.jit.reset()
+    honed.jit.enable_jit_tuning()
+    try:
+        device = torch.device("cuda:0")
+        default = torch.cuda.current_stream(device)
+        before = torch.full((1 << 20,), 3.0, device=device)  # queued on the default stream
+        with courtesy.own_stream(device):
+            inside = torch.cuda.current_stream(device)
+            assert inside != default
+            after = before * 2
+            done = torch.cuda.Event()
+            done.record(inside)
+        assert torch.cuda.current_stream(device) == default
+        assert done.query()  # finished at the block's end
+        assert bool((after == 6.0).all())
+    finally:
+        honed.jit.disable_jit_tuning()
+        honed.jit.reset()

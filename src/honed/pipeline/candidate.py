@@ -26,6 +26,7 @@ from honed.pipeline.correctness import (
     eager_tolerance,
     tolerance_for,
 )
+from honed.pipeline.courtesy import give_way
 from honed.pipeline.machine import measuring_threads
 
 log = logging.getLogger("honed")
@@ -323,6 +324,7 @@ def _check(
 ) -> CheckResult:
     result = CheckResult(True)
     for sample, ref in zip(samples, references, strict=True):
+        give_way()  # beside a JIT program: between its calls
         out = fn(*sample.args, **sample.kwargs)
         result = result.merge(compare(ref, out, reduced, tolerance, fp32))
         if not result.ok:

@@ -16,9 +16,11 @@ making the call never waits for itself.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 _STEP_S = 0.0002  # how often a waiting thread looks again
 LIMIT_S = 0.02  # the longest one give_way waits
@@ -55,4 +57,32 @@ def give_way(limit_s: float = LIMIT_S) -> float:
             return now - start
 
 
-__all__ = ["LIMIT_S", "give_way", "watch"]
+_STREAMS: dict[Any, Any] = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def own_stream(device: Any) -> Iterator[None]:
+    """Beside a program (a probe is set) on a CUDA ``device``: the block's GPU work on a stream
+    of honed's own, after what the calling thread's stream holds, and finished at the end.
+
+    A thread's current stream is the device's default stream unless it chose one, and the
+    program's thread shares it: each kernel of a check or an eager reference run there queues
+    the program's next kernels behind it. Elsewhere (no probe, the CPU) the block runs as is."""
+    import torch
+
+    if _probe[0] is None or getattr(device, "type", str(device)).split(":")[0] != "cuda":
+        yield
+        return
+    device = torch.device(device)
+    with _STREAMS_LOCK:
+        side = _STREAMS.get(device)
+        if side is None:
+            side = _STREAMS[device] = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        yield
+    side.synchronize()  # its results are read on other streams next (waits without the GIL)
+
+
+__all__ = ["LIMIT_S", "give_way", "own_stream", "watch"]

@@ -52,6 +52,7 @@ from honed.pipeline.candidate import (
     measurement_record,
     needs_interleave,
 )
+from honed.pipeline.courtesy import give_way, own_stream
 from honed.pipeline.isolation import GraphJobs, NotIsolatable, pool_size
 from honed.pipeline.planning import Planned, plan, skip_reason, waits_for
 from honed.pipeline.pool import JobResult, WorkerPool, wait_all
@@ -193,8 +194,12 @@ class GraphTuner:
         """Eager's outputs for the samples, computed where first needed: a pass that decides
         from the cache alone (a restart) runs no eager call for them (beside a JIT program each
         one holds the GIL and the program's GPU)."""
-        with torch.no_grad():
-            return [self.inner(*s.args, **s.kwargs) for s in self.samples]
+        references = []
+        with torch.no_grad(), own_stream(self.ctx.device):
+            for s in self.samples:
+                give_way()  # beside a JIT program: between its calls
+                references.append(self.inner(*s.args, **s.kwargs))
+        return references
 
     # -- the whole graph -----------------------------------------------------------------------
     def run(self) -> tuple[GraphReport, Variant | None]:
@@ -742,11 +747,13 @@ class GraphTuner:
 
     def _install(self, chosen: Outcome) -> str:
         """Install ``chosen`` here and check it against eager; "" or what went wrong."""
+        references = self.references  # on honed's stream too, where it is beside a program
         try:
-            fn = install_outcome(chosen, self.inner, self.samples, self.info, self.measure_at)
-            result = check(
-                fn, self.samples, self.references, chosen.backend, self.inner, self.info.device
-            )
+            with own_stream(self.ctx.device):
+                fn = install_outcome(chosen, self.inner, self.samples, self.info, self.measure_at)
+                result = check(
+                    fn, self.samples, references, chosen.backend, self.inner, self.info.device
+                )
         except Exception as e:
             log.debug("honed: installing %s failed", chosen.backend.name, exc_info=True)
             chosen.status = "failed"
