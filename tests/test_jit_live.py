@@ -399,6 +399,14 @@ def _body(model: Slow, x: torch.Tensor) -> torch.Tensor:
         return f.linear(hidden, model.fc2.weight, model.fc2.bias)
 
 
+def _slow_call() -> tuple[Slow, torch.Tensor, torch.Tensor]:
+    """A fresh Slow model (seeded), an input, and eager's answer to it."""
+    torch.manual_seed(0)
+    model = Slow().eval()
+    x = batches(4, seed=1)[0]
+    return model, x, _body(model, x)
+
+
 def _call_until_tuned(model: Callable[..., Any], x: torch.Tensor, want: torch.Tensor) -> Any:
     deadline = time.monotonic() + 120
     with torch.no_grad():
@@ -413,10 +421,7 @@ def _call_until_tuned(model: Callable[..., Any], x: torch.Tensor, want: torch.Te
 def test_while_the_program_calls_its_calls_measure_every_candidate(beside: Path) -> None:
     from honed.pipeline.graph_tuner import ON_PROGRAM
 
-    torch.manual_seed(0)
-    model = Slow().eval()
-    x = batches(4, seed=1)[0]
-    want = _body(model, x)
+    model, x, want = _slow_call()
     root = _call_until_tuned(model, x, want)
     assert root.backend == "ShortSleep", "\n".join(honed.jit.history())
     (record,) = honed.jit.tunes()
@@ -457,10 +462,7 @@ class CompilesToo(Backend):
 def test_a_candidate_that_compiles_here_stays_out_beside_the_program_and_on_restart(
     beside: Path,
 ) -> None:
-    torch.manual_seed(0)
-    model = Slow().eval()
-    x = batches(4, seed=1)[0]
-    want = _body(model, x)
+    model, x, want = _slow_call()
     # In worker processes: one built in the program's process is installed already.
     with (
         honed.config.patch(isolation="process", jit_worker_nice=0),
@@ -499,10 +501,7 @@ class WrongShortSleep(ShortSleep):
 def test_a_candidate_that_compiles_here_is_built_when_none_that_installs_without_passes(
     beside: Path,
 ) -> None:
-    torch.manual_seed(0)
-    model = Slow().eval()
-    x = batches(4, seed=1)[0]
-    want = _body(model, x)
+    model, x, want = _slow_call()
     with honed.jit.config.patch(backends=[WrongShortSleep(), CompilesToo()]):
         root = _call_until_tuned(model, x, want)
     rows = {c.name: c for c in root.report.graphs[0].candidates}
