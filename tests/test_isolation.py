@@ -170,7 +170,7 @@ def test_beside_a_calling_program_workers_build_and_check_and_its_calls_measure(
         assert rows[name].status == "ok" and rows[name].measured_on == ON_PROGRAM
         assert rows[name].median_ms == pytest.approx(median, rel=0.01)
     assert report.selected() == ["Good"]
-    assert report.graphs[0].decision.endswith(f"measured on {ON_PROGRAM}")
+    assert report.graphs[0].decision.endswith(f"measured on {ON_PROGRAM}")  # steady at once
 
     # The cache kept the program's figures: a later tune beside the program decides from them
     # alone, and leaves the compiling candidate out again without building it.
@@ -185,6 +185,44 @@ def test_beside_a_calling_program_workers_build_and_check_and_its_calls_measure(
     assert rows["CompilesOnFirstCall"].reason == left_out.reason
     assert program.arms == []  # nothing was measured again
     assert report.selected() == ["Good"]
+
+
+class NoisyProgram(Program):
+    """A program whose first ``noisy`` rounds of calls jump halfway through (a busy machine)."""
+
+    def __init__(self, noisy: int) -> None:
+        super().__init__()
+        self.noisy, self.rounds = noisy, 0
+
+    def measure(self, arms: list[tuple[str, Any]], sample: Sample) -> list[list[float]]:
+        figures = super().measure(arms, sample)
+        self.rounds += 1
+        if self.rounds <= self.noisy:
+            figures = [f[:20] + [3 * v for v in f[20:]] for f in figures]
+        return figures
+
+
+@pytest.mark.parametrize("noisy", [1, 3])
+def test_the_programs_calls_measure_again_while_their_figures_are_too_noisy(
+    isolated: None, tmp_path: Path, noisy: int
+) -> None:
+    model = honed.Module(TinyMLP().eval(), "m")
+    from honed.pipeline.tuner import Tuner
+
+    program = NoisyProgram(noisy)
+    strategy = honed.MaxThroughputStrategy([Good()])
+    report = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=program).run(
+        model, batches(4, 4), []
+    )
+    assert program.rounds == min(noisy + 1, 3)
+    decision = report.graphs[0].decision
+    if noisy == 1:  # the second round was steady: it decides
+        assert report.selected() == ["Good"]
+        assert decision.endswith(", after 1 round(s) too noisy to decide on"), decision
+    else:  # three noisy rounds: the last decides, and noise is no evidence
+        assert report.selected() == ["TorchEagerBackend"]
+        assert "unstable" in decision, decision
+        assert decision.endswith(", 3 rounds, each too noisy to decide on"), decision
 
 
 def test_isolation_is_the_default() -> None:

@@ -434,7 +434,7 @@ def test_while_the_program_calls_its_calls_measure_every_candidate(beside: Path)
         assert len(row.samples_ms) >= 20
     # eager sleeps 4 ms a call, the variant 0.5 ms
     assert rows["TorchEagerBackend"].median_ms > 4.0 > 4 * rows["ShortSleep"].median_ms
-    assert graph.decision.endswith(f"measured on {ON_PROGRAM}")
+    assert f"measured on {ON_PROGRAM}" in graph.decision
     assert not [line for line in honed.jit.history() if "Live trial" in line]  # decided already
 
     # A restart replays that decision from the cache: nothing measured again.

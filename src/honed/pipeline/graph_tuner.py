@@ -74,6 +74,9 @@ TARGETS = ("python", "cpp")
 ON_PROGRAM = "the program's calls"
 # A candidate measured on the program's calls needs this many of them to count.
 _MIN_PROGRAM_CALLS = 20
+# Rounds of the program's calls at most, while a candidate's figures from them are unstable (a
+# busy machine's moment); the last round's figures decide, under the tune's evidence rule.
+_PROGRAM_ROUNDS = 3
 
 
 class ProgramCalls(Protocol):
@@ -693,7 +696,14 @@ class GraphTuner:
         self.tracker.phase("on the program's calls")
         sample = self.samples[self.measure_at]
         fns = [None if o.is_baseline else o.fn for o in arms]
-        figures = live.measure([(o.backend.name, self._arm(o)) for o in arms], sample)
+        turns = [(o.backend.name, self._arm(o)) for o in arms]
+        figures, noisy, steady = None, 0, True
+        for _ in range(_PROGRAM_ROUNDS):  # figures too noisy to decide on: the calls again
+            figures = live.measure(turns, sample)
+            steady = figures is None or all(_steady(f, self.batch) for f in figures)
+            if steady:
+                break
+            noisy += 1
         if figures is None:  # the program is idle now: each measured here, as a worker would
             how = "measured in this process, the program having stopped calling"
             self.tracker.phase("measure")
@@ -703,7 +713,13 @@ class GraphTuner:
                 m, o.injected = measure(fn, sample, self.ctx.device, o.backend, self.batch)
                 measurements.append(m)
         else:
-            how = f"measured on {ON_PROGRAM}"
+            how = f"measured on {ON_PROGRAM}" + (
+                ""
+                if not noisy
+                else f", after {noisy} round(s) too noisy to decide on"
+                if steady
+                else f", {noisy} rounds, each too noisy to decide on"
+            )
             measurements = [program_measurement(f, self.batch) for f in figures]
         for o, m in zip(arms, measurements, strict=True):
             if m is None:
@@ -915,6 +931,12 @@ def _left_out_beside_program(light: list[str]) -> str:
         "not installed beside the calling program: its install compiles in the program's "
         f"process, and {', '.join(light)} installs without compiling"
     )
+
+
+def _steady(samples_ms: list[float], batch_size: int) -> bool:
+    """Whether the program's calls gave ``samples_ms`` a stable measurement."""
+    m = program_measurement(samples_ms, batch_size)
+    return m is not None and bool(m.stable)
 
 
 def program_measurement(samples_ms: list[float], batch_size: int) -> Any:
