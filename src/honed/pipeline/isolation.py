@@ -105,10 +105,10 @@ def worker_cpus() -> list[int] | None:
     ``config.worker_spare_cores`` (a share, at least one, never all) leaves to the program,
     with their hyperthreads; None where none is left out.
 
-    A program that launches a GPU model runs as fast as its launching thread: on the H100's
-    16-CPU host, BERT-base's eager calls took 12 ms instead of 8 while a JIT tune's builds ran a
-    compiler on every CPU (the thread's own CPU time per call rose as much: hyperthreads and
-    clocks shared with the compilers, not waits), though the workers run niced."""
+    A program that launches a GPU model runs as fast as its launching thread, and niceness does
+    not keep a compiler off that thread's hyperthread sibling or the clocks they share: while a
+    JIT tune's builds compiled on every CPU, BERT's calls on the H100's host ran slower with
+    their thread's own CPU time per call rising as much (docs/jit.md)."""
     share = config.worker_spare_cores
     if share <= 0:
         return None
