@@ -206,9 +206,9 @@ class NoisyProgram(Program):
 def test_the_programs_calls_measure_again_while_their_figures_are_too_noisy(
     isolated: None, tmp_path: Path, noisy: int
 ) -> None:
-    model = honed.Module(TinyMLP().eval(), "m")
     from honed.pipeline.tuner import Tuner
 
+    model = honed.Module(TinyMLP().eval(), "m")
     program = NoisyProgram(noisy)
     strategy = honed.MaxThroughputStrategy([Good()])
     report = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=program).run(
