@@ -697,10 +697,13 @@ class GraphTuner:
         sample = self.samples[self.measure_at]
         fns = [None if o.is_baseline else o.fn for o in arms]
         turns = [(o.backend.name, self._arm(o)) for o in arms]
-        figures, noisy, steady = None, 0, True
+        figures, measurements, noisy, steady = None, [], 0, True
         for _ in range(_PROGRAM_ROUNDS):  # figures too noisy to decide on: the calls again
             figures = live.measure(turns, sample)
-            steady = figures is None or all(_steady(f, self.batch) for f in figures)
+            if figures is None:
+                break
+            measurements = [program_measurement(f, self.batch) for f in figures]
+            steady = all(m is not None and m.stable for m in measurements)
             if steady:
                 break
             noisy += 1
@@ -720,7 +723,6 @@ class GraphTuner:
                 if steady
                 else f", {noisy} rounds, each too noisy to decide on"
             )
-            measurements = [program_measurement(f, self.batch) for f in figures]
         for o, m in zip(arms, measurements, strict=True):
             if m is None:
                 o.status = "not tried"
@@ -931,12 +933,6 @@ def _left_out_beside_program(light: list[str]) -> str:
         "not installed beside the calling program: its install compiles in the program's "
         f"process, and {', '.join(light)} installs without compiling"
     )
-
-
-def _steady(samples_ms: list[float], batch_size: int) -> bool:
-    """Whether the program's calls gave ``samples_ms`` a stable measurement."""
-    m = program_measurement(samples_ms, batch_size)
-    return m is not None and bool(m.stable)
 
 
 def program_measurement(samples_ms: list[float], batch_size: int) -> Any:
