@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from honed.pipeline.correctness import TF32, compare, eager_tolerance
@@ -39,6 +40,33 @@ def test_structure_shape_dtype_and_nan_mismatches_are_named() -> None:
     nan[0, 0] = float("nan")
     assert compare(x, nan).reason.startswith("NaN outputs: output 0 has 1 NaN")
     assert compare(nan, nan.clone()).ok  # NaN where eager has NaN too is not a failure
+
+
+def test_inf_where_eager_is_finite_is_counted_and_named() -> None:
+    x = torch.randn(4, 4)
+    bad = x.clone()
+    bad[0, :2] = float("inf")
+    bad[1, 0] = float("-inf")
+    assert compare(x, bad).reason == (
+        "Inf outputs: output 0 has 3 Inf values where eager has finite ones"
+    )
+
+
+def test_the_figures_are_those_of_the_finite_positions() -> None:
+    torch.manual_seed(0)
+    ref = torch.randn(32, 32)
+    out = ref + 1e-5 * torch.randn(32, 32)
+    ref[3, 3] = out[3, 3] = float("nan")  # eager's own NaN: left out of every figure
+    out[5, 5] += 0.5
+    r = compare(ref, out)
+    finite = torch.isfinite(ref)
+    diff = (out - ref)[finite].abs().double()
+    assert not r.ok and "max abs error 0.5" in r.reason
+    assert r.max_abs_error == pytest.approx(float(diff.max()), rel=1e-12)
+    a, b = ref[finite].double(), out[finite].double()
+    cosine = float((a * b).sum() / (a.norm() * b.norm()))
+    assert r.min_cosine == pytest.approx(cosine, rel=1e-12)
+    assert compare(torch.empty(0, 3), torch.empty(0, 3)).ok
 
 
 def test_integer_outputs_must_be_exact() -> None:
@@ -105,3 +133,20 @@ def test_the_fp32_tolerance_applies_to_float32_outputs_only() -> None:
     off_half = (ref * (1 + 2e-2)).bfloat16()
     assert compare(half, off_half).ok
     assert compare(half, off_half, fp32=TF32).ok
+
+
+@pytest.mark.gpu
+def test_a_cuda_output_is_judged_as_its_copy_on_the_cpu_would_be() -> None:
+    torch.manual_seed(0)
+    ref = torch.randn(128, 256)
+    cases = [ref + 1e-6, ref * 1.01, ref.clone(), ref.clone()]
+    cases[2][7, 9] = float("nan")
+    cases[3][1, 1] = float("inf")
+    for out in cases:
+        on_cpu = compare(ref, out)
+        on_gpu = compare(ref.cuda(), out.cuda())
+        assert (on_gpu.ok, on_gpu.reason) == (on_cpu.ok, on_cpu.reason)
+        assert on_gpu.max_abs_error == pytest.approx(on_cpu.max_abs_error, rel=1e-9)
+        assert on_gpu.min_cosine == pytest.approx(on_cpu.min_cosine, rel=1e-9)
+    ints = torch.arange(10, device="cuda")
+    assert compare(ints, ints.clone()).ok and not compare(ints, ints + 1).ok
