@@ -17,7 +17,11 @@ winner is installed from its payload), then tuned the AOT way (below). Printed a
   with its defaults, its own empty caches) and then runs the same loop, and a second warm JIT
   run follows it: each warm run's steady median over the AOT run's, with the 99 % bootstrap
   interval of the ratio (issue 23: within 3 %); the two ratios bracket the machine's drift
-  between runs, which no interval of one run shows.
+  between runs, which no interval of one run shows;
+- a run of what a user types instead of honed (``--no-one-liner`` leaves it out), between the
+  warm runs: ``torch.compile(model, mode="max-autotune")`` under bf16 autocast, on an empty
+  Inductor cache; its cold compile (its first call) and each JIT run's steady speed over its
+  steady speed, with the 99 % interval (the goal: at least 1.25x).
 
     python bench/jit_bert.py --out jit.json                 # GPU: base config
     python bench/jit_bert.py --small --out jit.json         # CPU: a small config
@@ -95,6 +99,15 @@ PROGRAM = textwrap.dedent(
                  "tuned_beside_calls": busy}
         if busy:
             done.set(); beside.join(); del other
+    import contextlib
+    within = contextlib.nullcontext()
+    if mode == "oneliner":  # what a user types instead: max-autotune under bf16 autocast
+        within = torch.autocast(device.split(":")[0], dtype=torch.bfloat16)
+        model = torch.compile(model, mode="max-autotune")
+        t0 = time.perf_counter()
+        with torch.no_grad(), within:
+            model(**inputs(ids)); sync()
+        tuned = {"compile_s": time.perf_counter() - t0}
     times = []
     watch_ms = float(sys.argv[7])
     if watch_ms > 0:
@@ -149,7 +162,7 @@ PROGRAM = textwrap.dedent(
             collections.append((gc_started[0] - start, time.perf_counter() - start,
                                 info["generation"]))
     gc.callbacks.append(on_gc)
-    with torch.no_grad():
+    with torch.no_grad(), within:
         start = time.perf_counter()
         while len(times) < calls or time.perf_counter() - start < seconds:
             arm()
@@ -261,7 +274,7 @@ def run_program(
         str(out),
         mode,
         str(args.watch_ms or 0),
-        "1" if args.routes and tag != "eager" and tag != "cold" else "0",
+        "1" if args.routes and tag not in ("eager", "cold", "oneliner") else "0",
         "1" if args.aot_busy else "0",
     ]
     started = time.perf_counter()
@@ -332,6 +345,24 @@ def against_aot(warms: list[dict[str, Any]], aot: dict[str, Any]) -> dict[str, A
         "aot_tune_s": round(aot.get("tune_s", 0.0), 1),
         "aot_tuned_beside_calls": aot.get("tuned_beside_calls", False),
     }
+
+
+def against_one_liner(
+    runs: dict[str, dict[str, Any] | None], one_liner: dict[str, Any]
+) -> dict[str, Any]:
+    """Each JIT run's steady speed over the one-liner's (its steady median over the run's),
+    with the 99 % bootstrap interval: the brief's "at least 1.25x faster than the one-liner"."""
+    from honed import _core
+
+    tags, speedups, intervals = [], [], []
+    for tag, run in runs.items():
+        if run is None:
+            continue
+        ci = _core.compare(steady_calls(one_liner), steady_calls(run), confidence=0.99)
+        tags.append(tag)
+        speedups.append(round(ci.ratio, 4))
+        intervals.append([round(ci.lo, 4), round(ci.hi, 4)])
+    return {"runs": tags, "speedup": speedups, "ci99": intervals}
 
 
 # What the eager run reports of its own slow calls: what JIT's runs are held against.
@@ -473,6 +504,14 @@ def main() -> None:
         "or torch's; default: honed.config's)",
     )
     parser.add_argument(
+        "--jit-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a honed setting for the JIT runs (repeatable; the environment's HONED_ variables "
+        "are not passed on), e.g. HONED_JIT_SHARE_CORES=0",
+    )
+    parser.add_argument(
         "--cold-wait",
         action="store_true",
         help="the cold run waits for JIT's tune (HONED_JIT_WAIT=1): its variants are built and "
@@ -497,6 +536,13 @@ def main() -> None:
         default=0.0,
         help="note what every other thread is doing when a call runs past this many ms "
         "(the JSON's slow_calls)",
+    )
+    parser.add_argument(
+        "--no-one-liner",
+        dest="one_liner",
+        action="store_false",
+        help="leave out the run of what a user types instead of honed: torch.compile(model, "
+        'mode="max-autotune") under bf16 autocast, on an empty Inductor cache',
     )
     parser.add_argument(
         "--no-aot",
@@ -531,12 +577,21 @@ def main() -> None:
             jit_env["HONED_JIT_BACKENDS"] = backends
         if args.loader:  # the environment's HONED_ variables are left out above: only this one
             jit_env["HONED_AOTI_LOADER"] = args.loader
+        for setting in args.jit_env:
+            name, sep, value = setting.partition("=")
+            if not sep or not name.startswith("HONED_"):
+                parser.error(f"--jit-env {setting!r}: expected HONED_NAME=VALUE")
+            jit_env[name] = value
         eager = run_program(args, workdir, "eager", base, seconds)
         eager_ms = statistics.median([c[1] for c in eager["calls"][1:]])
         cold_env = dict(jit_env, HONED_JIT_WAIT="1") if args.cold_wait else jit_env
         cold = run_program(args, workdir, "cold", cold_env, cold_s)
         warm = run_program(args, workdir, "warm", jit_env, seconds)
-        aot = None
+        one_liner = None
+        if args.one_liner:  # between the warm runs, as the AOT run: drift shows in both ratios
+            one_env = dict(base, TORCHINDUCTOR_CACHE_DIR=str(workdir / "oneliner-inductor"))
+            one_liner = run_program(args, workdir, "oneliner", one_env, seconds, "oneliner")
+        aot = warm_after = None
         if args.aot:  # a cache of its own: its selection must not come from JIT's figures
             aot_env = dict(
                 base,
@@ -553,6 +608,7 @@ def main() -> None:
         "backends": backends or "default",
         "cold_waited": bool(args.cold_wait),
         "aoti_loader": args.loader or "default",
+        "jit_env": args.jit_env,
         "eager": {
             "median_ms": round(eager_ms, 4),
             "calls": len(eager["calls"]),
@@ -568,6 +624,11 @@ def main() -> None:
         result["aot"] = summarize(aot, eager_ms)
         result["warm_after"] = summarize(warm_after, eager_ms)
         result["warm_vs_aot"] = against_aot([warm, warm_after], aot)
+    if one_liner is not None:
+        result["one_liner"] = summarize(one_liner, eager_ms)
+        result["one_liner"]["compile_s"] = round(one_liner["compile_s"], 1)
+        runs = {"warm": warm, "warm_after": warm_after, "cold": cold}
+        result["vs_one_liner"] = against_one_liner(runs, one_liner)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"{result['scenario']}: eager median {eager_ms:.3f} ms")
     first = ", ".join(f"{m:.1f}" for m in result["eager"]["first_calls_ms"])
@@ -622,6 +683,17 @@ def main() -> None:
         )
         for tag in ("aot", "warm_after"):
             print_probes(f"{tag}: ", result[tag])
+    if one_liner is not None:
+        v, o = result["vs_one_liner"], result["one_liner"]
+        speedups = ", ".join(
+            f"{tag} {r:.3f} (99% CI {lo:.3f}-{hi:.3f})"
+            for tag, r, (lo, hi) in zip(v["runs"], v["speedup"], v["ci99"], strict=True)
+        )
+        print(
+            f'one-liner: torch.compile(mode="max-autotune") under bf16 autocast: compiled in '
+            f"{o['compile_s']} s (cold), steady median {o['steady_median_ms']:.3f} ms "
+            f"({o['steady_speedup_vs_eager']:.2f}x eager); JIT's steady speed over it: {speedups}"
+        )
         print(f"  eager process: {json.dumps(result['eager'].get('process'))}")
     print(f"JSON: {args.out}")
 
