@@ -99,13 +99,15 @@ PROGRAM = textwrap.dedent(
                  "tuned_beside_calls": busy}
         if busy:
             done.set(); beside.join(); del other
-    import contextlib
-    within = contextlib.nullcontext()
     if mode == "oneliner":  # what a user types instead: max-autotune under bf16 autocast
-        within = torch.autocast(device.split(":")[0], dtype=torch.bfloat16)
-        model = torch.compile(model, mode="max-autotune")
+        compiled = torch.compile(model, mode="max-autotune")
+        def model(**kw):
+            # autocast entered per call, as a user's loop does: its cache of bf16 weights ends
+            # with each call (a cache outliving the call breaks max-autotune's CUDA graphs)
+            with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+                return compiled(**kw)
         t0 = time.perf_counter()
-        with torch.no_grad(), within:
+        with torch.no_grad():
             model(**inputs(ids)); sync()
         tuned = {"compile_s": time.perf_counter() - t0}
     times = []
@@ -162,7 +164,7 @@ PROGRAM = textwrap.dedent(
             collections.append((gc_started[0] - start, time.perf_counter() - start,
                                 info["generation"]))
     gc.callbacks.append(on_gc)
-    with torch.no_grad(), within:
+    with torch.no_grad():
         start = time.perf_counter()
         while len(times) < calls or time.perf_counter() - start < seconds:
             arm()
