@@ -100,7 +100,7 @@ PROGRAM = textwrap.dedent(
         if busy:
             done.set(); beside.join(); del other
     if mode == "oneliner":  # what a user types instead: max-autotune under bf16 autocast
-        compiled = torch.compile(model, mode="max-autotune")
+        compiled = torch.compile(model, mode=sys.argv[10])
         def model(**kw):
             # autocast entered per call, as a user's loop does: its cache of bf16 weights ends
             # with each call (a cache outliving the call breaks max-autotune's CUDA graphs)
@@ -109,7 +109,7 @@ PROGRAM = textwrap.dedent(
         t0 = time.perf_counter()
         with torch.no_grad():
             model(**inputs(ids)); sync()
-        tuned = {"compile_s": time.perf_counter() - t0}
+        tuned = {"compile_s": time.perf_counter() - t0, "compile_mode": sys.argv[10]}
     times = []
     watch_ms = float(sys.argv[7])
     if watch_ms > 0:
@@ -262,7 +262,12 @@ def run_program(
     env: dict[str, str],
     seconds: float,
     mode: str = "plain",
+    compile_mode: str = "max-autotune",
+    may_fail: bool = False,
 ) -> dict[str, Any]:
+    """One run of the program in a fresh process; its JSON with the wall time, its slow calls'
+    stacks and its stderr. A run that fails ends the benchmark, unless ``may_fail``: then
+    ``{"failed": the error's last line}``."""
     out = workdir / f"{tag}.json"
     script = workdir / "plain_bert.py"
     script.write_text(PROGRAM)
@@ -278,6 +283,7 @@ def run_program(
         str(args.watch_ms or 0),
         "1" if args.routes and tag not in ("eager", "cold", "oneliner") else "0",
         "1" if args.aot_busy else "0",
+        compile_mode,
     ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -287,6 +293,8 @@ def run_program(
         log = Path(args.out).with_suffix(f".{tag}.stderr.txt")
         log.write_text(proc.stderr)
         errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "Traceback" in ln]
+        if may_fail:
+            return {"failed": errors[-1] if errors else f"exit status {proc.returncode}"}
         sys.exit(
             f"{tag} run failed ({proc.returncode}), stderr in {log}:\n"
             + "\n".join(errors[-20:])
@@ -592,7 +600,24 @@ def main() -> None:
         one_liner = None
         if args.one_liner:  # between the warm runs, as the AOT run: drift shows in both ratios
             one_env = dict(base, TORCHINDUCTOR_CACHE_DIR=str(workdir / "oneliner-inductor"))
-            one_liner = run_program(args, workdir, "oneliner", one_env, seconds, "oneliner")
+            one_liner = run_program(
+                args, workdir, "oneliner", one_env, seconds, "oneliner", may_fail=True
+            )
+            if "failed" in one_liner:
+                # what a user does next: the same without CUDA graphs, on a cold cache again
+                failed = one_liner["failed"]
+                one_env["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "oneliner-inductor-2")
+                one_liner = run_program(
+                    args,
+                    workdir,
+                    "oneliner",
+                    one_env,
+                    seconds,
+                    "oneliner",
+                    "max-autotune-no-cudagraphs",
+                    may_fail=True,
+                )
+                one_liner["max_autotune_failed"] = failed
         aot = warm_after = None
         if args.aot:  # a cache of its own: its selection must not come from JIT's figures
             aot_env = dict(
@@ -626,9 +651,14 @@ def main() -> None:
         result["aot"] = summarize(aot, eager_ms)
         result["warm_after"] = summarize(warm_after, eager_ms)
         result["warm_vs_aot"] = against_aot([warm, warm_after], aot)
-    if one_liner is not None:
+    if one_liner is not None and "failed" in one_liner:
+        result["one_liner"] = {k: v for k, v in one_liner.items() if "failed" in k}
+    elif one_liner is not None:
         result["one_liner"] = summarize(one_liner, eager_ms)
         result["one_liner"]["compile_s"] = round(one_liner["compile_s"], 1)
+        result["one_liner"]["compile_mode"] = one_liner["compile_mode"]
+        if "max_autotune_failed" in one_liner:
+            result["one_liner"]["max_autotune_failed"] = one_liner["max_autotune_failed"]
         runs = {"warm": warm, "warm_after": warm_after, "cold": cold}
         result["vs_one_liner"] = against_one_liner(runs, one_liner)
     Path(args.out).write_text(json.dumps(result, indent=2))
@@ -685,18 +715,22 @@ def main() -> None:
         )
         for tag in ("aot", "warm_after"):
             print_probes(f"{tag}: ", result[tag])
-    if one_liner is not None:
-        v, o = result["vs_one_liner"], result["one_liner"]
+        print(f"  eager process: {json.dumps(result['eager'].get('process'))}")
+    o = result.get("one_liner", {})
+    for key in ("max_autotune_failed", "failed"):
+        if key in o:
+            print(f"one-liner ({key.replace('_', ' ')}): {o[key]}")
+    if "vs_one_liner" in result:
+        v = result["vs_one_liner"]
         speedups = ", ".join(
             f"{tag} {r:.3f} (99% CI {lo:.3f}-{hi:.3f})"
             for tag, r, (lo, hi) in zip(v["runs"], v["speedup"], v["ci99"], strict=True)
         )
         print(
-            f'one-liner: torch.compile(mode="max-autotune") under bf16 autocast: compiled in '
-            f"{o['compile_s']} s (cold), steady median {o['steady_median_ms']:.3f} ms "
+            f'one-liner: torch.compile(mode="{o["compile_mode"]}") under bf16 autocast: '
+            f"compiled in {o['compile_s']} s (cold), steady median {o['steady_median_ms']:.3f} ms "
             f"({o['steady_speedup_vs_eager']:.2f}x eager); JIT's steady speed over it: {speedups}"
         )
-        print(f"  eager process: {json.dumps(result['eager'].get('process'))}")
     print(f"JSON: {args.out}")
 
 
