@@ -150,3 +150,22 @@ def test_a_cuda_output_is_judged_as_its_copy_on_the_cpu_would_be() -> None:
         assert on_gpu.min_cosine == pytest.approx(on_cpu.min_cosine, rel=1e-9)
     ints = torch.arange(10, device="cuda")
     assert compare(ints, ints.clone()).ok and not compare(ints, ints + 1).ok
+
+
+@pytest.mark.gpu
+def test_comparing_cuda_outputs_runs_no_kernel_on_the_gpu() -> None:
+    """Only copies: a kernel's first launch in a process may wait for the whole device (CUDA
+    loads it lazily), and a JIT program's calls wait with it."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    ref = torch.randn(256, 256, device="cuda")
+    ints = torch.arange(9, device="cuda")
+    outs = (ref + 1e-6, ref * 1.01, ints.clone())
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        results = [compare(ref, outs[0]), compare(ref, outs[1]), compare(ints, outs[2])]
+        torch.cuda.synchronize()
+    assert [r.ok for r in results] == [True, False, True]
+    on_gpu = {e.name for e in prof.events() if e.device_type == DeviceType.CUDA}
+    assert on_gpu and all(name.startswith(("Memcpy", "Memset")) for name in on_gpu), on_gpu
