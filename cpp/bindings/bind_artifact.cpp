@@ -205,6 +205,9 @@ void bind_reader(nb::module_& m) {
       "Write a .honed file atomically (mode 0666 & ~umask); signs it when a key is given");
 }
 
+// The key functions run without the GIL: OpenSSL's decoders and its first initialisation take
+// milliseconds, and a JIT tune verifies its cache payloads beside the program's calls. The
+// bytes arguments stay alive (the caller holds them) and immutable while the GIL is released.
 void bind_keys(nb::module_& m) {
   m.def(
       "generate_signing_key",
@@ -212,24 +215,30 @@ void bind_keys(nb::module_& m) {
         SigningKey k = generate_signing_key();
         return std::make_pair(k.private_pem, k.public_pem);
       },
-      "(private PEM, public PEM) of a fresh Ed25519 key");
-  m.def("public_key_of", &public_key_of, "private_pem"_a);
-  m.def("key_id", &key_id, "public_pem"_a, "16 hex digits naming the key");
+      release_gil(), "(private PEM, public PEM) of a fresh Ed25519 key");
+  m.def("public_key_of", &public_key_of, release_gil(), "private_pem"_a);
+  m.def("key_id", &key_id, release_gil(), "public_pem"_a, "16 hex digits naming the key");
   m.def(
       "sign",
       [](const std::string& private_pem, const nb::bytes& data) {
-        std::string s = sign(private_pem, std::string_view(data.c_str(), data.size()));
+        std::string s;
+        {
+          nb::gil_scoped_release released;
+          s = sign(private_pem, std::string_view(data.c_str(), data.size()));
+        }
         return nb::bytes(s.data(), s.size());
       },
       "private_pem"_a, "data"_a);
   m.def(
       "verify",
       [](const std::string& public_pem, const nb::bytes& data, const nb::bytes& signature) {
+        nb::gil_scoped_release released;
         return verify(public_pem, std::string_view(data.c_str(), data.size()),
                       std::string_view(signature.c_str(), signature.size()));
       },
       "public_pem"_a, "data"_a, "signature"_a);
-  m.def("trusted_keys", &trusted_keys, "config_dir"_a, "the public keys in <config_dir>/trusted");
+  m.def("trusted_keys", &trusted_keys, release_gil(), "config_dir"_a,
+        "the public keys in <config_dir>/trusted");
 }
 
 }  // namespace
