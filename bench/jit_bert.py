@@ -294,7 +294,8 @@ def run_program(
         log.write_text(proc.stderr)
         errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "Traceback" in ln]
         if may_fail:
-            return {"failed": errors[-1] if errors else f"exit status {proc.returncode}"}
+            reason = errors[-1] if errors else f"exit status {proc.returncode}"
+            return {"failed": reason, "failed_after_s": round(wall, 1)}
         sys.exit(
             f"{tag} run failed ({proc.returncode}), stderr in {log}:\n"
             + "\n".join(errors[-20:])
@@ -605,7 +606,7 @@ def main() -> None:
             )
             if "failed" in one_liner:
                 # what a user does next: the same without CUDA graphs, on a cold cache again
-                failed = one_liner["failed"]
+                failed = f"{one_liner['failed']} (after {one_liner['failed_after_s']} s)"
                 one_env["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "oneliner-inductor-2")
                 one_liner = run_program(
                     args,
