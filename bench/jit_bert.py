@@ -17,7 +17,9 @@ winner is installed from its payload), then tuned the AOT way (below). Printed a
   with its defaults, its own empty caches) and then runs the same loop, and a second warm JIT
   run follows it: each warm run's steady median over the AOT run's, with the 99 % bootstrap
   interval of the ratio (issue 23: within 3 %); the two ratios bracket the machine's drift
-  between runs, which no interval of one run shows;
+  between runs, which no interval of one run shows; ``--pairs N`` adds N more (AOT, warm)
+  processes in turns (the AOT ones replay their tune from its cache) and judges the ratio
+  across processes, one steady median each;
 - a run of what a user types instead of honed (``--no-one-liner`` leaves it out), between the
   warm runs: ``torch.compile(model, mode="max-autotune")`` under bf16 autocast, on an empty
   Inductor cache; its cold compile (its first call) and each JIT run's steady speed over its
@@ -358,6 +360,23 @@ def against_aot(warms: list[dict[str, Any]], aot: dict[str, Any]) -> dict[str, A
     }
 
 
+def between_processes(warms: list[dict[str, Any]], aots: list[dict[str, Any]]) -> dict[str, Any]:
+    """Warm JIT over AOT judged across processes: each run's steady median is one figure, and
+    the 99 % bootstrap interval of the ratio of their medians resamples processes, so the
+    machine's difference between processes (which no run's own interval shows) is in it."""
+    from honed import _core
+
+    warm_ms = [round(statistics.median(steady_calls(w)), 4) for w in warms]
+    aot_ms = [round(statistics.median(steady_calls(a)), 4) for a in aots]
+    ci = _core.compare(warm_ms, aot_ms, confidence=0.99)
+    return {
+        "ratio": round(ci.ratio, 4),
+        "ci99": [round(ci.lo, 4), round(ci.hi, 4)],
+        "warm_ms": warm_ms,
+        "aot_ms": aot_ms,
+    }
+
+
 def against_one_liner(
     runs: dict[str, dict[str, Any] | None], one_liner: dict[str, Any]
 ) -> dict[str, Any]:
@@ -556,6 +575,13 @@ def main() -> None:
         'mode="max-autotune") under bf16 autocast, on an empty Inductor cache',
     )
     parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="after the AOT run and the warm run after it, this many more (AOT, warm JIT) "
+        "processes in turns; warm JIT over AOT is then also judged across processes",
+    )
+    parser.add_argument(
         "--no-aot",
         dest="aot",
         action="store_false",
@@ -628,6 +654,14 @@ def main() -> None:
             )
             aot = run_program(args, workdir, "aot", aot_env, seconds, mode="tune")
             warm_after = run_program(args, workdir, "warm-after", jit_env, seconds)
+            pairs = []  # more processes in turns; the AOT ones replay their tune from its cache
+            for i in range(args.pairs):
+                pairs.append(
+                    (
+                        run_program(args, workdir, f"aot-{i}", aot_env, seconds, mode="tune"),
+                        run_program(args, workdir, f"warm-{i}", jit_env, seconds),
+                    )
+                )
     result = {
         "scenario": f"{eager['model']}, batch {eager['batch']}, seq {eager['seq']}, "
         f"{args.device}, HONED_JIT=1",
@@ -652,6 +686,10 @@ def main() -> None:
         result["aot"] = summarize(aot, eager_ms)
         result["warm_after"] = summarize(warm_after, eager_ms)
         result["warm_vs_aot"] = against_aot([warm, warm_after], aot)
+        if pairs:
+            aots = [aot] + [a for a, _ in pairs]
+            warms = [warm, warm_after] + [w for _, w in pairs]
+            result["warm_vs_aot_processes"] = between_processes(warms, aots)
     if one_liner is not None and "failed" in one_liner:
         result["one_liner"] = {k: v for k, v in one_liner.items() if "failed" in k}
     elif one_liner is not None:
@@ -717,6 +755,13 @@ def main() -> None:
         for tag in ("aot", "warm_after"):
             print_probes(f"{tag}: ", result[tag])
         print(f"  eager process: {json.dumps(result['eager'].get('process'))}")
+    if "warm_vs_aot_processes" in result:
+        v = result["warm_vs_aot_processes"]
+        print(
+            f"warm JIT / AOT over processes ({len(v['warm_ms'])} warm, {len(v['aot_ms'])} AOT, "
+            f"in turns): {v['ratio']:.4f} (99% CI {v['ci99'][0]:.4f}-{v['ci99'][1]:.4f}); "
+            f"steady medians warm {v['warm_ms']}, AOT {v['aot_ms']}"
+        )
     o = result.get("one_liner", {})
     for key in ("max_autotune_failed", "failed"):
         if key in o:
