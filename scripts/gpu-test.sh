@@ -9,7 +9,10 @@
 #     honed-run against honed.load on the same artifacts (bench/cpp_vs_python.py), and the
 #     per-call cost of honed::Model::run over libtorch's loader (bench/profile/run_overhead.sh);
 #     CPP_VS_PY=0 leaves out the measuring, RUNTIME_TESTS=0 the testing (two calls, each < 600 s);
-#   cpp-rows: issue 22's C++ rows (BERT b8, ResNet-50 b64) through bench/cpp_vs_python.py.
+#   cpp-rows: issue 22's C++ rows (BERT b8, ResNet-50 b64) through bench/cpp_vs_python.py;
+#   jit-bert: issue 23's BERT-base loop under HONED_JIT=1 (bench/jit_bert.py; JIT_BERT_ARGS adds
+#     or replaces options, default "--no-aot": one device call holds eager, cold, warm and the
+#     one-liner, or eager, cold, warm, AOT and warm again with --no-one-liner instead).
 # libzip: the machine has none; run scripts/fetch-device-deps.sh where apt works and carry .deps/.
 # Logs go to $OUT (or ./gpu-out) so they come back from the device.
 set -uo pipefail
@@ -102,6 +105,18 @@ if [ "$STAGE" = jit ] || [ "$STAGE" = all ]; then
     | grep -v -E "triton_mm|AUTOTUNE|strides:|dtypes:|Autotune|num_choices|SingleProcess|Warning|warn" \
     | tee "$OUT/jit-restart-cuda.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAILED: bench/jit_restart.py --device cuda"; status=1; }
+fi
+
+# -- stage "jit-bert" (not in "all"): issue 23's scenario, what its notes quote ----------------
+if [ "$STAGE" = jit-bert ]; then
+  step "BERT-base b8 loop under HONED_JIT=1 (bench/jit_bert.py)"
+  # shellcheck disable=SC2086  # JIT_BERT_ARGS is a list of options
+  timeout 560 $PY bench/jit_bert.py --cold-seconds 120 --seconds 15 --budget 150 --watch-ms 14 \
+      ${JIT_BERT_ARGS:---no-aot} --out "$OUT/jit-bert-cuda.json" > "$OUT/jit-bert.log" 2>&1
+  rc=$?
+  grep -v -E "^DEBUG|AUTOTUNE|triton_mm|strides:|dtypes:|process: |select_algorithm" \
+      "$OUT/jit-bert.log" | tail -60 | cut -c1-400
+  [ "$rc" -eq 0 ] || { echo "FAILED: bench/jit_bert.py ($rc)"; status=1; }
 fi
 
 # -- stage "suite" (not part of "all": it takes most of one device call) ------------------------
