@@ -218,6 +218,12 @@ PROGRAM = textwrap.dedent(
                          "gpu_ms": statistics.median(c)}
                   for name, (a, b, c) in taken.items()}
     tuned["routes"] = routes
+    def omp_threads_here():
+        if "honed" not in sys.modules:
+            return None
+        from honed.jit.cores import _openmp
+        omp = _openmp()
+        return omp.omp_get_max_threads() if omp is not None else None
     # What in this process could make every call slower: its threads, hooks and settings, and
     # the time of a pure-Python call (the same in every run unless something hooks the frames).
     import gc, threading
@@ -246,6 +252,8 @@ PROGRAM = textwrap.dedent(
         "modules": len(sys.modules),
         "module_call": repr(torch.nn.Module.__call__),
         "aoti_loads": dict(getattr(sys.modules.get("honed.backend._aoti_direct"), "LOADS", {})),
+        # this thread's OpenMP team size (JIT takes one while it works: honed.jit.cores)
+        "omp_threads_here": omp_threads_here(),
     }
     progress = sys.modules.get("honed.pipeline.progress")
     # when each candidate entered each phase, in the loop's seconds

@@ -73,6 +73,30 @@ def test_a_core_is_left_to_jit_while_it_works_and_given_back_after(
     assert torch.get_num_threads() == 2
 
 
+def test_calls_that_measure_candidates_run_with_every_thread(
+    jit_that_tunes_nothing: list[bool],
+) -> None:
+    """A live trial's calls run as the installed variant will: on every thread (with a core
+    taken, torch's variants would be judged on one thread fewer than ONNX Runtime's pool)."""
+    from honed.jit.patcher import STATE
+
+    busy = jit_that_tunes_nothing
+    model = TinyMLP().eval()
+    call(model)
+    busy[0] = True
+    call(model)
+    assert torch.get_num_threads() == 1
+    node = STATE.nodes[model]
+    node.trial = object()  # a tune measuring its candidates on this module's calls
+    try:
+        call(model)
+        assert torch.get_num_threads() == 2
+    finally:
+        node.trial = None
+    call(model)
+    assert torch.get_num_threads() == 1  # JIT still works: the core is taken again
+
+
 def test_turning_jit_off_gives_the_core_back(jit_that_tunes_nothing: list[bool]) -> None:
     jit_that_tunes_nothing[0] = True
     call(TinyMLP().eval())

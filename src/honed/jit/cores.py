@@ -63,10 +63,17 @@ _SHARED = _Shared()
 _SAID = [False]  # the history says it once per process
 
 
-def at_outermost_call() -> None:
+def at_outermost_call(measuring: bool = False) -> None:
     """On each outermost module call of the program: take a core while JIT works, give it back
-    when JIT is idle. Cheap when nothing changes (two reads)."""
-    busy = background.busy()
+    when JIT is idle. Cheap when nothing changes (two reads).
+
+    ``measuring``: the call is one of a tune's measurements on the program's calls (a live
+    trial). It runs with every thread, as the variant will once installed: with a core taken,
+    a trial would judge torch's variants (eager, Inductor, AOTInductor: OpenMP in the calling
+    thread) on one thread fewer than ONNX Runtime, whose own thread pool keeps them all. (Only
+    the outermost module's own trial counts: a trial of a module called inside another's call
+    runs with the core taken.)"""
+    busy = background.busy() and not measuring
     if busy == bool(_SHARED.reduced_from):
         return
     if not busy:

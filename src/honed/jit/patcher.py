@@ -89,7 +89,9 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     stack = st.stack
     outermost = not stack
     if outermost:
-        _outermost()  # while JIT works beside the program, a core for it (honed.jit.cores)
+        # while JIT works beside the program, a core for it, unless this call measures a
+        # candidate (honed.jit.cores)
+        _outermost(node.trial is not None)
         st.in_call = _get_ident()  # JIT's work gives way meanwhile (honed.pipeline.courtesy)
     try:
         state = node.state
