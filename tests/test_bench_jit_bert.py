@@ -1,0 +1,65 @@
+"""tests/test_bench_jit_bert.py: bench/jit_bert.py's figures and its handling of a failed run.
+
+The benchmark itself needs minutes (and a GPU for its real figures); its pure parts are checked
+here: warm JIT over AOT across processes, JIT over the one-liner, and a run that may fail."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import jit_bert  # noqa: E402  (bench/ is a folder of scripts, put on sys.path above)
+
+
+def run_of(ms: float, spread: float = 0.01, calls: int = 40) -> dict[str, Any]:
+    """A run's record as the program writes it: [start s, ms, ...] per call."""
+    return {"calls": [[i * 0.01, ms * (1 + spread * ((i % 5) - 2))] for i in range(calls)]}
+
+
+def test_warm_over_aot_across_processes_takes_one_median_per_process() -> None:
+    warms = [run_of(2.0), run_of(2.2), run_of(1.8)]
+    aots = [run_of(1.0), run_of(1.1)]
+    v = jit_bert.between_processes(warms, aots)
+    assert v["warm_ms"] == [pytest.approx(2.0), pytest.approx(2.2), pytest.approx(1.8)]
+    assert v["aot_ms"] == [pytest.approx(1.0), pytest.approx(1.1)]
+    assert v["ratio"] == pytest.approx(2.0 / 1.05, rel=1e-3)  # medians of the processes' medians
+    lo, hi = v["ci99"]
+    assert lo <= v["ratio"] <= hi and hi - lo > 0.1  # the processes' spread is in the interval
+
+
+def test_jit_over_the_one_liner_is_the_one_liners_time_over_each_runs() -> None:
+    v = jit_bert.against_one_liner({"warm": run_of(1.0), "warm_after": None}, run_of(5.0))
+    assert v["runs"] == ["warm"]  # a run that did not happen is left out
+    assert v["speedup"] == [pytest.approx(5.0, rel=1e-3)]
+
+
+def test_a_run_that_may_fail_reports_its_last_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        jit_bert,
+        "PROGRAM",
+        "import sys\nprint('Traceback (most recent call last):', file=sys.stderr)\n"
+        "print('RuntimeError: the pool broke', file=sys.stderr)\nsys.exit(1)\n",
+    )
+    args = argparse.Namespace(
+        small=True,
+        device="cpu",
+        calls=1,
+        out=str(tmp_path / "out.json"),
+        watch_ms=0,
+        routes=False,
+        aot_busy=False,
+        timeout=60.0,
+    )
+    failed = jit_bert.run_program(args, tmp_path, "oneliner", {}, 1.0, "oneliner", may_fail=True)
+    assert failed["failed"] == "RuntimeError: the pool broke" and failed["failed_after_s"] >= 0
+    with pytest.raises(SystemExit, match="oneliner run failed"):
+        jit_bert.run_program(args, tmp_path, "oneliner", {}, 1.0, "oneliner")
