@@ -345,6 +345,14 @@ def steady_calls(data: dict[str, Any]) -> list[float]:
     return ms[-max(5, len(ms) // 4) :]
 
 
+def ratio_ci99(a: list[float], b: list[float]) -> tuple[float, list[float]]:
+    """median(a) / median(b) and its 99 % bootstrap interval, rounded for the JSON."""
+    from honed import _core
+
+    ci = _core.compare(a, b, confidence=0.99)
+    return round(ci.ratio, 4), [round(ci.lo, 4), round(ci.hi, 4)]
+
+
 def against_aot(warms: list[dict[str, Any]], aot: dict[str, Any]) -> dict[str, Any]:
     """Each warm JIT run's steady median over the AOT-tuned run's, with the 99 % bootstrap
     interval of that ratio (issue 23's goal: JIT's steady speed within 3 % of the AOT tune's).
@@ -352,16 +360,10 @@ def against_aot(warms: list[dict[str, Any]], aot: dict[str, Any]) -> dict[str, A
     The runs are separate processes one after the other, so a drift of the machine between
     them is in the ratio and not in its interval: one warm run goes before the AOT run and one
     after, and where their ratios disagree beyond their intervals, the drift is that large."""
-    from honed import _core
-
-    ratios, intervals = [], []
-    for warm in warms:
-        ci = _core.compare(steady_calls(warm), steady_calls(aot), confidence=0.99)
-        ratios.append(round(ci.ratio, 4))
-        intervals.append([round(ci.lo, 4), round(ci.hi, 4)])
+    figures = [ratio_ci99(steady_calls(warm), steady_calls(aot)) for warm in warms]
     return {
-        "jit_over_aot": ratios,  # the warm run before the AOT run, then the one after
-        "ci99": intervals,
+        "jit_over_aot": [r for r, _ in figures],  # the warm run before the AOT run, then after
+        "ci99": [ci for _, ci in figures],
         "aot_selected": aot.get("selected"),
         "aot_tune_s": round(aot.get("tune_s", 0.0), 1),
         "aot_tuned_beside_calls": aot.get("tuned_beside_calls", False),
@@ -372,14 +374,12 @@ def between_processes(warms: list[dict[str, Any]], aots: list[dict[str, Any]]) -
     """Warm JIT over AOT judged across processes: each run's steady median is one figure, and
     the 99 % bootstrap interval of the ratio of their medians resamples processes, so the
     machine's difference between processes (which no run's own interval shows) is in it."""
-    from honed import _core
-
     warm_ms = [round(statistics.median(steady_calls(w)), 4) for w in warms]
     aot_ms = [round(statistics.median(steady_calls(a)), 4) for a in aots]
-    ci = _core.compare(warm_ms, aot_ms, confidence=0.99)
+    ratio, ci = ratio_ci99(warm_ms, aot_ms)
     return {
-        "ratio": round(ci.ratio, 4),
-        "ci99": [round(ci.lo, 4), round(ci.hi, 4)],
+        "ratio": ratio,
+        "ci99": ci,
         "warm_ms": warm_ms,
         "aot_ms": aot_ms,
     }
@@ -390,17 +390,13 @@ def against_one_liner(
 ) -> dict[str, Any]:
     """Each JIT run's steady speed over the one-liner's (its steady median over the run's),
     with the 99 % bootstrap interval: the brief's "at least 1.25x faster than the one-liner"."""
-    from honed import _core
-
-    tags, speedups, intervals = [], [], []
-    for tag, run in runs.items():
-        if run is None:
-            continue
-        ci = _core.compare(steady_calls(one_liner), steady_calls(run), confidence=0.99)
-        tags.append(tag)
-        speedups.append(round(ci.ratio, 4))
-        intervals.append([round(ci.lo, 4), round(ci.hi, 4)])
-    return {"runs": tags, "speedup": speedups, "ci99": intervals}
+    done = {tag: run for tag, run in runs.items() if run is not None}
+    figures = [ratio_ci99(steady_calls(one_liner), steady_calls(run)) for run in done.values()]
+    return {
+        "runs": list(done),
+        "speedup": [r for r, _ in figures],
+        "ci99": [ci for _, ci in figures],
+    }
 
 
 # What the eager run reports of its own slow calls: what JIT's runs are held against.
