@@ -231,24 +231,95 @@ def test_a_functions_source_is_its_lines_read_without_tokenizing(
     assert cache.source_text(namespace["typed"]) == "" and cache.source_text(len) == ""
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_gpu_tensor_hashes_as_its_cpu_copy_does_across_pieces() -> None:
+def _hashlib_digest(items: list[Any]) -> str:
+    """What Digest must equal: hashlib over each bytes item, and each tensor's header and bytes."""
     import hashlib
 
+    h = hashlib.sha256()
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            h.update(f"{tuple(item.shape)}:{item.dtype}:".encode())
+            h.update(item.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(item)
+    return h.hexdigest()
+
+
+def _digest(items: list[Any]) -> str:
+    from honed.pipeline import cache
+
+    h = cache.Digest()
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            h.tensor(item)
+        else:
+            h.update(item)
+    return h.hexdigest()
+
+
+def _hash_cases() -> list[Any]:
     from honed.pipeline import cache
 
     g = torch.Generator().manual_seed(0)
-    # three pieces and a bit, a non-contiguous one, bf16, and one smaller than a piece
-    tensors = [
-        torch.randn(3 * cache._PIECE_BYTES // 4 + 5, generator=g),
-        torch.randn(64, 48, generator=g).t(),
+    return [
+        b"name",
+        # more than both staging halves, so that they are reused
+        torch.randn(3 * cache._STAGING_BYTES // 4 + 5, generator=g),
+        torch.randn(64, 48, generator=g).t(),  # not contiguous
         torch.randn(1000, generator=g).to(torch.bfloat16),
         torch.arange(7),
+        torch.zeros(0, 3),  # no bytes: its header only
+        torch.randn(5, generator=g, requires_grad=True),
+        torch.arange(40)[10:30],  # a view at an offset into its storage
+        b"",
+        b"last",
     ]
-    for t in tensors:
-        on_cpu, on_gpu = hashlib.sha256(), hashlib.sha256()
-        cache._hash_tensor(on_cpu, t)
-        cache._hash_tensor(on_gpu, t.cuda())
-        assert on_gpu.hexdigest() == on_cpu.hexdigest()
+
+
+def test_the_digest_of_tensors_is_sha256_of_their_headers_and_bytes() -> None:
+    items = _hash_cases()
+    assert _digest(items) == _hashlib_digest(items)
+    # one byte changed anywhere changes it
+    changed = [t.clone() if isinstance(t, torch.Tensor) else t for t in items]
+    changed[4][3] += 1
+    assert _digest(changed) != _digest(items)
+    assert _digest([torch.zeros(2, 3)]) != _digest([torch.zeros(3, 2)])  # the shape counts
+    assert _digest([torch.zeros(4)]) != _digest([torch.zeros(4, dtype=torch.int32)])
+
+
+def test_the_engine_hash_matches_hashlib_and_refuses_misuse() -> None:
+    import hashlib
+
+    from honed import _core
+
+    h = _core.Sha256()
+    h.update([b"ab", b"c"])
+    assert h.hexdigest() == hashlib.sha256(b"abc").hexdigest()
+    with pytest.raises(Exception, match="after hexdigest"):
+        h.update([b"d"])
+    data = torch.arange(100, dtype=torch.uint8)
+    h = _core.Sha256()
+    h.update([(data.data_ptr(), 60, False), b"x", (data.data_ptr() + 60, 40, False)])
+    assert (
+        h.hexdigest() == hashlib.sha256(bytes(range(60)) + b"x" + bytes(range(60, 100))).hexdigest()
+    )
+    with pytest.raises(ValueError, match="staging"):
+        _core.Sha256().update([(data.data_ptr(), 4, True)])  # GPU bytes need a staging buffer
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_tensor_hashes_as_its_cpu_copy_does_across_pieces() -> None:
+    from honed.pipeline import cache
+
+    items = _hash_cases()
+    on_gpu = [t.cuda() if isinstance(t, torch.Tensor) else t for t in items]
+    assert _digest(on_gpu) == _hashlib_digest(items)
+    # the CPU and the GPU interleaved: each device's run of tensors hashed in turn
+    mixed = [t.cuda() if isinstance(t, torch.Tensor) and i % 2 else t for i, t in enumerate(items)]
+    assert _digest(mixed) == _hashlib_digest(items)
+    # the bytes as the caller's stream left them: written there just before the hashing
+    late = torch.zeros(1 << 20, device="cuda")
+    late.add_(3)
+    assert _digest([late]) == _hashlib_digest([torch.full((1 << 20,), 3.0)])
     model = TinyMLP()
     assert cache.model_fingerprint(model.cuda()) == cache.model_fingerprint(model.cpu())

@@ -16,4 +16,5 @@ NB_MODULE(_core, m) {
   honed::py::bind_machine(m);
   honed::py::bind_artifact(m);
   honed::py::bind_aoti(m);
+  honed::py::bind_digest(m);
 }

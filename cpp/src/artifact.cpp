@@ -1,9 +1,9 @@
 // cpp/src/artifact.cpp: the typed manifest and its JSON, environment rules, SHA-256, safetensors.
 #include "honed/artifact.h"
 
-#include <openssl/evp.h>
-
 #include <stdexcept>
+
+#include "honed/digest.h"
 
 namespace honed {
 namespace {
@@ -265,18 +265,9 @@ std::string incompatibility(const ArtifactEnvironment& saved, bool has_payload,
 }
 
 std::string sha256_hex(std::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr) != 1) {
-    throw std::runtime_error("sha256_hex: OpenSSL EVP_Digest(SHA-256) failed");
-  }
-  static const char* hex = "0123456789abcdef";
-  std::string out(2 * len, '0');
-  for (unsigned int i = 0; i < len; ++i) {
-    out[2 * i] = hex[digest[i] >> 4];
-    out[2 * i + 1] = hex[digest[i] & 0xf];
-  }
-  return out;
+  Sha256 hash;
+  hash.update(data.data(), data.size());
+  return hash.hexdigest();
 }
 
 namespace {

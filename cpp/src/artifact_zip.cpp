@@ -1,6 +1,5 @@
 // cpp/src/artifact_zip.cpp: the .honed zip: mapped, verified reading and atomic writing (libzip).
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <thread>
 
 #include "honed/artifact.h"
+#include "honed/digest.h"
 
 namespace honed {
 
@@ -192,10 +192,7 @@ std::string verify_entry(zip_t* z, const ZipEntry& e, const std::string& path) {
     throw ArtifactError(
         unreadable(path, "cannot open entry " + named(e.name) + ": " + zip_strerror(z)));
   }
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!md || EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) != 1) {
-    throw std::runtime_error("OpenSSL EVP_DigestInit(SHA-256) failed");
-  }
+  Sha256 hash;
   std::vector<char> buffer(std::min<size_t>(e.view.size() + 1, 1 << 20));
   size_t done = 0;
   for (;;) {
@@ -212,22 +209,13 @@ std::string verify_entry(zip_t* z, const ZipEntry& e, const std::string& path) {
                                                " is not where the "
                                                "central directory says"));
     }
-    EVP_DigestUpdate(md.get(), buffer.data(), got);
+    hash.update(buffer.data(), got);
     done += got;
   }
   if (done != e.view.size()) {
     throw ArtifactError(unreadable(path, "entry " + named(e.name) + " is shorter than declared"));
   }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(md.get(), digest, &len);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i) {
-    out += hex[digest[i] >> 4];
-    out += hex[digest[i] & 0xf];
-  }
-  return out;
+  return hash.hexdigest();
 }
 
 bool unsafe_name(const std::string& name) {

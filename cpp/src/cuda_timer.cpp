@@ -1,4 +1,5 @@
-// cpp/src/cuda_timer.cpp: CudaEventTimer over the CUDA runtime or driver API, loaded with dlopen.
+// cpp/src/cuda_timer.cpp: CudaEventTimer over the CUDA runtime or driver API, loaded with dlopen,
+// and the copies to the host that honed::Sha256 makes of GPU memory (cuda_copy.h).
 // No CUDA headers: the few entry points are declared here. cudaError_t and CUresult are C enums
 // (int-sized, 0 = success); cudaEvent_t/CUevent and cudaStream_t/CUstream are opaque pointers, and
 // a cudaStream_t is a CUstream, so one stream handle serves both APIs.
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_copy.h"
 #include "dynlib.h"
 #include "honed/measure.h"
 
@@ -40,6 +42,12 @@ struct CudaApi {
   status_t (*driver_error_string)(status_t, const char**) = nullptr;  // cuGetErrorString
   status_t (*driver_init)(unsigned) = nullptr;                        // cuInit
   status_t (*driver_current_context)(void**) = nullptr;               // cuCtxGetCurrent
+  // For cuda_copy.h, optional (the timer does without them):
+  //   cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream) / cuMemcpyDtoHAsync_v2(dst,
+  //   CUdeviceptr src, n, stream); cudaStreamSynchronize(stream) / cuStreamSynchronize(stream)
+  status_t (*runtime_copy)(void*, const void*, size_t, int, stream_t) = nullptr;
+  status_t (*driver_copy)(void*, unsigned long long, size_t, stream_t) = nullptr;
+  status_t (*stream_synchronize)(stream_t) = nullptr;
 };
 
 using detail::resolve;
@@ -51,6 +59,17 @@ bool resolve_runtime(void* h, CudaApi& api) {
          resolve(h, {"cudaEventElapsedTime", "cudaEventElapsedTime_v2"}, api.event_elapsed) &&
          resolve(h, {"cudaEventDestroy"}, api.event_destroy) &&
          resolve(h, {"cudaGetErrorString"}, api.runtime_error_string);
+}
+
+// The optional entry points (cuda_copy.h): left null where the library lacks them.
+void resolve_copies(void* h, CudaApi& api) {
+  if (api.driver) {
+    resolve(h, {"cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync"}, api.driver_copy);
+    resolve(h, {"cuStreamSynchronize"}, api.stream_synchronize);
+  } else {
+    resolve(h, {"cudaMemcpyAsync"}, api.runtime_copy);
+    resolve(h, {"cudaStreamSynchronize"}, api.stream_synchronize);
+  }
 }
 
 bool resolve_driver(void* h, CudaApi& api) {
@@ -86,6 +105,7 @@ CudaApi load_api() {
       }
       CudaApi api;
       if (resolve_runtime(h, api)) {
+        resolve_copies(h, api);
         api.ok = true;
         api.what = std::string(name) + ((mode & RTLD_NOLOAD) ? " (already loaded)" : " (loaded)");
         return api;
@@ -101,6 +121,7 @@ CudaApi load_api() {
     if (resolve_driver(h, api)) {
       api.ok = true;
       api.driver = true;
+      resolve_copies(h, api);
       api.what = "libcuda.so.1 (driver API)";
       return api;
     }
@@ -203,5 +224,46 @@ std::pair<bool, std::string> cuda_timer_available() {
     return {false, e.what()};
   }
 }
+
+namespace detail {
+
+namespace {
+const CudaApi& copy_api() {
+  const CudaApi& api = cuda_api();
+  if (!api.ok || !api.stream_synchronize || !(api.runtime_copy || api.driver_copy)) {
+    throw std::runtime_error("copying GPU memory to the host: " +
+                             (api.ok ? api.what + " lacks the copy entry points" : api.what));
+  }
+  if (api.driver) require_driver_context(api);
+  return api;
+}
+
+void check_copy(const CudaApi& api, status_t status, const char* call) {
+  if (status != 0) {
+    throw std::runtime_error(std::string("copying GPU memory to the host: ") + call +
+                             " failed: " + error_text(api, status) + " [" + api.what + "]");
+  }
+}
+}  // namespace
+
+void cuda_copy_to_host_async(void* dst, uintptr_t src, size_t size, uintptr_t stream) {
+  const CudaApi& api = copy_api();
+  constexpr int kDeviceToHost = 2;  // cudaMemcpyDeviceToHost
+  const auto s = reinterpret_cast<stream_t>(stream);
+  if (api.runtime_copy) {
+    check_copy(api,
+               api.runtime_copy(dst, reinterpret_cast<const void*>(src), size, kDeviceToHost, s),
+               "cudaMemcpyAsync");
+  } else {
+    check_copy(api, api.driver_copy(dst, src, size, s), "cuMemcpyDtoHAsync");
+  }
+}
+
+void cuda_stream_synchronize(uintptr_t stream) {
+  const CudaApi& api = copy_api();
+  check_copy(api, api.stream_synchronize(reinterpret_cast<stream_t>(stream)), "stream synchronize");
+}
+
+}  // namespace detail
 
 }  // namespace honed

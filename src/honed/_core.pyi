@@ -988,3 +988,18 @@ class AotiContainer:
     def update_constants(self, pairs: list[tuple[str, object]], validate_full_update: bool) -> None: ...
 
     def run(self, inputs: list[object], stream: int, single_threaded: bool, keep_gil: bool = False) -> list[object]: ...
+
+class Sha256:
+    """
+    SHA-256 over bytes and memory regions, GPU memory included, hashed without the GIL (a JIT program's calls run on meanwhile)
+    """
+
+    def __init__(self) -> None: ...
+
+    def update(self, parts: list[bytes | tuple[int, int, bool]], stream: int = 0, staging: int = 0, staging_size: int = 0) -> None:
+        """
+        Hash each part in order: bytes, or (address, size, device) of memory the caller keeps alive and unchanged; device memory is copied on `stream` (of the current device, waiting for its writers) through `staging`, pinned host memory of `staging_size` bytes
+        """
+
+    def hexdigest(self) -> str:
+        """the digest in lower-case hex; no update after it"""

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from honed import trust
+from honed import _core, trust
 from honed._version import __version__
 from honed.errors import HonedError
 from honed.pipeline.courtesy import give_way
@@ -41,8 +41,9 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
 
 
-# A GPU tensor is hashed in pieces of this many bytes, each copied to pinned memory.
-_PIECE_BYTES = 8 << 20
+# GPU bytes reach the hash through a pinned staging buffer of this many bytes (two halves: one
+# is hashed while the next pieces are copied into the other).
+_STAGING_BYTES = 16 << 20
 _COPIERS: dict[torch.device, tuple[Any, torch.Tensor]] = {}
 _COPY_LOCK = threading.Lock()  # one staging buffer per device: one hashing at a time
 _MAKE_LOCK = threading.Lock()  # making them never waits for a hashing under way
@@ -62,45 +63,64 @@ def prepare_copies(device: torch.device) -> tuple[Any, torch.Tensor]:
             made = _COPIERS.get(device)
             if made is None:
                 stream = torch.cuda.Stream(device)
-                staging = torch.empty(_PIECE_BYTES, dtype=torch.uint8, pin_memory=True)
+                staging = torch.empty(_STAGING_BYTES, dtype=torch.uint8, pin_memory=True)
                 made = _COPIERS[device] = (stream, staging)
     return made
 
 
-def _hash_tensor(h: Any, t: torch.Tensor) -> None:
-    h.update(f"{tuple(t.shape)}:{t.dtype}:".encode())
-    flat = t.detach().contiguous().reshape(-1)
-    if not flat.numel():
-        return
-    raw = flat.view(torch.uint8)
-    if raw.is_cuda:
-        _hash_cuda(h, raw)
-    else:
-        # hashlib reads the tensor's memory in place, without the GIL (a copy into bytes would
-        # hold it: hundreds of ms for a large model, beside a JIT program's calls); .cpu() is
-        # the tensor itself on the CPU and a copy from any other device
-        h.update(raw.cpu().numpy().data)
+class Digest:
+    """SHA-256 of bytes and tensors' contents, the tensors' bytes hashed in the engine
+    (``_core.Sha256``) with the GIL released: one call for all the tensors of a device.
 
-
-def _hash_cuda(h: Any, raw: torch.Tensor) -> None:
-    """Hash a GPU tensor's bytes as the CPU path would, copying them on a stream of honed's own.
-
-    A plain ``.to("cpu")`` copies on the calling thread's current stream, which a JIT program's
-    thread shares: its next kernels queued behind the copy of each weight (BERT-base's key held
-    its calls up 81-86 ms on the H100). On a side stream, through pinned memory, in pieces, the
-    program's kernels run beside the copies; only the hashing thread waits for them.
+    In a JIT program this runs on JIT's thread beside the program's calls. Hashing tensor by
+    tensor in Python took the GIL back a dozen times per tensor (torch calls each give it up),
+    and each time the program's next op waited for it; a GPU tensor's bytes are copied on a
+    stream of honed's own (a copy on the program's stream would queue its kernels behind it),
+    through pinned memory, while the program's kernels run. The digest of a GPU tensor equals
+    that of the same tensor on the CPU.
     """
-    device = raw.device
-    side, staging = prepare_copies(device)
-    side.wait_stream(torch.cuda.current_stream(device))  # the bytes as the caller left them
-    with _COPY_LOCK, torch.cuda.stream(side):
-        for start in range(0, raw.numel(), _PIECE_BYTES):
-            piece = raw[start : start + _PIECE_BYTES]
-            buf = staging[: piece.numel()]
-            buf.copy_(piece, non_blocking=True)
-            side.synchronize()  # waits without the GIL
-            h.update(buf.numpy().data)
-    raw.record_stream(side)  # a temporary (a contiguous copy) is not reused before the side is done
+
+    def __init__(self) -> None:
+        self._hash = _core.Sha256()
+        self._parts: list[Any] = []
+        self._tensors: list[torch.Tensor] = []  # alive until their bytes are hashed
+        self._device: torch.device | None = None
+
+    def update(self, data: bytes) -> None:
+        self._parts.append(data)
+
+    def tensor(self, t: torch.Tensor) -> None:
+        """Shape, dtype and every byte of ``t``."""
+        self._parts.append(f"{tuple(t.shape)}:{t.dtype}:".encode())
+        if not t.numel():
+            return
+        if t.device.type not in ("cpu", "cuda"):
+            t = t.cpu()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        if t.device != self._device:
+            self._flush()
+            self._device = t.device
+        self._tensors.append(t)
+        self._parts.append((t.data_ptr(), t.nbytes, t.is_cuda))
+
+    def hexdigest(self) -> str:
+        self._flush()
+        return self._hash.hexdigest()
+
+    def _flush(self) -> None:
+        parts, device = self._parts, self._device
+        if not parts:
+            return
+        if device is None or device.type != "cuda":
+            self._hash.update(parts)
+        else:
+            side, staging = prepare_copies(device)
+            side.wait_stream(torch.cuda.current_stream(device))  # the bytes as the caller left them
+            with _COPY_LOCK, torch.cuda.device(device):
+                self._hash.update(parts, side.cuda_stream, staging.data_ptr(), staging.nbytes)
+        # update() returns once every copy is done: the tensors (and temporaries made here) may go
+        self._parts, self._tensors = [], []
 
 
 # Sources read so far (a function's by its code object, a class's by the class): the cache key
@@ -156,29 +176,27 @@ def _file_text(obj: Any) -> str:
 
 def model_fingerprint(module: torch.nn.Module) -> str:
     """SHA-256 of the module's class, forward source, and every parameter and buffer."""
-    h = hashlib.sha256()
+    h = Digest()
     cls = type(module)
     h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
     for sub in module.modules():
         give_way()
         h.update(source_text(type(sub).forward).encode())
     for name, t in module.state_dict().items():
-        give_way()
         h.update(name.encode())
-        _hash_tensor(h, t)
+        h.tensor(t)
     return h.hexdigest()
 
 
 def inputs_fingerprint(samples: list[Any]) -> str:
     """SHA-256 of the recorded samples (structure, shapes, dtypes and values)."""
-    h = hashlib.sha256()
+    h = Digest()
     for sample in samples:
         leaves, spec = torch.utils._pytree.tree_flatten((sample.args, sample.kwargs))
         h.update(str(spec).encode())
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
-                give_way()
-                _hash_tensor(h, leaf)
+                h.tensor(leaf)
             else:
                 h.update(repr(leaf).encode())
     return h.hexdigest()

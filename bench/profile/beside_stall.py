@@ -1,0 +1,187 @@
+"""bench/profile/beside_stall.py: what JIT's work in a program's process costs the program's calls.
+
+The program is a loop of BERT eager calls on the main thread, each synchronized and timed (as in
+bench/jit_bert.py); beside it a thread repeats one piece of the work a JIT tune does in the
+program's process, for a few seconds, with honed's courtesy probe set as JIT sets it:
+
+- ``hash-python``: the weights hashed tensor by tensor in Python (hashlib; a GPU tensor's bytes
+  copied in pieces on a side stream through pinned memory), as the cache key was made before
+  ``honed.pipeline.cache.Digest``;
+- ``hash-engine``: ``model_fingerprint`` as it is (``_core.Sha256``, one call without the GIL);
+- ``check``: ``compare`` of two eager outputs, on honed's own stream, as an install's check does
+  (its figures on one OpenMP thread, ``courtesy.one_thread``);
+- ``check-all-threads``: the same with every thread, as before ``one_thread``.
+
+Printed per mode: how long one piece took, and the program's calls meanwhile (median, 99th
+percentile, slowest, how many over twice the median of the loop alone).
+
+    python bench/profile/beside_stall.py [--device cuda] [--modes hash-python hash-engine ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from honed.pipeline import cache, correctness, courtesy
+
+_IN_CALL = [False]
+MODES = ("hash-python", "hash-engine", "check", "check-all-threads")
+
+
+def _model(device: str, small: bool) -> tuple[Any, dict[str, Any]]:
+    from transformers import BertConfig, BertModel
+
+    cfg = (
+        BertConfig(
+            hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256
+        )
+        if small
+        else BertConfig()
+    )
+    model = BertModel(cfg).to(device).eval()
+    ids = torch.randint(0, cfg.vocab_size, (8, 32 if small else 128), device=device)
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _calls(
+    model: Any, inputs: dict[str, Any], device: str, until: threading.Event, out: list[float]
+) -> None:
+    with torch.no_grad():
+        while not until.is_set():
+            start = time.perf_counter()
+            _IN_CALL[0] = True
+            model(**inputs)
+            _IN_CALL[0] = False
+            _sync(device)
+            out.append((time.perf_counter() - start) * 1e3)
+
+
+def _python_fingerprint(module: torch.nn.Module) -> str:
+    """The weights hashed tensor by tensor in Python, each GPU tensor in 8 MiB pieces."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        courtesy.give_way()
+        h.update(name.encode())
+        h.update(f"{tuple(t.shape)}:{t.dtype}:".encode())
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        if not raw.is_cuda:
+            h.update(raw.numpy().data)
+            continue
+        side, staging = cache.prepare_copies(raw.device)
+        side.wait_stream(torch.cuda.current_stream(raw.device))
+        with torch.cuda.stream(side):
+            for start in range(0, raw.numel(), 8 << 20):
+                piece = raw[start : start + (8 << 20)]
+                buf = staging[: piece.numel()]
+                buf.copy_(piece, non_blocking=True)
+                side.synchronize()
+                h.update(buf.numpy().data)
+    return h.hexdigest()
+
+
+def _job(mode: str, model: Any, inputs: dict[str, Any], device: str) -> Callable[[], None]:
+    if mode == "hash-python":
+        return lambda: _python_fingerprint(model)
+    if mode == "hash-engine":
+        return lambda: cache.model_fingerprint(model)
+    with torch.no_grad():
+        ref, out = model(**inputs), model(**inputs)
+
+    def check() -> None:
+        with courtesy.own_stream(torch.device(device)):
+            result = correctness.compare(ref, out)
+        assert result.ok, result.reason
+
+    if mode == "check":
+        return check
+
+    def check_all_threads() -> None:
+        kept = correctness.one_thread
+        correctness.one_thread = contextlib.nullcontext  # type: ignore[assignment]
+        try:
+            check()
+        finally:
+            correctness.one_thread = kept  # type: ignore[assignment]
+
+    return check_all_threads
+
+
+def _summary(calls: list[float], alone_median: float) -> dict[str, Any]:
+    ordered = sorted(calls)
+    return {
+        "calls": len(calls),
+        "median_ms": round(statistics.median(calls), 3),
+        "p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))], 3),
+        "slowest_ms": round(ordered[-1], 3),
+        "over_2x": sum(c > 2 * alone_median for c in calls),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--small", action="store_true", help="a small BERT (the CPU machine)")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--seconds", type=float, default=4.0, help="per mode")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    model, inputs = _model(args.device, args.small)
+    if args.device.startswith("cuda"):
+        cache.prepare_copies(torch.device(args.device))
+    calls: list[float] = []
+    stop = threading.Event()
+    program = threading.Thread(target=_calls, args=(model, inputs, args.device, stop, calls))
+    program.start()
+    time.sleep(2.0)  # warm-up
+    mark = len(calls)
+    time.sleep(args.seconds)
+    alone = calls[mark:]
+    alone_median = statistics.median(alone)
+    result: dict[str, Any] = {"device": args.device, "alone": _summary(alone, alone_median)}
+    print(f"alone: {json.dumps(result['alone'])}")
+    courtesy.watch(lambda: _IN_CALL[0])
+    try:
+        for mode in args.modes:
+            job = _job(mode, model, inputs, args.device)
+            job()  # first run apart: lazy loading, first imports
+            took: list[float] = []
+            mark = len(calls)
+            end = time.perf_counter() + args.seconds
+            while time.perf_counter() < end:
+                start = time.perf_counter()
+                job()
+                took.append((time.perf_counter() - start) * 1e3)
+            during = calls[mark:]
+            result[mode] = {
+                "job_ms": round(statistics.median(took), 2),
+                "jobs": len(took),
+                **_summary(during, alone_median),
+            }
+            print(f"{mode}: {json.dumps(result[mode])}")
+            time.sleep(0.5)
+    finally:
+        courtesy.watch(None)
+        stop.set()
+        program.join()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
