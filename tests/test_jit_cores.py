@@ -16,7 +16,6 @@ import torch
 import honed
 import honed.jit
 from honed.jit import background, cores
-from honed.pipeline import courtesy
 
 from conftest import TinyMLP, batches
 
@@ -33,7 +32,7 @@ def jit_that_tunes_nothing(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[boo
     monkeypatch.setattr(cores, "cpu_cores", lambda: 2)
     monkeypatch.setattr(cores, "_SAID", [False])
     cores.restore()  # nothing an earlier test of this process took is left taken
-    if courtesy.openmp() is None:
+    if cores._openmp() is None:
         pytest.skip("torch's intra-op threads are not OpenMP's here")
     torch.set_num_threads(2)
     with honed.jit.config.patch(min_parameters=10**9):
@@ -146,69 +145,3 @@ def test_each_of_the_programs_threads_takes_and_gives_back_its_own(
     busy[0] = False
     call(model)
     assert torch.get_num_threads() == 2
-
-
-@pytest.fixture
-def no_probe() -> Iterator[None]:
-    """No JIT probe while the test runs (an installed JIT sets one), the earlier one after."""
-    earlier = courtesy._probe[0]
-    courtesy.watch(None)
-    yield
-    courtesy.watch(earlier)
-
-
-@pytest.mark.usefixtures("no_probe")
-def test_one_thread_beside_a_program_is_the_calling_threads_alone() -> None:
-    if courtesy.openmp() is None or torch.get_num_threads() < 2:
-        pytest.skip("needs torch's OpenMP runtime and two or more threads")
-    threads = torch.get_num_threads()
-    with courtesy.one_thread():  # no program beside: nothing changes
-        assert torch.get_num_threads() == threads
-    seen: dict[str, int] = {}
-    inside, leave = threading.Event(), threading.Event()
-
-    def work() -> None:
-        with courtesy.one_thread():
-            seen["inside"] = torch.get_num_threads()
-            inside.set()
-            leave.wait(5)
-        seen["after"] = torch.get_num_threads()
-
-    courtesy.watch(lambda: False)
-    try:
-        worker = threading.Thread(target=work)
-        worker.start()
-        assert inside.wait(5)
-        seen["program"] = torch.get_num_threads()  # this thread, meanwhile
-        leave.set()
-        worker.join()
-    finally:
-        courtesy.watch(None)
-    assert seen == {"inside": 1, "program": threads, "after": threads}
-
-
-@pytest.mark.usefixtures("no_probe")
-def test_a_check_beside_a_program_makes_its_figures_on_one_thread(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from honed.pipeline import correctness
-
-    if courtesy.openmp() is None or torch.get_num_threads() < 2:
-        pytest.skip("needs torch's OpenMP runtime and two or more threads")
-    counts: list[int] = []
-    real = correctness._compare_leaf
-
-    def counted(*args: object) -> correctness.CheckResult:
-        counts.append(torch.get_num_threads())
-        return real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(correctness, "_compare_leaf", counted)
-    x = torch.randn(4, 4)
-    assert correctness.compare((x, x), (x, x.clone())).ok
-    courtesy.watch(lambda: False)
-    try:
-        assert correctness.compare((x, x), (x, x.clone())).ok
-    finally:
-        courtesy.watch(None)
-    assert counts == [torch.get_num_threads()] * 2 + [1, 1]
-    assert torch.get_num_threads() >= 2

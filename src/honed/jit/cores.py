@@ -20,15 +20,37 @@ is a torch whose intra-op threads are not OpenMP's; ``HONED_JIT_SHARE_CORES=0``
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import threading
+from typing import Any
 
 import torch
 
 from honed import config
 from honed.jit import background
 from honed.jit.history import add as add_step
-from honed.pipeline.courtesy import openmp
 from honed.pipeline.isolation import cpu_cores
+
+_OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")
+
+
+@functools.cache
+def _openmp() -> Any:
+    """The OpenMP runtime torch's intra-op threads use, loaded in this process (None when they
+    are not OpenMP's or the runtime cannot be found)."""
+    try:
+        if "OpenMP" not in torch.__config__.parallel_info():
+            return None
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if ".so" in line}
+        for name in _OPENMP_RUNTIMES:
+            for path in sorted(paths):
+                if path.rsplit("/", 1)[-1].startswith(name):
+                    return ctypes.CDLL(path)  # already loaded: the same library, not a copy
+    except (OSError, AttributeError):
+        pass
+    return None
 
 
 class _Shared(threading.local):
@@ -59,7 +81,7 @@ def at_outermost_call(measuring: bool = False) -> None:
         return
     if not config.jit_share_cores or background.in_background():
         return
-    omp = openmp()
+    omp = _openmp()
     if omp is None:
         return
     # torch's own reading first: it sets a thread's count from the process-wide one once, on
@@ -79,7 +101,7 @@ def at_outermost_call(measuring: bool = False) -> None:
 
 def restore() -> None:
     """Give this thread's core back now (JIT idle, turned off or reset)."""
-    omp = openmp()
+    omp = _openmp()
     if _SHARED.reduced_from and omp is not None:
         omp.omp_set_num_threads(_SHARED.reduced_from)
     _SHARED.reduced_from = 0

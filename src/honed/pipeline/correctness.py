@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from honed.pipeline.courtesy import give_way, one_thread
+from honed.pipeline.courtesy import give_way
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +95,7 @@ def compare(
     result = CheckResult(True)
     for i, (ref, out) in enumerate(zip(ref_leaves, out_leaves, strict=True)):
         give_way()  # beside a JIT program: between its calls
-        with one_thread():  # and off the cores its calls run on
-            result = result.merge(_compare_leaf(i, ref, out, reduced_precision, tolerance, fp32))
+        result = result.merge(_compare_leaf(i, ref, out, reduced_precision, tolerance, fp32))
     return result
 
 

@@ -17,8 +17,6 @@ making the call never waits for itself.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,54 +57,6 @@ def give_way(limit_s: float = LIMIT_S) -> float:
             return now - start
 
 
-_OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")
-
-
-@functools.cache
-def openmp() -> Any:
-    """The OpenMP runtime torch's intra-op threads use, loaded in this process (None when they
-    are not OpenMP's or the runtime cannot be found)."""
-    import torch
-
-    try:
-        if "OpenMP" not in torch.__config__.parallel_info():
-            return None
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if ".so" in line}
-        for name in _OPENMP_RUNTIMES:
-            for path in sorted(paths):
-                if path.rsplit("/", 1)[-1].startswith(name):
-                    return ctypes.CDLL(path)  # already loaded: the same library, not a copy
-    except (OSError, AttributeError):
-        pass
-    return None
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Beside a program (a probe is set): the block's torch CPU ops on the calling thread alone.
-
-    torch runs a large CPU op on every core (OpenMP), and those threads spin a while between
-    ops: a check's figures on the CPU took the cores a program's calls run on, its kernel
-    launches included. The count set is the calling thread's own (OpenMP's per-thread setting,
-    as honed.jit.cores sets the program's), so no other thread of the process runs with fewer;
-    it is restored at the block's end. Elsewhere the block runs as is."""
-    import torch
-
-    omp = openmp() if _probe[0] is not None else None
-    # torch's own reading first: it sets a thread's count from the process-wide one on the
-    # thread's first use, which would undo a count set before it
-    before = torch.get_num_threads() if omp is not None else 1
-    if omp is None or before <= 1:
-        yield
-        return
-    omp.omp_set_num_threads(1)
-    try:
-        yield
-    finally:
-        omp.omp_set_num_threads(before)
-
-
 _STREAMS: dict[Any, Any] = {}
 _STREAMS_LOCK = threading.Lock()
 
@@ -135,4 +85,4 @@ def own_stream(device: Any) -> Iterator[None]:
     side.synchronize()  # its results are read on other streams next (waits without the GIL)
 
 
-__all__ = ["LIMIT_S", "give_way", "one_thread", "openmp", "own_stream", "watch"]
+__all__ = ["LIMIT_S", "give_way", "own_stream", "watch"]
