@@ -69,6 +69,52 @@ def test_the_figures_are_those_of_the_finite_positions() -> None:
     assert compare(torch.empty(0, 3), torch.empty(0, 3)).ok
 
 
+def _torch_figures(ref: torch.Tensor, out: torch.Tensor) -> tuple[float, float, float]:
+    """max abs, max rel and cosine made with torch in float64, over the finite positions."""
+    r, o = ref.double(), out.double()
+    finite = torch.isfinite(r) & torch.isfinite(o)
+    r, o = r[finite], o[finite]
+    diff = (o - r).abs()
+    scale = float(r.abs().max())
+    max_rel = float((diff / r.abs().clamp_min(max(scale * 1e-3, 1e-12))).max())
+    return float(diff.max()), max_rel, float((r * o).sum() / (r.norm() * o.norm()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_the_figures_of_every_float_dtype_are_those_of_its_values_in_float64(
+    dtype: torch.dtype,
+) -> None:
+    g = torch.Generator().manual_seed(1)
+    ref = (torch.randn(4097, generator=g) * 3).to(dtype)
+    out = (ref.double() + 1e-3 * torch.randn(4097, generator=g, dtype=torch.float64)).to(dtype)
+    if dtype == torch.float16:  # subnormal halves and the largest one, converted exactly
+        ref[:3] = out[:3] = torch.tensor([6e-8, -3e-5, 65504.0], dtype=dtype)
+    r = compare(ref, out, reduced_precision=True)
+    max_abs, max_rel, cosine = _torch_figures(ref, out)
+    assert r.max_abs_error == pytest.approx(max_abs, rel=1e-12)
+    assert r.max_rel_error == pytest.approx(max_rel, rel=1e-12)
+    assert r.min_cosine == pytest.approx(cosine, rel=1e-9)
+    bad = out.clone()
+    bad[7] = float("inf")
+    assert compare(ref, bad).reason.startswith("Inf outputs: output 0 has 1 Inf")
+
+
+def test_each_part_of_a_complex_output_is_held_to_the_tolerance() -> None:
+    g = torch.Generator().manual_seed(2)
+    ref = torch.randn(64, dtype=torch.complex64, generator=g)
+    assert compare(ref, ref + 1e-6).ok
+    off = ref.clone()
+    off[3] += 0.1j  # the imaginary part alone
+    assert "max abs error 0.1" in compare(ref, off).reason
+
+
+def test_zero_outputs_have_cosine_one_and_a_zero_against_values_fails() -> None:
+    zeros = torch.zeros(16)
+    assert compare(zeros, zeros.clone()).min_cosine == 1.0
+    r = compare(zeros, torch.full((16,), 1e-3))
+    assert r.min_cosine == 0.0 and not compare(zeros, torch.full((16,), 1e-3), True).ok
+
+
 def test_integer_outputs_must_be_exact() -> None:
     a = torch.arange(10)
     assert compare(a, a.clone()).ok

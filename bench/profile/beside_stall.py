@@ -8,9 +8,11 @@ program's process, for a few seconds, with honed's courtesy probe set as JIT set
   copied in pieces on a side stream through pinned memory), as the cache key was made before
   ``honed.pipeline.cache.Digest``;
 - ``hash-engine``: ``model_fingerprint`` as it is (``_core.Sha256``, one call without the GIL);
-- ``check``: ``compare`` of two eager outputs, on honed's own stream, as an install's check does
-  (its figures on one OpenMP thread, ``courtesy.one_thread``);
-- ``check-all-threads``: the same with every thread, as before ``one_thread``.
+- ``check``: ``compare`` of two eager outputs, on honed's own stream, as an install's check does;
+- its parts: ``copy-pageable`` (the outputs copied to the host as ``.cpu()`` does, back to back),
+  ``copy-pinned`` (into pinned memory on honed's stream, then waited for), ``figures``
+  (``compare`` of outputs already on the host: the figures in the engine, ``_core.closeness``)
+  and ``figures-torch`` (the same figures made with torch's CPU ops in float64, as before).
 
 Printed per mode: how long one piece took, and the program's calls meanwhile (median, 99th
 percentile, slowest, how many over twice the median of the loop alone).
@@ -21,7 +23,6 @@ percentile, slowest, how many over twice the median of the loop alone).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import statistics
@@ -35,7 +36,15 @@ import torch
 from honed.pipeline import cache, correctness, courtesy
 
 _IN_CALL = [False]
-MODES = ("hash-python", "hash-engine", "check", "check-all-threads")
+MODES = (
+    "hash-python",
+    "hash-engine",
+    "check",
+    "copy-pageable",
+    "copy-pinned",
+    "figures",
+    "figures-torch",
+)
 
 
 def _model(device: str, small: bool) -> tuple[Any, dict[str, Any]]:
@@ -102,23 +111,48 @@ def _job(mode: str, model: Any, inputs: dict[str, Any], device: str) -> Callable
     with torch.no_grad():
         ref, out = model(**inputs), model(**inputs)
 
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if mode == "copy-pageable":
+        return lambda: [t.cpu() for t in leaves] and None
+    if mode == "copy-pinned":
+
+        def copy_pinned() -> None:
+            with courtesy.own_stream(torch.device(device)):
+                [t.to("cpu", non_blocking=True) for t in leaves]
+
+        return copy_pinned
+    if mode.startswith("figures"):
+        ref_host, out_host = (
+            [t.cpu() for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+            for x in (ref, out)
+        )
+        if mode == "figures":
+            return lambda: correctness.compare(ref_host, out_host) and None
+        return lambda: (
+            [_torch_figures(r, o) for r, o in zip(ref_host, out_host, strict=True)] and None
+        )
+
     def check() -> None:
         with courtesy.own_stream(torch.device(device)):
             result = correctness.compare(ref, out)
         assert result.ok, result.reason
 
-    if mode == "check":
-        return check
+    return check
 
-    def check_all_threads() -> None:
-        kept = correctness.one_thread
-        correctness.one_thread = contextlib.nullcontext  # type: ignore[assignment]
-        try:
-            check()
-        finally:
-            correctness.one_thread = kept  # type: ignore[assignment]
 
-    return check_all_threads
+def _torch_figures(ref: torch.Tensor, out: torch.Tensor) -> tuple[float, float, float]:
+    """The check's figures made with torch's CPU ops in float64 (before ``_core.closeness``)."""
+    courtesy.give_way()
+    r, o = ref.double(), out.double()
+    finite = torch.isfinite(r) & torch.isfinite(o)
+    bool((~torch.isfinite(o) & torch.isfinite(r)).any())
+    r, o = r[finite], o[finite]
+    diff = (o - r).abs()
+    scale = float(r.abs().max())
+    max_rel = float((diff / r.abs().clamp_min(max(scale * 1e-3, 1e-12))).max())
+    bool((diff <= 1e-4 * max(1.0, scale) + 1e-3 * r.abs()).all())
+    cosine = float((r * o).sum()) / (float(r.norm()) * float(o.norm()))
+    return float(diff.max()), max_rel, cosine
 
 
 def _summary(calls: list[float], alone_median: float) -> dict[str, Any]:

@@ -18,4 +18,5 @@ void bind_machine(nanobind::module_& m);
 void bind_artifact(nanobind::module_& m);
 void bind_aoti(nanobind::module_& m);
 void bind_digest(nanobind::module_& m);
+void bind_closeness(nanobind::module_& m);
 }  // namespace honed::py

@@ -17,4 +17,5 @@ NB_MODULE(_core, m) {
   honed::py::bind_artifact(m);
   honed::py::bind_aoti(m);
   honed::py::bind_digest(m);
+  honed::py::bind_closeness(m);
 }

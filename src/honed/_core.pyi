@@ -1003,3 +1003,33 @@ class Sha256:
 
     def hexdigest(self) -> str:
         """the digest in lower-case hex; no update after it"""
+
+class Closeness:
+    @property
+    def bad(self) -> int: ...
+
+    @property
+    def bad_nan(self) -> bool: ...
+
+    @property
+    def compared(self) -> int: ...
+
+    @property
+    def max_abs(self) -> float: ...
+
+    @property
+    def scale(self) -> float: ...
+
+    @property
+    def max_rel(self) -> float: ...
+
+    @property
+    def cosine(self) -> float: ...
+
+    @property
+    def within(self) -> bool: ...
+
+def closeness(ref: int, out: int, n: int, dtype: str, atol: float, rtol: float) -> Closeness:
+    """
+    Figures of out against ref: n contiguous elements of dtype ('float64', 'float32', 'float16', 'bfloat16') at host addresses the caller keeps alive
+    """

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from honed import _core
 from honed.pipeline.courtesy import give_way
 
 
@@ -153,50 +154,60 @@ def _compare_leaf(
         return CheckResult(
             False, f"wrong outputs: output {i} has dtype {out.dtype}, expected {ref.dtype}"
         )
-    # On the host, from plain copies (a memcpy, no kernel): a kernel this process has not run
-    # yet is loaded at its first launch, and CUDA may wait for the whole device to load it, a
-    # JIT program's calls with it (lazy loading); the figures in float64 on the CPU.
-    ref, out = ref.detach().cpu(), out.detach().cpu()
+    tol = tolerance or tolerance_for(ref.dtype, reduced_precision, fp32)
+    ref, out = _on_host(ref, out)
     if not (ref.is_floating_point() or ref.is_complex()):
         if torch.equal(ref, out):
             return CheckResult(True)
         return CheckResult(False, f"wrong outputs: output {i} ({ref.dtype}) differs from eager")
-    r, o = ref.double(), out.double()
-    bad_out = ~torch.isfinite(o) & torch.isfinite(r)
-    if bool(bad_out.any()):
-        kind = "NaN" if bool(torch.isnan(o[bad_out]).any()) else "Inf"
+    if ref.is_complex():  # each part held to the tolerance
+        ref, out = torch.view_as_real(ref), torch.view_as_real(out)
+    if ref.dtype not in _KINDS:  # float8 and the like: widened first
+        ref, out = ref.double(), out.double()
+    ref, out = ref.contiguous(), out.contiguous()
+    # The figures in the engine, in one call without the GIL: beside a JIT program, each torch
+    # op of a figure made here took the GIL back from the program's thread, which then waited
+    # for it up to the switch interval, its call running several times its length.
+    c = _core.closeness(
+        ref.data_ptr(), out.data_ptr(), ref.numel(), _KINDS[ref.dtype], tol.atol, tol.rtol
+    )
+    if c.bad:
+        kind = "NaN" if c.bad_nan else "Inf"
         return CheckResult(
             False,
-            f"{kind} outputs: output {i} has {int(bad_out.sum())} {kind} "
-            "values where eager has finite ones",
+            f"{kind} outputs: output {i} has {c.bad} {kind} values where eager has finite ones",
         )
-    finite = torch.isfinite(r) & torch.isfinite(o)
-    r, o = r[finite], o[finite]
-    if r.numel() == 0:
+    if not c.compared:
         return CheckResult(True)
-    diff = (o - r).abs()
-    max_abs = float(diff.max())
-    scale = float(r.abs().max())
-    max_rel = float((diff / r.abs().clamp_min(max(scale * 1e-3, 1e-12))).max())
-    cos = _cosine(r, o)
-    tol = tolerance or tolerance_for(ref.dtype, reduced_precision, fp32)
-    allowed = tol.atol * max(1.0, scale) + tol.rtol * r.abs()
-    ok = bool((diff <= allowed).all()) and cos >= tol.min_cosine
+    cos = 1.0 if math.isclose(c.cosine, 1.0) else c.cosine
+    ok = c.within and cos >= tol.min_cosine
     reason = ""
     if not ok:
         reason = (
-            f"wrong outputs: output {i} max abs error {max_abs:.3g} (rel {max_rel:.3g}, "
+            f"wrong outputs: output {i} max abs error {c.max_abs:.3g} (rel {c.max_rel:.3g}, "
             f"cosine {cos:.6f}) exceeds atol={tol.atol:g}, rtol={tol.rtol:g}"
             + (f", min cosine {tol.min_cosine:g}" if tol.min_cosine else "")
         )
-    return CheckResult(ok, reason, max_abs, max_rel, cos)
+    return CheckResult(ok, reason, c.max_abs, c.max_rel, cos)
 
 
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    na, nb = float(a.norm()), float(b.norm())
-    if na == 0.0 and nb == 0.0:
-        return 1.0
-    if na == 0.0 or nb == 0.0:
-        return 0.0
-    value = float((a * b).sum()) / (na * nb)
-    return 1.0 if math.isclose(value, 1.0) else value
+_KINDS = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+
+
+def _on_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """``tensors`` on the CPU: a GPU tensor copied as it is, into pinned memory on the current
+    stream (honed's own beside a JIT program), then waited for without the GIL.
+
+    No kernel runs: a kernel this process has not run yet is loaded at its first launch, and
+    CUDA may wait for the whole device to load it, a JIT program's calls with it (lazy
+    loading). Nor a copy into pageable memory: beside a program such copies, back to back,
+    held its calls up to seven times their length (bench/profile/beside_stall.py)."""
+    copies = [t.to("cpu", non_blocking=True) if t.is_cuda else t for t in tensors]
+    for device in {t.device for t in tensors if t.is_cuda}:
+        torch.cuda.current_stream(device).synchronize()
+    return copies
