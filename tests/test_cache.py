@@ -287,6 +287,18 @@ def test_the_digest_of_tensors_is_sha256_of_their_headers_and_bytes() -> None:
     assert _digest([torch.zeros(4)]) != _digest([torch.zeros(4, dtype=torch.int32)])
 
 
+def test_the_digest_is_the_same_hashed_in_small_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    from honed.pipeline import cache
+
+    items = _hash_cases()
+    monkeypatch.setattr(cache, "_GROUP_BYTES", 1000)  # regions split across many engine calls
+    assert _digest(items) == _hashlib_digest(items)
+    groups = list(cache._groups([b"a", (0, 2500, False), b"b", (5000, 10, False)], 1000))
+    sizes = [sum(p[1] for p in g if not isinstance(p, bytes)) for g in groups]
+    assert sizes == [1000, 1000, 510]
+    assert groups[0][0] == b"a" and groups[2] == [(2000, 500, False), b"b", (5000, 10, False)]
+
+
 def test_the_engine_hash_matches_hashlib_and_refuses_misuse() -> None:
     import hashlib
 

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,15 +113,46 @@ class Digest:
         parts, device = self._parts, self._device
         if not parts:
             return
-        if device is None or device.type != "cuda":
-            self._hash.update(parts)
-        else:
-            side, staging = prepare_copies(device)
-            side.wait_stream(torch.cuda.current_stream(device))  # the bytes as the caller left them
-            with _COPY_LOCK, torch.cuda.device(device):
-                self._hash.update(parts, side.cuda_stream, staging.data_ptr(), staging.nbytes)
+        for group in _groups(parts, _GROUP_BYTES):
+            if device is None or device.type != "cuda":
+                self._hash.update(group)
+            else:
+                side, staging = prepare_copies(device)
+                side.wait_stream(
+                    torch.cuda.current_stream(device)
+                )  # the bytes as left by the caller
+                with _COPY_LOCK, torch.cuda.device(device):
+                    self._hash.update(group, side.cuda_stream, staging.data_ptr(), staging.nbytes)
+            give_way()
         # update() returns once every copy is done: the tensors (and temporaries made here) may go
         self._parts, self._tensors = [], []
+
+
+# The bytes hashed per engine call: between calls, a thread beside a JIT program gives way
+# while the program is inside a call. Unpaced, the copies and the hashing of BERT-base's
+# weights back to back held the program's calls up to 2.5 times their length on the H100,
+# where hashing paced tensor by tensor did not (bench/profile/beside_stall.py).
+_GROUP_BYTES = _STAGING_BYTES // 2
+
+
+def _groups(parts: list[Any], limit: int) -> Iterator[list[Any]]:
+    """``parts`` in runs of at most ``limit`` memory bytes each, a region split where needed."""
+    group: list[Any] = []
+    size = 0
+    for part in parts:
+        if isinstance(part, bytes):
+            group.append(part)
+            continue
+        address, length, device = part
+        while length:
+            if size == limit:
+                yield group
+                group, size = [], 0
+            take = min(length, limit - size)
+            group.append((address, take, device))
+            address, length, size = address + take, length - take, size + take
+    if group:
+        yield group
 
 
 # Sources read so far (a function's by its code object, a class's by the class): the cache key
