@@ -71,7 +71,7 @@ def prepare_copies(device: torch.device) -> tuple[Any, torch.Tensor]:
 
 class Digest:
     """SHA-256 of bytes and tensors' contents, the tensors' bytes hashed in the engine
-    (``_core.Sha256``) with the GIL released: one call for all the tensors of a device.
+    (``_core.Sha256``) with the GIL released, ``_GROUP_BYTES`` per call.
 
     In a JIT program this runs on JIT's thread beside the program's calls. Hashing tensor by
     tensor in Python took the GIL back a dozen times per tensor (torch calls each give it up),
@@ -118,9 +118,8 @@ class Digest:
                 self._hash.update(group)
             else:
                 side, staging = prepare_copies(device)
-                side.wait_stream(
-                    torch.cuda.current_stream(device)
-                )  # the bytes as left by the caller
+                # the bytes as the caller's stream leaves them
+                side.wait_stream(torch.cuda.current_stream(device))
                 with _COPY_LOCK, torch.cuda.device(device):
                     self._hash.update(group, side.cuda_stream, staging.data_ptr(), staging.nbytes)
             give_way()

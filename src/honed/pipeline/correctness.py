@@ -161,10 +161,11 @@ def _compare_leaf(
             return CheckResult(True)
         return CheckResult(False, f"wrong outputs: output {i} ({ref.dtype}) differs from eager")
     if ref.is_complex():  # each part held to the tolerance
-        ref, out = torch.view_as_real(ref), torch.view_as_real(out)
+        ref, out = torch.view_as_real(ref.resolve_conj()), torch.view_as_real(out.resolve_conj())
     if ref.dtype not in _KINDS:  # float8 and the like: widened first
         ref, out = ref.double(), out.double()
-    ref, out = ref.contiguous(), out.contiguous()
+    # the values as they read (a lazily negated view's bytes are not), one after another
+    ref, out = (t.resolve_neg().contiguous() for t in (ref, out))
     # The figures in the engine, in one call without the GIL: beside a JIT program, each torch
     # op of a figure made here took the GIL back from the program's thread, which then waited
     # for it up to the switch interval, its call running several times its length.
@@ -207,7 +208,7 @@ def _on_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
     CUDA may wait for the whole device to load it, a JIT program's calls with it (lazy
     loading). Nor a copy into pageable memory: beside a program such copies, back to back,
     held its calls up to seven times their length (bench/profile/beside_stall.py)."""
-    copies = [t.to("cpu", non_blocking=True) if t.is_cuda else t for t in tensors]
+    copies = [t.to("cpu", non_blocking=True) if t.is_cuda else t.cpu() for t in tensors]
     for device in {t.device for t in tensors if t.is_cuda}:
         torch.cuda.current_stream(device).synchronize()
     return copies
