@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import torch
+from beside_stall import _IN_CALL, _calls  # the program loop, shared with that profile
 
 from honed.pipeline import sharing
 
@@ -50,20 +51,6 @@ def _model(batch: int) -> tuple[Any, dict[str, Any]]:
     return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-_IN_CALL = [False]
-
-
-def _calls(model: Any, inputs: dict[str, Any], until: threading.Event, out: list[float]) -> None:
-    with torch.no_grad():
-        while not until.is_set():
-            start = time.perf_counter()
-            _IN_CALL[0] = True
-            model(**inputs)
-            _IN_CALL[0] = False
-            torch.cuda.synchronize()
-            out.append((time.perf_counter() - start) * 1e3)
-
-
 def _run(
     model: Any, inputs: dict[str, Any], blobs: int, side: bool, give_way: bool
 ) -> dict[str, Any]:
@@ -89,7 +76,7 @@ def _run(
     shared = sharing.Shared({"module": model, "samples": [inputs]})
     calls: list[float] = []
     stop = threading.Event()
-    program = threading.Thread(target=_calls, args=(model, inputs, stop, calls))
+    program = threading.Thread(target=_calls, args=(model, inputs, "cuda", stop, calls))
     program.start()
     time.sleep(1.0)
     quiet = list(calls)

@@ -113,13 +113,14 @@ class Digest:
         parts, device = self._parts, self._device
         if not parts:
             return
+        on_gpu = device is not None and device.type == "cuda"
+        if device is not None and on_gpu:
+            side, staging = prepare_copies(device)
+            side.wait_stream(torch.cuda.current_stream(device))  # the bytes as the caller left them
         for group in _groups(parts, _GROUP_BYTES):
-            if device is None or device.type != "cuda":
+            if not on_gpu:
                 self._hash.update(group)
             else:
-                side, staging = prepare_copies(device)
-                # the bytes as the caller's stream leaves them
-                side.wait_stream(torch.cuda.current_stream(device))
                 with _COPY_LOCK, torch.cuda.device(device):
                     self._hash.update(group, side.cuda_stream, staging.data_ptr(), staging.nbytes)
             give_way()
