@@ -417,6 +417,38 @@ def test_skip_modules_skips_the_module_and_tries_its_children(jit: honed.jit.Jit
     assert "Skipping TinyMLP 📊676: listed in skip_modules" in honed.jit.history()
 
 
+def test_a_child_records_calls_only_once_it_can_be_tried(jit: honed.jit.JitConfig) -> None:
+    """Before its parent is decided a child is not recorded (cloning every module's inputs made
+    a program's first calls slow); once the parent is skipped, the child's next ``min_samples``
+    calls are its samples, and then it is tried on them."""
+    jit.min_samples = 3
+    model = TinyMLP().eval()
+    first, second, third, fourth, fifth = batches(2, 4, 3, 5, 6)
+    run(model, [first, second])
+    root = honed.jit.roots()[0]
+    fc1, fc2 = root.children
+    assert (len(root.samples), fc1.samples, fc2.samples) == (2, [], [])
+    jit.skip_modules = ["TinyMLP"]  # decided at its third call, without tuning
+    run(model, [third])
+    assert node_states() == [
+        ("TinyMLP", 0, "SKIPPED"),
+        ("Linear", 1, "RECORDING"),
+        ("Linear", 1, "RECORDING"),
+    ]
+    assert (root.samples, fc1.samples, fc2.samples) == ([], [], [])
+    run(model, [fourth, fifth])
+    assert [args[0].shape[0] for args, _ in fc1.samples] == [5, 6]
+    assert [args[0].shape[0] for args, _ in fc2.samples] == [5, 6]
+    assert fc1.state is State.RECORDING and not fc1.tried
+    run(model, batches(7))  # their third recorded call: tried, and tuned on batches 5 to 7
+    assert node_states() == [
+        ("TinyMLP", 0, "SKIPPED"),
+        ("Linear", 1, "TUNED"),
+        ("Linear", 1, "TUNED"),
+    ]
+    assert_close(run(model, batches(6)), eager(model, batches(6)))
+
+
 def test_min_parameters_skips_small_modules(jit: honed.jit.JitConfig) -> None:
     jit.min_parameters = 600  # TinyMLP has 676, its Linears 544 and 132
     model = DynamicModule().eval()  # 440 parameters: too small, and so are its children

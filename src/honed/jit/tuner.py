@@ -40,8 +40,14 @@ def maybe_try(node: Node) -> None:
     parent = node.parent
     if parent is not None and parent.state not in (State.EAGER, State.SKIPPED):
         return
-    if node.level <= config.max_depth_level:
-        if node.call_count < max(1, config.min_samples) or not node.samples:
+    tuned = (
+        node.level <= config.max_depth_level
+        and node.name not in config.skip_modules
+        and node.parameters >= config.min_parameters
+    )
+    if tuned:  # a module try_node skips needs no samples
+        # calls recorded since it could be tried (a child's since its parent ended eager)
+        if len(node.samples) < max(1, config.min_samples):
             return
         if config.batch_axis_required and not _has_batch_axis(node):
             return
