@@ -449,6 +449,12 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         slow = [c for c in calls[1:] if c[1] > 2 * eager_ms]
         in_gc = [c for c in slow if _gc_made_slow(c, collections, eager_ms)]
         out["over_2x"], out["over_2x_in_gc"] = len(slow), len(in_gc)
+        # Each such call (the first 400): index, start s, ms, ms until it returned (before the
+        # sync), its thread's CPU ms. A call that returned late ran slow on the host (the GIL,
+        # a core, its CPU's speed); one that returned on time waited for the GPU.
+        out["over_2x_calls"] = [
+            [i, *(round(x, 3) for x in c)] for i, c in enumerate(calls) if i and c[1] > 2 * eager_ms
+        ][:400]
         outside = [c[1] for c in calls[1:] if not _gc_made_slow(c, collections, eager_ms)]
         out["slowest_outside_gc_ms"] = round(max(outside), 3) if outside else None
         out["collections"] = {  # generation: [how many, longest ms]

@@ -1,0 +1,200 @@
+"""bench/profile/host_probe.py: what the machine does to a program's calls with nothing of honed's.
+
+Three measurements, none of them running honed's tuning:
+
+1. ``alone``: a BERT-base b8 eager loop (each call synchronized and timed, as in
+   bench/jit_bert.py) for ``--seconds``: median, calls over twice the median, the slowest, and the
+   gaps between the stalls (runs of calls over 2x): a stall the host makes on a clock shows as one
+   gap repeated.
+2. ``pairs``: this process pinned to one CPU, the rate of a Python spin loop there while a busy
+   process spins on each other CPU in turn. A CPU whose busy process slows the loop shares its
+   core (a hyperthread the virtual machine's topology does not show) or its clock.
+3. ``busy``: the BERT loop, unpinned, with a busy process at JIT's worker niceness on every CPU
+   JIT's workers may use (``honed.pipeline.isolation.worker_cpus``): its median and its thread's
+   CPU time per call against the loop alone. A build's compilers keep those CPUs busy.
+
+    python bench/profile/host_probe.py [--device cuda] [--small] [--seconds 15] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+from honed import config
+from honed.pipeline import isolation
+
+_SPIN = (
+    "import os, sys\n"
+    "os.nice(int(sys.argv[2]))\n"
+    "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+    "while True: pass\n"
+)
+
+
+def _model(device: str, small: bool) -> tuple[Any, dict[str, Any]]:
+    from transformers import BertConfig, BertModel
+
+    cfg = (
+        BertConfig(
+            hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256
+        )
+        if small
+        else BertConfig()
+    )
+    model = BertModel(cfg).to(device).eval()
+    ids = torch.randint(0, cfg.vocab_size, (8, 32 if small else 128), device=device)
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _loop(model: Any, inputs: dict[str, Any], device: str, seconds: float) -> dict[str, Any]:
+    """Calls for ``seconds``: each call's (start s, wall ms, thread CPU ms)."""
+    calls: list[tuple[float, float, float]] = []
+    origin = time.perf_counter()
+    end = origin + seconds
+    with torch.no_grad():
+        while (start := time.perf_counter()) < end:
+            cpu = time.thread_time()
+            model(**inputs)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            calls.append(
+                (
+                    start - origin,
+                    (time.perf_counter() - start) * 1e3,
+                    (time.thread_time() - cpu) * 1e3,
+                )
+            )
+    return {"calls": calls}
+
+
+def _summary(calls: list[tuple[float, float, float]], reference_ms: float | None) -> dict[str, Any]:
+    walls = [c[1] for c in calls]
+    median = statistics.median(walls)
+    bound = 2 * (reference_ms or median)
+    stalls: list[float] = []  # start of each run of calls over 2x
+    previous = False
+    for at, wall, _ in calls:
+        over = wall > bound
+        if over and not previous:
+            stalls.append(at)
+        previous = over
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(stalls)]
+    return {
+        "calls": len(walls),
+        "median_ms": round(median, 3),
+        "cpu_median_ms": round(statistics.median(c[2] for c in calls), 3),
+        "slowest_ms": round(max(walls), 3),
+        "over_2x": sum(w > bound for w in walls),
+        "stalls": len(stalls),
+        "stall_gap_median_s": round(statistics.median(gaps), 3) if gaps else None,
+        "stall_gaps_s": gaps[:40],
+    }
+
+
+def _spinners(cpus: list[int], nice: int) -> list[subprocess.Popen[bytes]]:
+    procs = [subprocess.Popen([sys.executable, "-c", _SPIN, str(c), str(nice)]) for c in cpus]
+    time.sleep(0.4)  # their interpreters started and spinning
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
+def _spin_rate(seconds: float) -> float:
+    """Iterations per second of a Python loop on this thread."""
+    n = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(1000):
+            pass
+        n += 1000
+    return n / seconds
+
+
+def _pairs(seconds: float) -> dict[str, Any]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return {"skipped": "one CPU"}
+    here = cpus[0]
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {here})
+    try:
+        alone = statistics.median(_spin_rate(seconds) for _ in range(3))
+        beside: dict[str, float] = {}
+        for cpu in cpus[1:]:
+            procs = _spinners([cpu], 0)
+            try:
+                beside[str(cpu)] = round(_spin_rate(seconds) / alone, 3)
+            finally:
+                _stop(procs)
+    finally:
+        os.sched_setaffinity(0, before)
+    slowest = min(beside, key=beside.__getitem__)
+    return {
+        "cpu": here,
+        "rate_alone": round(alone),
+        "rate_beside": beside,
+        "slowest_beside": slowest,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--small", action="store_true", help="a small BERT (the CPU machine)")
+    ap.add_argument(
+        "--seconds", type=float, default=15.0, help="the loop alone, and beside busy CPUs"
+    )
+    ap.add_argument("--pair-seconds", type=float, default=0.4, help="each spin-rate measurement")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    model, inputs = _model(args.device, args.small)
+    _loop(model, inputs, args.device, 2.0)  # warm-up: kernels loaded, allocator filled
+    alone = _summary(_loop(model, inputs, args.device, args.seconds)["calls"], None)
+    print(f"alone: {json.dumps(alone)}", flush=True)
+    pairs = _pairs(args.pair_seconds)
+    print(f"pairs: {json.dumps(pairs)}", flush=True)
+    with config.patch(worker_spare_cores=config.jit_spare_cores):
+        cpus = isolation.worker_cpus() or []
+    procs = _spinners(cpus, config.jit_worker_nice)
+    try:
+        busy = _summary(
+            _loop(model, inputs, args.device, args.seconds)["calls"], alone["median_ms"]
+        )
+    finally:
+        _stop(procs)
+    busy["busy_cpus"] = cpus
+    print(f"busy: {json.dumps(busy)}", flush=True)
+    again = _summary(
+        _loop(model, inputs, args.device, args.seconds / 2)["calls"], alone["median_ms"]
+    )
+    print(f"alone again: {json.dumps(again)}", flush=True)
+    result = {
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
+        "logical_cpus": len(os.sched_getaffinity(0)),
+        "alone": alone,
+        "pairs": pairs,
+        "busy": busy,
+        "alone_again": again,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
