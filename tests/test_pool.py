@@ -389,6 +389,40 @@ def test_pool_closes_its_workers_and_folders(graph: GraphJobs, short_limits: Non
     assert not folder.exists()
 
 
+@pytest.mark.parametrize("stagger", [True, False])
+def test_a_staggered_pool_starts_each_worker_once_the_one_before_is_ready(
+    monkeypatch: pytest.MonkeyPatch, graph: GraphJobs, short_limits: None, stagger: bool
+) -> None:
+    """JIT's pool (stagger) starts its workers one after another, each once the one before it
+    said it was ready; a tune's pool starts them all at once. Jobs run on either."""
+    starts: dict[int, float] = {}
+    readies: dict[int, float] = {}
+    real_start, real_ready = pool_module._Slot._start, pool_module._Slot._wait_ready
+
+    def start(slot: Any) -> None:
+        starts.setdefault(slot.index, time.monotonic())
+        real_start(slot)
+
+    def ready(slot: Any) -> str:
+        why = real_ready(slot)
+        if not why:
+            readies.setdefault(slot.index, time.monotonic())
+        return why
+
+    monkeypatch.setattr(pool_module._Slot, "_start", start)
+    monkeypatch.setattr(pool_module._Slot, "_wait_ready", ready)
+    with honed.config.patch(workers=3), new_pool(3, stagger=stagger) as pool:
+        assert pool.size == 3
+        assert all(slot.up.wait(120) for slot in pool.slots)
+        assert _run(pool, graph, Good()).ok
+        if stagger:  # every worker started and ready before any job came
+            assert sorted(readies) == [0, 1, 2]
+            assert starts[1] >= readies[0] and starts[2] >= readies[1]
+        else:  # all started at once; each says it is ready only when a job needs it
+            assert sorted(starts) == [0, 1, 2]
+            assert max(starts.values()) < min(readies.values())
+
+
 class Spreads(Rendezvous):
     """A cheap build (so it may run on any GPU of the host) that notes where it ran."""
 

@@ -108,8 +108,9 @@ def _first_tune(node: Node, dataset: list[Any]) -> None:
 class _Workers:
     """The worker processes of a first tune, started where its graph-break check first needs
     one, as many as its tune will want: the tune then finds them running (each imports torch
-    and Inductor first, seconds of a core). Where nothing needs a worker (both cached), none
-    starts. Closed when the job ends."""
+    and Inductor first, seconds of a core). They start one after another while the check runs
+    on the first: five interpreters importing torch at once slowed the program's calls. Where
+    nothing needs a worker (both cached), none starts. Closed when the job ends."""
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -123,7 +124,9 @@ class _Workers:
             device = torch.device(self.device)
             planned = len(config.tune_strategy().backends(device)) + 1  # and eager
             with _jit_flags():
-                self.pool = new_pool(max(jobs, planned), measuring_gpus(device), self.device)
+                self.pool = new_pool(
+                    max(jobs, planned), measuring_gpus(device), self.device, stagger=True
+                )
         return self.pool
 
     def close(self) -> None:

@@ -84,9 +84,11 @@ def worker_env(size: int, cores: int | None = None) -> dict[str, str]:
     }
 
 
-def new_pool(jobs: int, gpus: list[str] | None = None, device: str = "") -> WorkerPool:
+def new_pool(
+    jobs: int, gpus: list[str] | None = None, device: str = "", stagger: bool = False
+) -> WorkerPool:
     """A pool for ``jobs`` jobs of a model on ``device`` (a CUDA model's JIT workers leave
-    the program cores: worker_cpus)."""
+    the program cores: worker_cpus); ``stagger``: its workers start one after another."""
     size = pool_size(jobs)
     cpus = worker_cpus() if device.startswith("cuda") else None
     return WorkerPool(
@@ -97,6 +99,7 @@ def new_pool(jobs: int, gpus: list[str] | None = None, device: str = "") -> Work
         gpus=gpus,
         nice=config.worker_nice,
         cpus=cpus,
+        stagger=stagger,
     )
 
 

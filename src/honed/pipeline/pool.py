@@ -266,6 +266,7 @@ class _Slot:
         self.cancel_current = False  # pool.cancel() asked to end the job in progress
         self.paused_since: float | None = None
         self.paused_total = 0.0
+        self.up = threading.Event()  # its first start is over (ready, failed, or none made)
         self.thread = threading.Thread(target=self._loop, name=f"honed-pool-{index}", daemon=True)
 
     # -- pausing (another worker measures on this CPU) -------------------------------------------
@@ -356,11 +357,31 @@ class _Slot:
         self._stop(0.0)
         return why
 
+    def _first_start(self) -> None:
+        """Start this slot's worker; in a staggered pool, after the slot before it is up, and
+        wait for it to be ready (a worker that fails to start is started again by its first job)."""
+        if not self.pool.stagger:
+            self._start()
+            return
+        if self.index:
+            before = self.pool.slots[self.index - 1].up
+            while not before.wait(0.5):
+                if self.pool.closed:
+                    return
+        if self.pool.closed:
+            return
+        self._start()
+        if not self.pool.closed:
+            self._wait_ready()
+
     # -- the thread ----------------------------------------------------------------------------
     def _loop(self) -> None:
         try:
-            if not self.pool.lazy:
-                self._start()
+            try:
+                if not self.pool.lazy:
+                    self._first_start()
+            finally:
+                self.up.set()
             while True:
                 item = self.pool.queue.get()
                 if item[-1] is None:  # the pool is closing
@@ -522,10 +543,14 @@ class WorkerPool:
         lazy: bool = False,
         nice: int = 0,
         cpus: list[int] | None = None,
+        stagger: bool = False,
     ) -> None:
         if size < 1:
             raise ValueError(f"WorkerPool: size must be at least 1, got {size}")
         clean_stale_folders()
+        # Workers start one after another, each once the one before it is ready (JIT: beside a
+        # program, several interpreters importing torch at once slowed its calls).
+        self.stagger = stagger and not lazy
         self.nice = nice  # added to each worker's niceness as it starts (JIT: below the program)
         self.cpus = cpus  # the CPUs each worker runs on (None: this process's)
         self.memory_limit_bytes = memory_limit_bytes
