@@ -44,10 +44,9 @@ struct CudaApi {
   status_t (*driver_current_context)(void**) = nullptr;               // cuCtxGetCurrent
   // For cuda_copy.h, optional (the timer does without them):
   //   cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream) / cuMemcpyDtoHAsync_v2(dst,
-  //   CUdeviceptr src, n, stream); cudaStreamSynchronize(stream) / cuStreamSynchronize(stream)
+  //   CUdeviceptr src, n, stream)
   status_t (*runtime_copy)(void*, const void*, size_t, int, stream_t) = nullptr;
   status_t (*driver_copy)(void*, unsigned long long, size_t, stream_t) = nullptr;
-  status_t (*stream_synchronize)(stream_t) = nullptr;
 };
 
 using detail::resolve;
@@ -65,10 +64,8 @@ bool resolve_runtime(void* h, CudaApi& api) {
 void resolve_copies(void* h, CudaApi& api) {
   if (api.driver) {
     resolve(h, {"cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync"}, api.driver_copy);
-    resolve(h, {"cuStreamSynchronize"}, api.stream_synchronize);
   } else {
     resolve(h, {"cudaMemcpyAsync"}, api.runtime_copy);
-    resolve(h, {"cudaStreamSynchronize"}, api.stream_synchronize);
   }
 }
 
@@ -230,7 +227,7 @@ namespace detail {
 namespace {
 const CudaApi& copy_api() {
   const CudaApi& api = cuda_api();
-  if (!api.ok || !api.stream_synchronize || !(api.runtime_copy || api.driver_copy)) {
+  if (!api.ok || !(api.runtime_copy || api.driver_copy)) {
     throw std::runtime_error("copying GPU memory to the host: " +
                              (api.ok ? api.what + " lacks the copy entry points" : api.what));
   }
@@ -261,7 +258,16 @@ void cuda_copy_to_host_async(void* dst, uintptr_t src, size_t size, uintptr_t st
 
 void cuda_stream_synchronize(uintptr_t stream) {
   const CudaApi& api = copy_api();
-  check_copy(api, api.stream_synchronize(reinterpret_cast<stream_t>(stream)), "stream synchronize");
+  // An event that blocks its waiter (cudaEventBlockingSync | cudaEventDisableTiming, the driver's
+  // flags have the same values): a stream synchronize in a process whose context spins would keep
+  // polling the driver from this thread beside the program's own launches.
+  constexpr unsigned kBlockingUntimed = 0x1 | 0x2;
+  event_t done = nullptr;
+  check_copy(api, api.event_create(&done, kBlockingUntimed), "event create");
+  status_t status = api.event_record(done, reinterpret_cast<stream_t>(stream));
+  if (status == 0) status = api.event_synchronize(done);
+  api.event_destroy(done);
+  check_copy(api, status, "event synchronize");
 }
 
 }  // namespace detail

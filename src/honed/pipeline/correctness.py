@@ -202,7 +202,9 @@ _KINDS = {
 
 def _on_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """``tensors`` on the CPU: a GPU tensor copied as it is, into pinned memory on the current
-    stream (honed's own beside a JIT program), then waited for without the GIL.
+    stream (honed's own beside a JIT program), then waited for without the GIL on an event that
+    blocks this thread (a stream synchronize spins where the context does, polling the driver
+    beside the program's launches).
 
     No kernel runs: a kernel this process has not run yet is loaded at its first launch, and
     CUDA may wait for the whole device to load it, a JIT program's calls with it (lazy
@@ -210,5 +212,7 @@ def _on_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
     held its calls up to seven times their length (bench/profile/beside_stall.py)."""
     copies = [t.to("cpu", non_blocking=True) if t.is_cuda else t.cpu() for t in tensors]
     for device in {t.device for t in tensors if t.is_cuda}:
-        torch.cuda.current_stream(device).synchronize()
+        done = torch.cuda.Event(blocking=True)
+        done.record(torch.cuda.current_stream(device))
+        done.synchronize()
     return copies
