@@ -8,7 +8,9 @@ may use, and do one of:
 - ``imports``: what a worker does before it says it is ready (``import torch``, ``torch._dynamo``,
   ``torch._inductor.compile_fx``; honed.pipeline._worker);
 - ``cuda``: the same, then a CUDA context (``torch.zeros(1, device="cuda")``), as its first job
-  makes one.
+  makes one;
+- contrasts: ``spin`` (a Python loop for 4 s: a busy core, its caches its own) and ``stream``
+  (256 MiB copied over and over for 4 s: memory and the shared cache).
 
 Printed per mode: the program's calls from the start until every process ended plus a second,
 against the loop alone: median, slowest, how many over twice the loop's median, and the median
@@ -38,6 +40,10 @@ _IMPORTS = "import torch, torch._dynamo, torch._inductor.compile_fx\n"
 _SNIPPETS = {
     "imports": _IMPORTS,
     "cuda": _IMPORTS + "torch.zeros(1, device='cuda'); torch.cuda.synchronize()\n",
+    # contrasts: a core kept busy in its caches, and memory streamed for about as long
+    "spin": "import time\nend = time.time() + 4\nwhile time.time() < end: pass\n",
+    "stream": "import time, numpy as np\na = np.ones(32 << 20); b = np.empty_like(a)\n"
+    "end = time.time() + 4\nwhile time.time() < end: np.copyto(b, a)\n",
 }
 
 
@@ -90,7 +96,9 @@ def _start_workers(mode: str, n: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=5)
-    ap.add_argument("--modes", nargs="+", default=list(_SNIPPETS), choices=list(_SNIPPETS))
+    ap.add_argument(
+        "--modes", nargs="+", default=["imports", "spin", "stream", "cuda"], choices=list(_SNIPPETS)
+    )
     ap.add_argument("--seconds-alone", type=float, default=5.0)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
