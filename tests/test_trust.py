@@ -447,3 +447,30 @@ def test_honed_bench_refuses_unsigned_native_code_unless_told_to_trust_it(
         [*command, "--trust-native-code"], env=env, capture_output=True, text=True, timeout=600
     )
     assert marker.exists(), done.stderr  # told to trust it: the package's code ran
+
+
+def test_the_keys_a_payload_is_checked_against_follow_their_files(tmp_path: Path) -> None:
+    """The trusted key ids are kept between payload checks (deriving them costs OpenSSL tens of
+    ms), yet a key trusted, untrusted or made since counts at the next check."""
+    files = {"blob.so": b"compiled code"}
+    hashes = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    other_private, other_public = _core.generate_signing_key()
+    record = {
+        "files_sha256": hashes,
+        "files_signature": {
+            "public_key": _core.public_key_of(other_private),
+            "ed25519": _core.sign(other_private, honed.trust._payload_digest("k", hashes)).hex(),
+        },
+    }
+    assert "which is not trusted here" in honed.trust.payload_problem("k", record, files)
+    pub = tmp_path / "other.pub"
+    pub.write_text(other_public)
+    other_id = honed.trust.trust(pub)
+    assert other_id in honed.trust.known_key_ids()
+    assert honed.trust.payload_problem("k", record, files) == ""
+    (trusted_file,) = [p for i, p in honed.trust.trusted() if i == other_id]
+    trusted_file.unlink()
+    assert "which is not trusted here" in honed.trust.payload_problem("k", record, files)
+    # the per-user cache key, made after the set was first read, signs payloads trusted here
+    own = honed.trust.sign_payload("k", files)
+    assert honed.trust.payload_problem("k", own, files) == ""

@@ -197,6 +197,45 @@ def _cache_public_keys() -> list[str]:
         return []
 
 
+# The key ids a cache payload may be signed with, and the state of the files they came from.
+_KNOWN: tuple[Any, frozenset[str]] | None = None
+
+
+def _key_files_state() -> tuple[Any, ...]:
+    """What the trusted set is made of: the config folder, the trusted folder and each key file
+    (owner, mode, size, modification time), so a key added, removed, edited or loosened shows."""
+    root = config.config_dir
+    own = Path(config.signing_key) if config.signing_key else root / PRIVATE_KEY
+    paths = [root, root / TRUSTED, own, root / CACHE_KEY]
+    try:
+        paths += sorted((root / TRUSTED).iterdir())
+    except OSError:
+        pass
+    state: list[Any] = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:
+            state.append((str(path), None))
+            continue
+        state.append((str(path), st.st_ino, st.st_uid, st.st_mode, st.st_size, st.st_mtime_ns))
+    return tuple(state)
+
+
+def known_key_ids() -> frozenset[str]:
+    """The ids of the keys this user's cache payloads may be signed with: the trusted set and
+    the cache key. Kept while their files stay as they were: deriving them takes OpenSSL tens of
+    ms, which a JIT program's restart spent beside its calls for each cached candidate."""
+    global _KNOWN
+    state = _key_files_state()
+    known = _KNOWN
+    if known is not None and known[0] == state:
+        return known[1]
+    ids = frozenset(_core.key_id(k) for k in [*trusted_public_keys(), *_cache_public_keys()])
+    _KNOWN = (state, ids)
+    return ids
+
+
 def _payload_digest(key: str, hashes: dict[str, str]) -> bytes:
     lines = [f"honed-cache-payload\n{key}"] + [f"{n}\t{h}" for n, h in sorted(hashes.items())]
     return "\n".join(lines).encode()
@@ -230,7 +269,7 @@ def payload_problem(key: str, record: dict[str, Any], files: dict[str, bytes] | 
     try:
         public, signature = str(sig["public_key"]), bytes.fromhex(str(sig["ed25519"]))
         ok = _core.verify(public, _payload_digest(key, hashes), signature)
-        known = {_core.key_id(k) for k in [*trusted_public_keys(), *_cache_public_keys()]}
+        known = known_key_ids()
     except (KeyError, ValueError, _core.ArtifactError, ConfigError):
         return "its payload signature is malformed"
     if not ok:

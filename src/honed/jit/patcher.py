@@ -138,6 +138,7 @@ def _discover(module: torch.nn.Module) -> Node:
         st.roots.append(node)
         add_step(f"New top module: {node.describe()}")
         _prepare_copies(module)
+        _prepare_trust()
     else:
         if parent.state in (State.TUNED, State.DETACHED):
             node.state = State.DETACHED
@@ -169,6 +170,17 @@ def _may_be_tried(node: Node) -> bool:
     through the top module's tune, which mostly ends with the children detached."""
     parent = node.parent
     return parent is None or parent.state is _EAGER or parent.state is _SKIPPED
+
+
+def _prepare_trust() -> None:
+    """In a top module's first call: the key ids a cached payload's signature is checked
+    against (OpenSSL, tens of ms), which a restart would otherwise derive beside a later call."""
+    from honed import trust
+
+    try:
+        trust.known_key_ids()
+    except Exception as e:  # the check derives them itself, or says why it cannot
+        log.debug("honed: JIT could not read the trusted keys yet: %s", e)
 
 
 def _record(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
