@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 import torch
+from beside_stall import _model  # the program's model, shared with that profile
 
 from honed import config
 from honed.pipeline import isolation
@@ -39,21 +40,6 @@ _SPIN = (
     "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
     "while True: pass\n"
 )
-
-
-def _model(device: str, small: bool) -> tuple[Any, dict[str, Any]]:
-    from transformers import BertConfig, BertModel
-
-    cfg = (
-        BertConfig(
-            hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256
-        )
-        if small
-        else BertConfig()
-    )
-    model = BertModel(cfg).to(device).eval()
-    ids = torch.randint(0, cfg.vocab_size, (8, 32 if small else 128), device=device)
-    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 def _loop(model: Any, inputs: dict[str, Any], device: str, seconds: float) -> dict[str, Any]:

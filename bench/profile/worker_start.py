@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import torch
+from beside_stall import _model  # the program's model, shared with that profile
 
 from honed import config
 from honed.pipeline import isolation
@@ -102,11 +103,7 @@ def main() -> None:
     ap.add_argument("--seconds-alone", type=float, default=5.0)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    from transformers import BertConfig, BertModel
-
-    model = BertModel(BertConfig()).cuda().eval()
-    ids = torch.randint(0, 30000, (8, 128), device="cuda")
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    model, inputs = _model("cuda", small=False)
     calls: list[tuple[float, ...]] = []
     stop = threading.Event()
     program = threading.Thread(target=_loop, args=(model, inputs, stop, calls))

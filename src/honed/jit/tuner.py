@@ -40,12 +40,12 @@ def maybe_try(node: Node) -> None:
     parent = node.parent
     if parent is not None and parent.state not in (State.EAGER, State.SKIPPED):
         return
-    tuned = (
+    would_tune = (
         node.level <= config.max_depth_level
         and node.name not in config.skip_modules
         and node.parameters >= config.min_parameters
     )
-    if tuned:  # a module try_node skips needs no samples
+    if would_tune:  # a module try_node skips needs no samples
         # calls recorded since it could be tried (a child's since its parent ended eager)
         if len(node.samples) < max(1, config.min_samples):
             return
