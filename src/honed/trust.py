@@ -224,8 +224,8 @@ def _key_files_state() -> tuple[Any, ...]:
 
 def known_key_ids() -> frozenset[str]:
     """The ids of the keys this user's cache payloads may be signed with: the trusted set and
-    the cache key. Kept while their files stay as they were: deriving them takes OpenSSL tens of
-    ms, which a JIT program's restart spent beside its calls for each cached candidate."""
+    the cache key. Kept while their files stay as they were: deriving them decodes every key
+    with OpenSSL, which a JIT program's restart did beside its calls for each cached candidate."""
     global _KNOWN
     state = _key_files_state()
     known = _KNOWN

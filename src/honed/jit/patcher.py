@@ -164,17 +164,18 @@ def _may_be_tried(node: Node) -> bool:
     """Whether ``node`` is a top module or its parent ended eager or skipped: only then can it
     be tried (``honed.jit.tuner.maybe_try``), so only then are its calls recorded.
 
-    Recording every module down to ``max_depth_level`` from the first call cloned the inputs of
-    each of BERT-base's 55 such modules in each of the first ``max_samples`` calls: on the H100
-    those calls took 21-34 ms against eager's 7-9, and the clones held a GiB of GPU memory
-    through the top module's tune, which mostly ends with the children detached."""
+    Recording every module down to ``max_depth_level`` from the first call cloned every such
+    module's inputs in each of the program's first ``max_samples`` calls, which made those calls
+    several times slower (docs/jit.md), and kept the clones in GPU memory through the top
+    module's tune, which mostly ends with the children detached."""
     parent = node.parent
     return parent is None or parent.state is _EAGER or parent.state is _SKIPPED
 
 
 def _prepare_trust() -> None:
     """In a top module's first call: the key ids a cached payload's signature is checked
-    against (OpenSSL, tens of ms), which a restart would otherwise derive beside a later call."""
+    against (OpenSSL's key decoding), which a restart would otherwise derive beside a later
+    call."""
     from honed import trust
 
     try:

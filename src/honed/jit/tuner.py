@@ -109,7 +109,7 @@ class _Workers:
     """The worker processes of a first tune, started where its graph-break check first needs
     one, as many as its tune will want: the tune then finds them running (each imports torch
     and Inductor first, seconds of a core). They start one after another while the check runs
-    on the first: five interpreters importing torch at once slowed the program's calls. Where
+    on the first: interpreters importing torch all at once slowed the program's calls. Where
     nothing needs a worker (both cached), none starts. Closed when the job ends."""
 
     def __init__(self, device: str) -> None:
