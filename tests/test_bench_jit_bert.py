@@ -40,6 +40,27 @@ def test_jit_over_the_one_liner_is_the_one_liners_time_over_each_runs() -> None:
     assert v["speedup"] == [pytest.approx(5.0, rel=1e-3)]
 
 
+def test_each_call_over_2x_is_listed_with_its_host_and_cpu_time() -> None:
+    """summarize lists every call after the first over twice eager's median: its index, start,
+    time, time until it returned and its thread's CPU time, and counts them by phase."""
+    calls = [[i * 0.01, 1.0, 0.2, 0.2] for i in range(20)]
+    calls[0] = [0.0, 50.0, 49.0, 49.0]  # the first call never counts
+    calls[5] = [0.05, 9.0, 8.9, 8.8]  # ran slow on the host
+    calls[12] = [0.12, 7.0, 0.3, 0.3]  # waited for the GPU
+    calls[15] = [0.15, 2.0, 0.2, 0.2]  # exactly 2x: not over
+    data = {
+        "calls": calls,
+        "wall_s": 1.0,
+        "stderr": "",
+        "phases": [[0.1, "Candidate", "build"]],
+    }
+    out = jit_bert.summarize(data, eager_ms=1.0)
+    assert out["over_2x"] == 2
+    assert out["over_2x_calls"] == [[5, 0.05, 9.0, 8.9, 8.8], [12, 0.12, 7.0, 0.3, 0.3]]
+    assert out["over_2x_by_phase"] == {"before the tune": 1, "Candidate: build": 1}
+    assert out["slowest_after_first_ms"] == 9.0
+
+
 def test_a_run_that_may_fail_reports_its_last_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
