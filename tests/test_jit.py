@@ -417,10 +417,13 @@ def test_skip_modules_skips_the_module_and_tries_its_children(jit: honed.jit.Jit
     assert "Skipping TinyMLP 📊676: listed in skip_modules" in honed.jit.history()
 
 
-def test_a_child_records_calls_only_once_it_can_be_tried(jit: honed.jit.JitConfig) -> None:
-    """Before its parent is decided a child is not recorded (cloning every module's inputs made
-    a program's first calls slow); once the parent is skipped, the child's next ``min_samples``
-    calls are its samples, and then it is tried on them."""
+def test_beside_the_program_a_child_records_calls_only_once_it_can_be_tried(
+    jit: honed.jit.JitConfig,
+) -> None:
+    """Beside the program, a child is not recorded before its parent is decided (cloning every
+    module's inputs made a program's first calls slow); once the parent is skipped, the child's
+    next ``min_samples`` calls are its samples, and then it is tried on them."""
+    jit.wait = False
     jit.min_samples = 3
     model = TinyMLP().eval()
     first, second, third, fourth, fifth = batches(2, 4, 3, 5, 6)
@@ -441,12 +444,26 @@ def test_a_child_records_calls_only_once_it_can_be_tried(jit: honed.jit.JitConfi
     assert [args[0].shape[0] for args, _ in fc2.samples] == [5, 6]
     assert fc1.state is State.RECORDING and not fc1.tried
     run(model, batches(7))  # their third recorded call: tried, and tuned on batches 5 to 7
+    assert honed.jit.wait(timeout_s=300)
     assert node_states() == [
         ("TinyMLP", 0, "SKIPPED"),
         ("Linear", 1, "TUNED"),
         ("Linear", 1, "TUNED"),
     ]
     assert_close(run(model, batches(6)), eager(model, batches(6)))
+
+
+def test_in_wait_mode_a_module_that_ends_eager_has_its_children_tuned_in_the_same_wait() -> None:
+    """The program waits anyway: children record their first calls from the start, so after
+    ``min_samples`` (2) calls the root's graph break and its child's tune are both done."""
+    torch.manual_seed(0)
+    model = DLPackModule().eval()
+    inputs = batches(2, 4)
+    assert_close(run(model, inputs), eager(model, inputs))
+    root = honed.jit.roots()[0]
+    assert root.state is State.EAGER and root.reason == "graph breaks"
+    assert [c.state for c in root.children] == [State.TUNED]
+    assert [args[0].shape[0] for args, _ in root.children[0].tuned_samples] == [2, 4]
 
 
 def test_min_parameters_skips_small_modules(jit: honed.jit.JitConfig) -> None:

@@ -106,7 +106,7 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 return _ORIGINAL_CALL(self, *args, **kwargs)
             finally:
                 stack.pop()
-        if not node.tried and _may_be_tried(node):
+        if not node.tried and _records(node):
             _record(node, args, kwargs)
         elif node.trial is not None:  # its tune measures candidates on the program's calls
             return _route(node, args, kwargs)
@@ -160,16 +160,21 @@ def _prepare_copies(module: torch.nn.Module) -> None:
         log.debug("honed: JIT could not prepare its copies: %s", e)
 
 
-def _may_be_tried(node: Node) -> bool:
-    """Whether ``node`` is a top module or its parent ended eager or skipped: only then can it
-    be tried (``honed.jit.tuner.maybe_try``), so only then are its calls recorded.
+def _records(node: Node) -> bool:
+    """Whether this call of ``node`` (not tried yet) is recorded as one of its samples.
 
+    Beside the program, a module's calls are recorded once it can be tried
+    (``honed.jit.tuner.maybe_try``): it is a top module, or its parent ended eager or skipped.
     Recording every module down to ``max_depth_level`` from the first call cloned every such
     module's inputs in each of the program's first ``max_samples`` calls, which made those calls
     several times slower (docs/jit.md), and kept the clones in GPU memory through the top
-    module's tune, which mostly ends with the children detached."""
+    module's tune, which mostly ends with the children detached. In wait mode the program
+    waits for JIT anyway: there a child records its first ``min_samples`` calls from the start,
+    so a module that ends eager has its children tried within the same wait."""
     parent = node.parent
-    return parent is None or parent.state is _EAGER or parent.state is _SKIPPED
+    if parent is None or parent.state is _EAGER or parent.state is _SKIPPED:
+        return True
+    return config.wait and len(node.samples) < config.min_samples
 
 
 def _prepare_trust() -> None:
