@@ -85,6 +85,61 @@ def test_building_for_a_cpu_graph_is_a_clear_error() -> None:
         CudaGraphsBackend().build(model, [Sample((x,), {})])
 
 
+class _FakeGraph:
+    """What _graph_capture asks of a torch.cuda.CUDAGraph, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        self.calls.append(("begin", capture_error_mode))
+
+    def capture_end(self) -> None:
+        self.calls.append(("end", None))
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_a_capture_beside_a_program_leaves_its_memory_and_queue_alone(
+    monkeypatch: pytest.MonkeyPatch, beside: bool
+) -> None:
+    """Beside a JIT program a capture neither synchronizes the device nor empties the caching
+    allocator (the program's next calls would cudaMalloc its blocks again); a tune's capture
+    with nothing beside it frees memory first, as torch.cuda.graph does."""
+    from honed.backend import cuda_graphs
+    from honed.pipeline import courtesy
+
+    done: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: done.append("sync"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: done.append("empty_cache"))
+    graph = _FakeGraph()
+    courtesy.watch((lambda: False) if beside else None)
+    try:
+        with cuda_graphs._graph_capture(graph, None, None):
+            graph.calls.append(("body", None))
+    finally:
+        courtesy.watch(None)
+    assert done == ([] if beside else ["sync", "empty_cache"])
+    assert graph.calls == [("begin", "thread_local"), ("body", None), ("end", None)]
+
+
+def test_a_failing_capture_is_ended_and_its_error_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    from honed.backend import cuda_graphs
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+    class Broken(_FakeGraph):
+        def capture_end(self) -> None:
+            super().capture_end()
+            raise RuntimeError("capture invalidated")
+
+    graph = Broken()
+    with pytest.raises(ValueError, match="the module's own"):
+        with cuda_graphs._graph_capture(graph, None, None):
+            raise ValueError("the module's own")
+    assert graph.calls == [("begin", "thread_local"), ("end", None)]
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="CUDA is available here")
 def test_tune_on_cpu_reports_it_unavailable() -> None:
     model = honed.Module(TinyMLP().eval(), "tiny-cg")
@@ -164,6 +219,28 @@ class TestOnCuda:
         with torch.no_grad():
             for fn in fns:
                 torch.testing.assert_close(fn(_x(4, 9)), model(_x(4, 9)))
+
+    @pytest.mark.parametrize("beside", [True, False])
+    def test_a_capture_beside_a_program_keeps_its_cached_blocks(self, beside: bool) -> None:
+        """The program's cached, free memory stays cached through a capture beside it (JIT's
+        install), so its next calls need no cudaMalloc; without a program it is freed first."""
+        from honed.pipeline import courtesy
+
+        model = _cuda_mlp()
+        block = 64 << 20
+        torch.cuda.empty_cache()
+        del_me = torch.empty(block, dtype=torch.uint8, device="cuda")
+        del del_me  # a free block the caching allocator keeps
+        assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() >= block
+        courtesy.watch((lambda: False) if beside else None)
+        try:
+            fn = _build(model, _x(4))
+        finally:
+            courtesy.watch(None)
+        cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        assert (cached >= block) is beside
+        with torch.no_grad():
+            torch.testing.assert_close(fn(_x(4, 3)), model(_x(4, 3)))
 
     def test_two_shapes_make_two_captures_and_alternate_correctly(self) -> None:
         model = _cuda_mlp()

@@ -37,6 +37,7 @@ from honed.backend._precision import (
 )
 from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
 from honed.errors import ConfigError, InputError, TuneError
+from honed.pipeline import courtesy
 from honed.pipeline.correctness import Tolerance
 
 log = logging.getLogger("honed")
@@ -278,14 +279,7 @@ class CudaGraphed:
                 with (
                     CAPTURING,
                     _workspaces_in_graph_pool(),
-                    # thread_local: a capture on one thread (JIT installs beside the program)
-                    # leaves other threads' CUDA work alone, and theirs does not break it.
-                    torch.cuda.graph(
-                        graph,
-                        pool=self._pool,
-                        stream=self._stream,
-                        capture_error_mode="thread_local",
-                    ),
+                    _graph_capture(graph, self._pool, self._stream),
                 ):
                     out = self._run(*args, **kwargs)
                     if eager_dtypes is not None:
@@ -327,6 +321,33 @@ class CudaGraphed:
                 self._run(*args, **kwargs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return eager_dtypes
+
+
+@contextlib.contextmanager
+def _graph_capture(graph: Any, pool: Any, stream: Any) -> Iterator[None]:
+    """``torch.cuda.graph(graph, pool, stream, capture_error_mode="thread_local")``, except that
+    beside a program (JIT's install) it leaves the program's memory alone.
+
+    thread_local: a capture on one thread leaves other threads' CUDA work alone, and theirs does
+    not break it. torch.cuda.graph begins with a device-wide synchronize and empties the caching
+    allocators, device and pinned host, to free memory for the graph: beside a program that
+    waits for its queued kernels and hands its cached blocks back to the driver, so its next
+    calls allocate them again with cudaMalloc, on the program's thread. A capture needs neither
+    (it runs nothing; the inputs it reads are ordered by stream waits), so beside a program only
+    the capture itself is done; elsewhere memory is freed first, as torch does.
+    """
+    if not courtesy.beside_program():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool, capture_error_mode="thread_local")
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):  # the capture is broken; its own error is secondary
+                graph.capture_end()
+            raise
+        graph.capture_end()
 
 
 @contextlib.contextmanager

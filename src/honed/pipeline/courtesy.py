@@ -39,6 +39,11 @@ def watch(busy: Callable[[], bool] | None) -> None:
     _probe[0] = busy
 
 
+def beside_program() -> bool:
+    """Whether this process runs a program whose calls JIT works beside (a probe is set)."""
+    return _probe[0] is not None
+
+
 def give_way(limit_s: float = LIMIT_S) -> float:
     """Wait while the program is inside a call (``limit_s`` at most), once this thread has run
     ``SLICE_S`` since it last waited; the seconds waited."""
@@ -85,4 +90,4 @@ def own_stream(device: Any) -> Iterator[None]:
     side.synchronize()  # its results are read on other streams next (waits without the GIL)
 
 
-__all__ = ["LIMIT_S", "give_way", "own_stream", "watch"]
+__all__ = ["LIMIT_S", "beside_program", "give_way", "own_stream", "watch"]
