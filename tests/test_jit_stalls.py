@@ -388,10 +388,13 @@ print(sorted(m for m in ("onnx", "onnxruntime", "onnxscript", "torchao") if m in
 @pytest.mark.gpu
 def test_a_cuda_top_module_prepares_the_hashing_copies_in_its_first_call() -> None:
     """The cache key hashes GPU weights through a side stream and pinned memory; making those
-    holds the GIL, so the top module's first call makes them, not a thread beside a later call."""
-    from honed.pipeline import cache
+    holds the GIL, so the top module's first call makes them, not a thread beside a later call;
+    so too the GPU's details (NVML) and the cores' topology (sysfs) a tune's start reads."""
+    from honed.pipeline import cache, isolation, machine
 
     cache._COPIERS.clear()
+    machine._PROBED.clear()
+    isolation._cores.cache_clear()
     model = TinyMLP().cuda().eval()
     with honed.jit.config.patch(wait=False, min_samples=1000):  # the first call only
         with torch.no_grad():
@@ -400,3 +403,5 @@ def test_a_cuda_top_module_prepares_the_hashing_copies_in_its_first_call() -> No
     assert device in cache._COPIERS
     stream, staging = cache._COPIERS[device]
     assert staging.is_pinned() and stream.device == device
+    assert list(machine._PROBED) == [machine._gpu_id(device)]
+    assert isolation._cores.cache_info().currsize == 1

@@ -203,3 +203,70 @@ def test_the_machine_section_describes_the_gpu() -> None:
     assert section["gpu_shared"] in (True, False)
     assert section["torch_threads_source"] == "torch default (GPU measurement)"
     print(json.dumps(section, indent=2))
+
+
+# -- beside a JIT program ----------------------------------------------------------------------
+@pytest.fixture
+def beside_a_program() -> Iterator[None]:
+    """The courtesy probe JIT sets: a program's calls run in this process."""
+    from honed.pipeline import courtesy
+
+    courtesy.watch(lambda: False)
+    try:
+        yield
+    finally:
+        courtesy.watch(None)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
+    calls: list[Any] = []
+    real = getattr(machine._core, name)
+    monkeypatch.setattr(machine._core, name, lambda *a, **k: calls.append(a) or real(*a, **k))
+    return calls
+
+
+def test_beside_a_program_the_check_spins_no_calibration(
+    monkeypatch: pytest.MonkeyPatch, beside_a_program: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JIT's thread measures nothing, and a calibration spinning beside the program's calls
+    slowed them: beside a program the section says the load was checked without one."""
+    calibrations = _counting(monkeypatch, "calibrate_cpu")
+    with caplog.at_level(logging.INFO, logger="honed"):
+        section = machine.start_of_tune(torch.device("cpu"))
+    assert calibrations == []
+    assert "CPU calibration" not in section["load"]
+    assert section["calibration_slowdown"] is None
+    assert section["load_checked"].startswith("beside the program")
+    assert caplog.text == ""  # the program's output is left alone
+
+
+def test_without_a_program_the_check_calibrates(monkeypatch: pytest.MonkeyPatch) -> None:
+    calibrations = _counting(monkeypatch, "calibrate_cpu")
+    section = machine.start_of_tune(torch.device("cpu"))
+    assert len(calibrations) == 1 and "CPU calibration" in section["load"]
+    assert "load_checked" not in section
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_tune_probes_the_gpu_once_and_beside_a_program_not_at_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVML's probe slowed a JIT program's calls beside it: JIT probes in its first call
+    (``machine.prepare``) and its tunes reuse that; a tune without a program probes once."""
+    from honed.pipeline import courtesy
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    probes = _counting(monkeypatch, "probe_gpu_details")
+    section = machine.start_of_tune(device)
+    assert len(probes) == 1 and section["gpu"]
+    machine._PROBED.clear()
+    machine.prepare(device)
+    assert len(probes) == 2
+    courtesy.watch(lambda: False)
+    try:
+        beside = machine.start_of_tune(device)
+    finally:
+        courtesy.watch(None)
+    assert len(probes) == 2  # none beside the program
+    assert beside["gpu"] == section["gpu"] and beside["gpu_driver"] == section["gpu_driver"]

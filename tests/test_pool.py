@@ -556,6 +556,7 @@ def test_the_cores_left_to_the_program_are_whole_physical_cores(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # 8 physical cores, each with two hyperthreads: CPU c and c + 8
+    isolation._cores.cache_clear()  # the topology is read once per set of CPUs
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setattr(isolation, "_physical_core", lambda cpu: (0, cpu % 8))
     with honed.config.patch(worker_spare_cores=0.25):
@@ -564,9 +565,16 @@ def test_the_cores_left_to_the_program_are_whole_physical_cores(
         assert isolation.worker_cpus() == [7, 15]
     with honed.config.patch(worker_spare_cores=0.0):
         assert isolation.worker_cpus() is None
-    monkeypatch.setattr(isolation, "_physical_core", lambda cpu: (0, 0))  # one core
-    with honed.config.patch(worker_spare_cores=0.25):
+    read: list[int] = []
+    monkeypatch.setattr(isolation, "_physical_core", lambda cpu: read.append(cpu) or (0, 0))
+    with honed.config.patch(worker_spare_cores=1.0):  # read once: no sysfs again
+        assert isolation.worker_cpus() == [7, 15] and read == []
+    isolation._cores.cache_clear()
+    with honed.config.patch(worker_spare_cores=0.25):  # one core
         assert isolation.worker_cpus() is None
+        assert isolation.worker_cpus() is None
+    assert read == list(range(16))
+    isolation._cores.cache_clear()
 
 
 class CheapBuild(Backend):

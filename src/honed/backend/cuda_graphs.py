@@ -344,7 +344,7 @@ def _graph_capture(graph: Any, pool: Any, stream: Any) -> Iterator[None]:
         try:
             yield
         except BaseException:
-            with contextlib.suppress(Exception):  # the capture is broken; its own error is secondary
+            with contextlib.suppress(Exception):  # broken: the body's error is the one to raise
                 graph.capture_end()
             raise
         graph.capture_end()

@@ -137,27 +137,12 @@ def _discover(module: torch.nn.Module) -> Node:
     if parent is None:
         st.roots.append(node)
         add_step(f"New top module: {node.describe()}")
-        _prepare_copies(module)
-        _prepare_trust()
+        _prepare_start(module)
     else:
         if parent.state in (State.TUNED, State.DETACHED):
             node.state = State.DETACHED
         add_step(f"New child module: {node.describe()}", logging.DEBUG)
     return node
-
-
-def _prepare_copies(module: torch.nn.Module) -> None:
-    """In a top module's first call (whose time is JIT's start-up anyway): what hashing its GPU
-    weights for the cache key needs, which would otherwise be made beside a later call."""
-    first = next(module.parameters(), None)
-    if first is None or not first.is_cuda:
-        return
-    from honed.pipeline.cache import prepare_copies
-
-    try:
-        prepare_copies(first.device)
-    except Exception as e:  # the hashing makes them later, or says why
-        log.debug("honed: JIT could not prepare its copies: %s", e)
 
 
 def _records(node: Node) -> bool:
@@ -177,16 +162,32 @@ def _records(node: Node) -> bool:
     return config.wait and len(node.samples) < config.min_samples
 
 
-def _prepare_trust() -> None:
-    """In a top module's first call: the key ids a cached payload's signature is checked
-    against (OpenSSL's key decoding), which a restart would otherwise derive beside a later
-    call."""
+def _prepare_start(module: torch.nn.Module) -> None:
+    """In a top module's first call (whose time is JIT's start-up anyway), what JIT's thread
+    would otherwise derive beside a later call, holding the GIL or the CPU the program runs on:
+    the key ids a cached payload's signature is checked against (OpenSSL's key decoding); for a
+    GPU model, the side stream and pinned staging that hash its weights for the cache key, the
+    GPU's details through NVML (a tune's machine check), and the CPUs its workers may use (the
+    cores' topology from sysfs). Each is also derived where it is needed, should this fail."""
     from honed import trust
+    from honed.pipeline import isolation, machine
+    from honed.pipeline.cache import prepare_copies
 
-    try:
-        trust.known_key_ids()
-    except Exception as e:  # the check derives them itself, or says why it cannot
-        log.debug("honed: JIT could not read the trusted keys yet: %s", e)
+    first = next(module.parameters(), None)
+    on_gpu = first is not None and first.is_cuda
+    steps: list[tuple[str, Callable[[], Any]]] = [("the trusted keys", trust.known_key_ids)]
+    if on_gpu:
+        assert first is not None
+        steps += [
+            ("its copies", lambda: prepare_copies(first.device)),
+            ("the GPU's details", lambda: machine.prepare(first.device)),
+            ("the cores' topology", isolation.physical_cores),
+        ]
+    for what, step in steps:
+        try:
+            step()
+        except Exception as e:
+            log.debug("honed: JIT could not prepare %s at its start: %s", what, e)
 
 
 def _record(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

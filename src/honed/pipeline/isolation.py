@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -115,18 +116,31 @@ def worker_cpus() -> list[int] | None:
     share = config.worker_spare_cores
     if share <= 0:
         return None
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-    cores: dict[Any, list[int]] = {}
-    for cpu in allowed:
-        cores.setdefault(_physical_core(cpu), []).append(cpu)
+    cores = physical_cores()
     if len(cores) < 2:
         return None
     spare = min(len(cores) - 1, max(1, round(share * len(cores))))
     ordered = sorted(cores.values())  # the program keeps the lowest-numbered cores
     return sorted(cpu for cpus in ordered[spare:] for cpu in cpus)
+
+
+def physical_cores() -> dict[Any, list[int]]:
+    """This process's allowed CPUs by physical core (empty where the affinity is unknown)."""
+    try:
+        allowed = tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return {}
+    return _cores(allowed)
+
+
+@functools.lru_cache(maxsize=4)
+def _cores(cpus: tuple[int, ...]) -> dict[Any, list[int]]:
+    """``cpus`` by physical core, read from sysfs once per set: the topology does not change,
+    and a JIT program reads it in its first call rather than beside a later one."""
+    cores: dict[Any, list[int]] = {}
+    for cpu in cpus:
+        cores.setdefault(_physical_core(cpu), []).append(cpu)
+    return cores
 
 
 def _physical_core(cpu: int) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from honed import _core, config
+from honed.pipeline import courtesy
 
 log = logging.getLogger("honed")
 
@@ -67,11 +68,27 @@ def _own_pids() -> list[int]:
     return pids
 
 
-def _gpu(device: torch.device | None) -> Any:
-    """The engine's GpuDetails of the GPU measured on; None off CUDA."""
+# GPU details as first probed, per GPU: what a tune beside a JIT program reuses.
+_PROBED: dict[str, Any] = {}
+
+
+def _gpu(device: torch.device | None, fresh: bool = True) -> Any:
+    """The engine's GpuDetails of the GPU measured on; None off CUDA. ``fresh``: probe now, else
+    reuse the details this process probed first (probing if none)."""
     if device is None or device.type != "cuda" or not torch.cuda.is_available():
         return None
-    return _core.probe_gpu_details(_gpu_id(device))
+    gpu_id = _gpu_id(device)
+    if fresh or gpu_id not in _PROBED:
+        details = _core.probe_gpu_details(gpu_id)
+        _PROBED.setdefault(gpu_id, details)
+        return details
+    return _PROBED[gpu_id]
+
+
+def prepare(device: torch.device) -> None:
+    """In JIT's start-up (a top module's first call): the GPU's details through NVML, which a
+    tune beside the program then reuses (``start_of_tune``) instead of probing beside a call."""
+    _gpu(device, fresh=False)
 
 
 def _other_gpu_processes(gpu: _core.GpuDetails | None) -> int:
@@ -82,15 +99,15 @@ def _other_gpu_processes(gpu: _core.GpuDetails | None) -> int:
 
 
 def check_load(
-    device: torch.device | None, gpu: _core.GpuDetails | None = None
+    device: torch.device | None, gpu: _core.GpuDetails | None = None, calibrate: bool = True
 ) -> _core.LoadVerdict:
     """The engine's LoadVerdict for this machine now: a short CPU calibration on the threads the
-    measurement will use (one, the launching thread, for a GPU), the load average, and other
-    processes on the GPU."""
+    measurement will use (one, the launching thread, for a GPU; none unless ``calibrate``), the
+    load average, and other processes on the GPU."""
     gpu = gpu if gpu is not None else _gpu(device)
     threads = cpu_threads() if device is None or device.type == "cpu" else 1
     signals = _core.LoadSignals(
-        calibration_ms=_core.calibrate_cpu(threads),
+        calibration_ms=_core.calibrate_cpu(threads) if calibrate else [],
         load_avg_1m=_core.load_average_1m(),
         logical_cpus=int(cpu().logical_cpus),
         gpu_other_processes=_other_gpu_processes(gpu),
@@ -114,11 +131,21 @@ def start_of_tune(device: torch.device) -> dict[str, Any]:
     """The busy-machine check at the start of a tune: one log line, and the machine section.
 
     HONED_WAIT_FOR_QUIET_S > 0 waits up to that long for the machine to become quiet first.
+
+    Beside a JIT program the machine is busy with the program by design, and the check runs on
+    JIT's thread, which measures nothing: it spins no CPU calibration and probes no GPU through
+    NVML (both slowed the program's calls beside them) but reuses the GPU details of JIT's start.
     """
+    if courtesy.beside_program():
+        gpu = _gpu(device, fresh=False)
+        section = describe(device, check_load(device, gpu, calibrate=False), gpu)
+        section["load_checked"] = "beside the program: no CPU calibration, GPU as at JIT's start"
+        return section
+    gpu = _gpu(device)
     if config.wait_for_quiet_s > 0:
         verdict = wait_for_quiet(device, config.wait_for_quiet_s)
     else:
-        verdict = check_load(device)
+        verdict = check_load(device, gpu)
     if verdict.busy:
         log.warning(
             "honed: this machine is %s; figures may be noisy, and a candidate wins only with "
@@ -127,12 +154,13 @@ def start_of_tune(device: torch.device) -> dict[str, Any]:
         )
     else:
         log.info("honed: machine %s", verdict.summary)
-    return describe(device, verdict)
+    return describe(device, verdict, gpu)
 
 
-def describe(device: torch.device | None, verdict: Any = None) -> dict[str, Any]:
+def describe(device: torch.device | None, verdict: Any = None, gpu: Any = None) -> dict[str, Any]:
     """The machine section of a report and an artifact (the compatibility fingerprint is
-    environment.fingerprint; nothing here decides whether an artifact loads)."""
+    environment.fingerprint; nothing here decides whether an artifact loads); ``gpu``: details
+    already probed (else probed now)."""
     info = cpu()
     on_cpu = device is None or device.type == "cpu"
     section: dict[str, Any] = {
@@ -146,7 +174,7 @@ def describe(device: torch.device | None, verdict: Any = None) -> dict[str, Any]
             else "torch default (GPU measurement)"
         ),
     }
-    gpu = _gpu(device)
+    gpu = gpu if gpu is not None else _gpu(device)
     if gpu is not None:
         others = _other_gpu_processes(gpu)
         section.update(
@@ -175,4 +203,11 @@ def _known(value: float) -> float | None:
     return None if value < 0 else value
 
 
-__all__ = ["check_load", "cpu_threads", "describe", "measuring_threads", "start_of_tune"]
+__all__ = [
+    "check_load",
+    "cpu_threads",
+    "describe",
+    "measuring_threads",
+    "prepare",
+    "start_of_tune",
+]
