@@ -339,6 +339,28 @@ def test_graph_break_check_is_cached(jit: honed.jit.JitConfig) -> None:
         assert how in steps[0] and "trying its children" in steps[0]
 
 
+def test_a_first_tune_hashes_the_weights_once(
+    jit: honed.jit.JitConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph-break check's cache key and the tune's share one hash of the weights: each
+    hash reads every weight beside the program's calls."""
+    from honed.pipeline import cache
+
+    model = TinyMLP().eval()
+    weight = next(model.parameters())
+    hashed: list[int] = []
+    real = cache.Digest.tensor
+
+    def tensor(self: cache.Digest, t: torch.Tensor) -> None:
+        hashed.append(t.data_ptr())
+        real(self, t)
+
+    monkeypatch.setattr(cache.Digest, "tensor", tensor)
+    run(model, batches(2, 4))
+    assert honed.jit.roots()[0].state is State.TUNED
+    assert hashed.count(weight.data_ptr()) == 1
+
+
 def test_min_samples_waits_before_tuning(jit: honed.jit.JitConfig) -> None:
     jit.min_samples = 3
     model = TinyMLP().eval()

@@ -31,12 +31,22 @@ def _cache() -> TuneCache | None:
     return TuneCache(Path(config.cache_dir) if config.cache_dir else _flags.cache_dir)
 
 
-def graph_break_key(module: torch.nn.Module, sample: tuple[tuple[Any, ...], dict[str, Any]]) -> str:
+def graph_break_key(
+    module: torch.nn.Module,
+    sample: tuple[tuple[Any, ...], dict[str, Any]],
+    fingerprints: dict[int, str] | None = None,
+) -> str:
+    """The cache key of ``module``'s graph-break answer on ``sample``'s signature.
+    ``fingerprints``: model fingerprints by id(module), filled here, which the module's tune
+    then reuses (hashing the weights beside the program's calls once, not twice)."""
     args, kwargs = sample
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    fingerprints = {} if fingerprints is None else fingerprints
+    if id(module) not in fingerprints:
+        fingerprints[id(module)] = model_fingerprint(module)
     return TuneCache.key(
         jit="graph_breaks",
-        model=model_fingerprint(module),
+        model=fingerprints[id(module)],
         signature=_core.signature(args, kwargs).graph_key,
         environment=fingerprint(device),
     )

@@ -92,15 +92,16 @@ def _first_tune(node: Node, dataset: list[Any]) -> None:
     if node.module is None:
         return  # the program dropped the module meanwhile
     workers = _Workers(_device_of(node.module, dataset[0]))
+    fingerprints: dict[int, str] = {}  # the weights are hashed once for the check and the tune
     try:
-        if config.detect_graph_breaks and _breaks(node, dataset[0], workers):
+        if config.detect_graph_breaks and _breaks(node, dataset[0], workers, fingerprints):
             _eager(node, "graph breaks")
             return
         if config.dry_run:
             node.reason = "dry run"
             add_step(f"Dry run: would tune {node.describe()} on {len(dataset)} sample(s)")
             return
-        _tune(node, dataset, "first tune", workers)
+        _tune(node, dataset, "first tune", workers, fingerprints)
     finally:
         workers.close()
 
@@ -164,7 +165,10 @@ def _try_children(node: Node) -> None:
 
 
 def _breaks(
-    node: Node, sample: tuple[tuple[Any, ...], dict[str, Any]], workers: _Workers | None = None
+    node: Node,
+    sample: tuple[tuple[Any, ...], dict[str, Any]],
+    workers: _Workers | None = None,
+    fingerprints: dict[int, str] | None = None,
 ) -> bool:
     """Whether torch._dynamo.explain finds a graph break (or cannot trace) on a recorded sample.
 
@@ -176,7 +180,7 @@ def _breaks(
     module = node.module
     assert module is not None  # checked by the caller
     started = time.perf_counter()
-    key = graph_break_key(module, sample)
+    key = graph_break_key(module, sample, fingerprints)
     found = cached_graph_breaks(key)
     if found is None:
         count, reasons, how, keep = _check(node, module, sample, workers)
@@ -277,8 +281,15 @@ def _jit_tuner(**settings: Any) -> Any:
     return JitTuner(tracker=progress.Tracker(show=False), **settings)  # the program owns stderr
 
 
-def _tune(node: Node, dataset: list[Any], reason: str, workers: _Workers | None = None) -> None:
-    """On JIT's thread: tune ``node`` on ``dataset`` with Tuner.start, then swap the winner in."""
+def _tune(
+    node: Node,
+    dataset: list[Any],
+    reason: str,
+    workers: _Workers | None = None,
+    fingerprints: dict[int, str] | None = None,
+) -> None:
+    """On JIT's thread: tune ``node`` on ``dataset`` with Tuner.start, then swap the winner in.
+    ``fingerprints``: model fingerprints by id(module) already made (the graph-break check's)."""
     from honed.module import Module
 
     module = node.module
@@ -287,7 +298,7 @@ def _tune(node: Node, dataset: list[Any], reason: str, workers: _Workers | None 
     strategy = config.tune_strategy()
     sizes = headroom_sizes(dataset)
     budget = config.time_budget_s or None
-    fingerprints: dict[int, str] = {}  # the weights are hashed once for both passes
+    fingerprints = {} if fingerprints is None else fingerprints  # hashed once for both passes
     if reason == "first tune" and _flags.cache_enabled:
         # The program's calls (live) tell the cached pass which candidates stay out beside it.
         cached = _new_tuner(
