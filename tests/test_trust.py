@@ -378,6 +378,38 @@ def test_cached_payloads_are_signed_and_a_tampered_one_is_evaluated_again(
     assert Packed.builds == 3
 
 
+def test_a_reused_payload_is_read_and_hashed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hundreds of MB beside a JIT program's calls: the check's verified bytes are the ones
+    loaded, not read and hashed a second time."""
+    from honed.pipeline.cache import TuneCache
+
+    Packed.builds = Packed.loads = 0
+    _tune_packed()
+    reads: list[str] = []
+    hashed: list[bytes] = []
+    read, sha256 = TuneCache._read_files, honed.trust._sha256
+
+    def counted_read(self: TuneCache, key: str, record: dict[str, Any]) -> Any:
+        reads.append(key)
+        return read(self, key, record)
+
+    def counted_sha256(data: bytes) -> str:
+        hashed.append(bytes(data))
+        return sha256(data)
+
+    monkeypatch.setattr(TuneCache, "_read_files", counted_read)
+    monkeypatch.setattr(honed.trust, "_sha256", counted_sha256)
+    _tune_packed()
+    assert (Packed.builds, Packed.loads) == (1, 1)
+    assert len(reads) == 1 and hashed == [b"compiled code"]
+
+
+def test_a_payload_hashed_in_pieces_has_its_whole_sha256(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(honed.trust, "_HASH_PIECE_BYTES", 7)
+    for data in (b"", b"abc", bytes(range(256)) * 3):
+        assert honed.trust._sha256(data) == hashlib.sha256(data).hexdigest()
+
+
 def test_payloads_cached_before_the_first_save_are_reused_after_it() -> None:
     """The first honed.save makes the user's signing key; entries the tune cached before it were
     signed with the per-user cache key and stay this user's own."""

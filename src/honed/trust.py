@@ -241,11 +241,28 @@ def _payload_digest(key: str, hashes: dict[str, str]) -> bytes:
     return "\n".join(lines).encode()
 
 
-def sign_payload(key: str, files: dict[str, bytes]) -> dict[str, Any]:
-    """Record fields that bind a cache entry's payload files to its key, signed."""
+# The bytes hashed between two chances to give way (below).
+_HASH_PIECE_BYTES = 8 << 20
+
+
+def _sha256(data: bytes) -> str:
+    """SHA-256 of ``data`` in pieces, giving way between them (honed.pipeline.courtesy): a
+    payload of hundreds of MB hashed in one go beside a JIT program's call slowed that call."""
     import hashlib
 
-    hashes = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    from honed.pipeline.courtesy import give_way
+
+    digest = hashlib.sha256()
+    view = memoryview(data)
+    for start in range(0, len(view), _HASH_PIECE_BYTES):
+        digest.update(view[start : start + _HASH_PIECE_BYTES])  # without the GIL
+        give_way()
+    return digest.hexdigest()
+
+
+def sign_payload(key: str, files: dict[str, bytes]) -> dict[str, Any]:
+    """Record fields that bind a cache entry's payload files to its key, signed."""
+    hashes = {name: _sha256(data) for name, data in files.items()}
     private = _cache_key()
     signature = _core.sign(private, _payload_digest(key, hashes))
     return {
@@ -256,15 +273,13 @@ def sign_payload(key: str, files: dict[str, bytes]) -> dict[str, Any]:
 
 def payload_problem(key: str, record: dict[str, Any], files: dict[str, bytes] | None) -> str:
     """Why a cache entry's payload must not be used ("" when it verifies)."""
-    import hashlib
-
     hashes, sig = record.get("files_sha256"), record.get("files_signature")
     if not isinstance(hashes, dict) or not isinstance(sig, dict):
         return "its payload is not signed"
     if files is None or set(files) != set(hashes):
         return "its payload files are missing"
     for name, data in files.items():
-        if hashlib.sha256(data).hexdigest() != hashes[name]:
+        if _sha256(data) != hashes[name]:
             return f"payload file {name!r} does not match its SHA-256"
     try:
         public, signature = str(sig["public_key"]), bytes.fromhex(str(sig["ed25519"]))

@@ -249,6 +249,8 @@ class TuneCache:
         )
         if self.refused:
             log.warning("honed: the tuning cache is off: %s", self.refused)
+        # (key, record, files) of the last get whose payload verified, for files()
+        self._verified: tuple[str, dict[str, Any], dict[str, bytes] | None] | None = None
 
     @staticmethod
     def key(**parts: Any) -> str:
@@ -257,10 +259,15 @@ class TuneCache:
     def _path(self, key: str) -> Path:
         return self.dir / key[:2] / f"{key}.json"
 
-    def get(self, key: str, unstable_too: bool = False) -> dict[str, Any] | None:
+    def get(
+        self, key: str, unstable_too: bool = False, payload: bool = True
+    ) -> dict[str, Any] | None:
         """The record stored under ``key``; one whose measurement was unstable only with
         ``unstable_too`` (a JIT restart replays the decision made on it rather than measuring
-        beside the program again)."""
+        beside the program again). Its payload files are read and verified first, unless
+        ``payload`` is False (the record is only rewritten, nothing of it loaded); verified,
+        they are kept for the ``files`` call that follows (hashed once, not twice)."""
+        self._verified = None
         if self.refused:
             return None
         path = self._path(key)
@@ -271,11 +278,13 @@ class TuneCache:
         except (OSError, json.JSONDecodeError) as e:
             log.warning("honed: ignoring unreadable cache entry %s (%s)", path, e)
             return None
-        if isinstance(record, dict) and record.get("files"):
-            problem = trust.payload_problem(key, record, self._read_files(key, record))
+        if payload and isinstance(record, dict) and record.get("files"):
+            files = self._read_files(key, record)
+            problem = trust.payload_problem(key, record, files)
             if problem:
                 log.warning("honed: ignoring cache entry %s: %s; evaluating again", path, problem)
                 return None
+            self._verified = (key, record, files)
         if unstable_too:
             return record
         return record if reusable(record) else None  # an unstable measurement is no decision
@@ -299,6 +308,12 @@ class TuneCache:
         return self.dir / key[:2] / f"{key}.files"
 
     def files(self, key: str, record: dict[str, Any]) -> dict[str, bytes] | None:
+        """The payload files of ``record`` under ``key``, verified; None where they do not."""
+        verified, self._verified = self._verified, None
+        if not record.get("files"):
+            return None
+        if verified is not None and verified[0] == key and verified[1] is record:
+            return verified[2]
         files = self._read_files(key, record)
         return files if not trust.payload_problem(key, record, files) else None
 

@@ -650,7 +650,8 @@ class GraphTuner:
         if self.ctx.cache is None:
             return
         for o in competing:
-            record = self.ctx.cache.get(o.cache_key) if o.cache_key else None
+            # the record only gains the figures: its payload is not read (nor hashed) here
+            record = self.ctx.cache.get(o.cache_key, payload=False) if o.cache_key else None
             if o.cache_key and record is not None and o.measurement is not None:
                 self.ctx.cache.put(
                     o.cache_key, dict(record, measurement=measurement_record(o.measurement))
