@@ -75,9 +75,7 @@ def evil_package(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     with zipfile.ZipFile(pt2, "w") as z:
         z.writestr("model/.data/version", "1")
         z.write(tmp / "evil.so", "model/data/aotinductor/model/evil.so")
-        metadata = '{"AOTI_DEVICE_KEY": "cpu"}'
-        z.writestr("model/data/aotinductor/model/evil_metadata.json", metadata)
-        z.writestr("model/data/aotinductor/model/_metadata.json", metadata)  # torch 2.11 reads it
+        z.writestr("model/data/aotinductor/model/evil_metadata.json", '{"AOTI_DEVICE_KEY": "cpu"}')
     return pt2.read_bytes()
 
 
