@@ -165,7 +165,7 @@ def test_unsigned_native_code_is_refused_before_it_runs(
     # The explicit opt-in loads it: the constructor runs (the graph then fails and runs eager).
     done = _load_in_child(path, marker, trust_native_code=True)
     assert done.returncode == 0, done.stderr
-    assert marker.exists()
+    assert marker.exists(), done.stderr
 
 
 @pytest.mark.integration  # new interpreters
@@ -189,7 +189,7 @@ def test_honed_run_refuses_unsigned_native_code_before_it_runs(
     command.append("--trust-native-code")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 2  # not a real package: it fails to load, after its code ran
-    assert marker.exists()
+    assert marker.exists(), done.stderr
 
 
 @pytest.mark.integration  # new interpreters
@@ -210,7 +210,7 @@ def test_signed_by_an_unknown_key_then_trusted(
     marker = tmp_path / "marker"
     done = _load_in_child(path, marker)
     assert done.returncode == 0, done.stderr
-    assert marker.exists()  # trusted: loaded like before signing existed
+    assert marker.exists(), done.stderr  # trusted: loaded like before signing existed
 
 
 @pytest.mark.integration  # new interpreters
