@@ -12,7 +12,12 @@ program's process, for a few seconds, with honed's courtesy probe set as JIT set
 - its parts: ``copy-pageable`` (the outputs copied to the host as ``.cpu()`` does, back to back),
   ``copy-pinned`` (into pinned memory on honed's stream, then waited for), ``figures``
   (``compare`` of outputs already on the host: the figures in the engine, ``_core.closeness``)
-  and ``figures-torch`` (the same figures made with torch's CPU ops in float64, as before).
+  and ``figures-torch`` (the same figures made with torch's CPU ops in float64, as before);
+- big buffers in the program's process, as receiving a package from a worker or reading a
+  cached payload makes them: ``alloc`` (256 MiB allocated, written, freed), ``read-file`` (a
+  256 MiB file read whole, from the page cache); with ``-heap`` after them (run last: the
+  setting stays), the same with glibc told to serve large allocations from its heap and keep
+  freed memory (``mallopt``: no mmap, no trimming), so nothing is mapped or unmapped per buffer.
 
 Printed per mode: how long one piece took, and the program's calls meanwhile (median, 99th
 percentile, slowest, how many over twice the median of the loop alone).
@@ -23,12 +28,16 @@ percentile, slowest, how many over twice the median of the loop alone).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import json
+import os
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,7 +53,12 @@ MODES = (
     "copy-pinned",
     "figures",
     "figures-torch",
+    "alloc",
+    "read-file",
+    "alloc-heap",
+    "read-file-heap",
 )
+_BIG = 256 << 20
 
 
 def _model(device: str, small: bool) -> tuple[Any, dict[str, Any]]:
@@ -103,7 +117,33 @@ def _python_fingerprint(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def _keep_freed_memory() -> None:
+    """glibc: large allocations from the heap (no mmap), freed memory kept (no trimming)."""
+    libc = ctypes.CDLL(None)
+    m_trim_threshold, m_mmap_max = -1, -4
+    assert libc.mallopt(m_mmap_max, 0) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1
+
+
+def _big_job(mode: str) -> Callable[[], None]:
+    if mode.endswith("-heap"):
+        _keep_freed_memory()
+    if mode.startswith("alloc"):
+
+        def alloc() -> None:
+            buf = bytearray(_BIG)  # written (zeroed) as it is made
+            buf[:: 1 << 12] = b"\1" * (_BIG >> 12)
+            del buf
+
+        return alloc
+    path = Path(tempfile.gettempdir()) / "honed-beside-stall.bin"
+    if not path.exists() or path.stat().st_size != _BIG:
+        path.write_bytes(os.urandom(_BIG))
+    return lambda: path.read_bytes() and None
+
+
 def _job(mode: str, model: Any, inputs: dict[str, Any], device: str) -> Callable[[], None]:
+    if mode.startswith(("alloc", "read-file")):
+        return _big_job(mode)
     if mode == "hash-python":
         return lambda: _python_fingerprint(model)
     if mode == "hash-engine":
