@@ -13,11 +13,11 @@ program's process, for a few seconds, with honed's courtesy probe set as JIT set
   ``copy-pinned`` (into pinned memory on honed's stream, then waited for), ``figures``
   (``compare`` of outputs already on the host: the figures in the engine, ``_core.closeness``)
   and ``figures-torch`` (the same figures made with torch's CPU ops in float64, as before);
-- big buffers in the program's process, as receiving a package from a worker or reading a
-  cached payload makes them: ``alloc`` (256 MiB allocated, written, freed), ``read-file`` (a
-  256 MiB file read whole, from the page cache); with ``-heap`` after them (run last: the
-  setting stays), the same with glibc told to serve large allocations from its heap and keep
-  freed memory (``mallopt``: no mmap, no trimming), so nothing is mapped or unmapped per buffer.
+- a big buffer in the program's process, as reading a cached payload or receiving a package
+  from a worker makes one: ``read-file`` (a 256 MiB file read whole, from the page cache, the
+  GIL free while it is read), and ``read-file-heap`` (run last: the setting stays), the same
+  with glibc told to serve large allocations from its heap and keep freed memory (``mallopt``:
+  no mmap, no trimming), so no buffer is mapped, faulted in or unmapped again.
 
 Printed per mode: how long one piece took, and the program's calls meanwhile (median, 99th
 percentile, slowest, how many over twice the median of the loop alone).
@@ -53,9 +53,7 @@ MODES = (
     "copy-pinned",
     "figures",
     "figures-torch",
-    "alloc",
     "read-file",
-    "alloc-heap",
     "read-file-heap",
 )
 _BIG = 256 << 20
@@ -127,14 +125,6 @@ def _keep_freed_memory() -> None:
 def _big_job(mode: str) -> Callable[[], None]:
     if mode.endswith("-heap"):
         _keep_freed_memory()
-    if mode.startswith("alloc"):
-
-        def alloc() -> None:
-            buf = bytearray(_BIG)  # written (zeroed) as it is made
-            buf[:: 1 << 12] = b"\1" * (_BIG >> 12)
-            del buf
-
-        return alloc
     path = Path(tempfile.gettempdir()) / "honed-beside-stall.bin"
     if not path.exists() or path.stat().st_size != _BIG:
         path.write_bytes(os.urandom(_BIG))
@@ -142,7 +132,7 @@ def _big_job(mode: str) -> Callable[[], None]:
 
 
 def _job(mode: str, model: Any, inputs: dict[str, Any], device: str) -> Callable[[], None]:
-    if mode.startswith(("alloc", "read-file")):
+    if mode.startswith("read-file"):
         return _big_job(mode)
     if mode == "hash-python":
         return lambda: _python_fingerprint(model)
