@@ -130,7 +130,7 @@ def physical_cores() -> dict[Any, list[int]]:
         allowed = tuple(sorted(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return {}
-    return _cores(allowed)
+    return {core: list(cpus) for core, cpus in _cores(allowed).items()}  # the kept one unchanged
 
 
 @functools.lru_cache(maxsize=4)
