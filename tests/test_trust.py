@@ -75,6 +75,8 @@ def evil_package(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     with zipfile.ZipFile(pt2, "w") as z:
         z.writestr("model/.data/version", "1")
         z.write(tmp / "evil.so", "model/data/aotinductor/model/evil.so")
+        # Older AOTInductor loaders find the metadata beside the package's .cpp, not its .so.
+        z.writestr("model/data/aotinductor/model/evil.cpp", "/* the source a package carries */\n")
         z.writestr("model/data/aotinductor/model/evil_metadata.json", '{"AOTI_DEVICE_KEY": "cpu"}')
     return pt2.read_bytes()
 
