@@ -243,7 +243,7 @@ def test_beside_a_program_the_check_spins_no_calibration(
 def test_without_a_program_the_check_calibrates(monkeypatch: pytest.MonkeyPatch) -> None:
     calibrations = _counting(monkeypatch, "calibrate_cpu")
     section = machine.start_of_tune(torch.device("cpu"))
-    assert len(calibrations) == 1 and "CPU calibration" in section["load"]
+    assert len(calibrations) == 1 and section["calibration_slowdown"] >= 1.0
     assert "load_checked" not in section
 
 
