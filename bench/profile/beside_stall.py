@@ -240,10 +240,20 @@ def main() -> None:
             time.sleep(0.5)
     finally:
         courtesy.watch(None)
-        stop.set()
-        program.join()
-    if args.json:
-        with open(args.json, "w") as f:
+        end_program(stop, program)
+    write_json(result, args.json)
+
+
+def end_program(stop: threading.Event, program: threading.Thread) -> None:
+    """Stop the program's loop and wait for its last call (shared with worker_start.py)."""
+    stop.set()
+    program.join()
+
+
+def write_json(result: dict[str, Any], path: str) -> None:
+    """The profile's figures to ``path`` ("": nowhere)."""
+    if path:
+        with open(path, "w") as f:
             json.dump(result, f, indent=1)
 
 

@@ -32,7 +32,9 @@ import time
 from typing import Any
 
 import torch
-from beside_stall import _model  # the program's model, shared with that profile
+
+# the program's model and the profile's ending, shared with that profile
+from beside_stall import _model, end_program, write_json
 
 from honed import config
 from honed.pipeline import isolation
@@ -128,11 +130,8 @@ def main() -> None:
             print(f"{mode}: {json.dumps(result[mode])}", flush=True)
             time.sleep(1.0)
     finally:
-        stop.set()
-        program.join()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        end_program(stop, program)
+    write_json(result, args.json)
 
 
 if __name__ == "__main__":
