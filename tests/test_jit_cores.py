@@ -7,8 +7,10 @@ for every core) keeps its count."""
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -145,3 +147,95 @@ def test_each_of_the_programs_threads_takes_and_gives_back_its_own(
     busy[0] = False
     call(model)
     assert torch.get_num_threads() == 2
+
+
+def _threads() -> int:
+    """This process's threads now (an OpenMP team's workers included)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def _parallel_op() -> None:
+    torch.ones(1 << 20).exp_()  # far above torch's grain: runs on the calling thread's team
+
+
+def _pause_or_skip() -> None:
+    if getattr(cores._openmp(), "omp_pause_resource_all", None) is None:
+        pytest.skip("this OpenMP runtime has no omp_pause_resource_all (OpenMP 5.0)")
+
+
+def _waiting_thread_with_a_team(then: Callable[[], int]) -> tuple[int, int, int]:
+    """Threads in the process before a helper thread starts, while it waits after a parallel
+    op, and while it waits after ``then`` ran on it (``then`` returns what it saw)."""
+    _pause_or_skip()
+    torch.set_num_threads(2)
+    before = _threads()
+    counts: list[int] = []
+    ran, go, done = threading.Event(), threading.Event(), threading.Event()
+
+    def helper() -> None:
+        _parallel_op()
+        ran.set()
+        go.wait()
+        counts.append(then())
+        done.wait()
+
+    t = threading.Thread(target=helper)
+    t.start()
+    try:
+        assert ran.wait(30)
+        with_team = _threads()
+        go.set()
+        deadline = time.monotonic() + 30
+        while not counts and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        done.set()
+        t.join()
+    return before, with_team, counts[0]
+
+
+def test_a_jit_thread_that_waits_ends_its_openmp_team(jit_that_tunes_nothing: list[bool]) -> None:
+    """libgomp stops spin-waiting once the process has more OpenMP threads than cores, so a
+    team kept by a waiting JIT thread slows every parallel op of the program's calls."""
+
+    def release() -> int:
+        cores.release_team()
+        return _threads()
+
+    before, with_team, released = _waiting_thread_with_a_team(release)
+    assert with_team >= before + 2  # the helper and its team's worker
+    assert released == before + 1  # the helper alone
+    # the team comes back on the thread's next parallel op, and the op is right
+    x = torch.ones(1 << 20)
+    cores.release_team()
+    torch.testing.assert_close(x.exp(), torch.full_like(x, torch.e))
+
+
+def test_measuring_on_the_programs_calls_waits_without_an_openmp_team(
+    jit_that_tunes_nothing: list[bool],
+) -> None:
+    from honed.backend import Sample
+    from honed.jit import live
+
+    model = TinyMLP().eval()
+
+    class Node:
+        module = model
+        call_count = 0
+        trial = None
+
+    seen: list[int] = []
+
+    def stopped() -> bool:  # asked while the measure waits for the program's calls
+        seen.append(_threads())
+        return True
+
+    def measure() -> int:
+        calls = live.ProgramCalls(Node(), "cpu", lambda s: False, stopped)
+        sample = Sample((batches(1, 4)[0],), {})
+        assert calls.measure([("TorchEagerBackend", None)], sample) is None  # it stopped
+        return seen[0]
+
+    before, with_team, waiting = _waiting_thread_with_a_team(measure)
+    assert with_team >= before + 2
+    assert waiting == before + 1

@@ -99,6 +99,27 @@ def at_outermost_call(measuring: bool = False) -> None:
         )
 
 
+# omp_pause_soft (OpenMP 5.0): free the calling thread's idle team; the next parallel op makes one
+_OMP_PAUSE_SOFT = 1
+
+
+def release_team() -> None:
+    """End the calling thread's idle OpenMP team now (its threads exit; the thread's next
+    parallel op starts a new one). Called by JIT's threads before they wait on the program.
+
+    libgomp spin-waits between parallel regions only while the process has no more OpenMP
+    threads than cores; past that, every parallel op of the program's calls waits for its
+    team to wake. A team that a waiting JIT thread keeps counts: on the 2-core machine small
+    BERT's eager calls and AOTInductor's ran 2-3x slower while one lived, ONNX Runtime's (its
+    own threads) did not, and a tune measuring them on the program's calls chose ONNX Runtime
+    over the 1.3x faster AOTInductor. Without OpenMP 5.0's pause, the team lives until the
+    thread ends (background.py ends its thread when idle for that reason too)."""
+    omp = _openmp()
+    pause = getattr(omp, "omp_pause_resource_all", None) if omp is not None else None
+    if pause is not None:
+        pause(ctypes.c_int(_OMP_PAUSE_SOFT))
+
+
 def restore() -> None:
     """Give this thread's core back now (JIT idle, turned off or reset)."""
     omp = _openmp()

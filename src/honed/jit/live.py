@@ -36,6 +36,7 @@ from typing import Any
 
 from honed import _core
 from honed import config as _flags
+from honed.jit.cores import release_team
 from honed.module import MISS
 
 log = logging.getLogger("honed.jit")
@@ -346,6 +347,9 @@ class ProgramCalls:
             return _shapes(*binder.bind(args, kwargs)) == key
 
         turns = [Arm(label, wrapper, takes=takes) for label, wrapper in arms]
+        # this thread installed and checked the arms: its OpenMP team would slow the calls
+        # measured (honed.jit.cores.release_team)
+        release_team()
         finished = threading.Event()
         timer = CudaEvents() if self.device_type == "cuda" else None
         trial = Trial(turns[0], turns[1:], 1.0, lambda _: finished.set(), timer=timer, judge=False)

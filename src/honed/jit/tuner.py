@@ -24,6 +24,7 @@ from honed.errors import TuneCancelled
 from honed.jit import background
 from honed.jit.background import TuneRecord
 from honed.jit.config import MAX_RETUNES, config
+from honed.jit.cores import release_team
 from honed.jit.decisions import cached_graph_breaks, graph_break_key, store_graph_breaks
 from honed.jit.hierarchy import Node, State
 from honed.jit.history import add as add_step
@@ -325,7 +326,9 @@ def _tune(
         return
     error: Exception | None = None
     try:
-        report = tuner.start(wrapper, dataset, sizes).result()
+        future = tuner.start(wrapper, dataset, sizes)
+        release_team()  # this thread waits now: its OpenMP team would slow the program's calls
+        report = future.result()
     except Exception as e:  # the tune failing is JIT's cue to try the children
         error = e
     finally:
