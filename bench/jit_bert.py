@@ -19,7 +19,10 @@ winner is installed from its payload), then tuned the AOT way (below). Printed a
   interval of the ratio (issue 23: within 3 %); the two ratios bracket the machine's drift
   between runs, which no interval of one run shows; ``--pairs N`` adds N more (AOT, warm)
   processes in turns (the AOT ones replay their tune from its cache) and judges the ratio
-  across processes, one steady median each;
+  across processes, one steady median each; and in one process: the AOT run saves its
+  selection (``honed.save``), and the warm run after it loads it (``honed.load``) after its
+  loop and calls it in turns with JIT's own route, blocks of 25 calls each, 40 times: warm JIT
+  over AOT with no drift between processes in it (``jit_over_aot_in_process``);
 - a run of what a user types instead of honed (``--no-one-liner`` leaves it out), between the
   warm runs: ``torch.compile(model, mode="max-autotune")`` under bf16 autocast, on an empty
   Inductor cache; its cold compile (its first call) and each JIT run's steady speed over its
@@ -101,6 +104,8 @@ PROGRAM = textwrap.dedent(
                  "tuned_beside_calls": busy}
         if busy:
             done.set(); beside.join(); del other
+        if sys.argv[11]:  # the selection, for a warm JIT run to call beside its own
+            honed.save(model, sys.argv[11])
     if mode == "oneliner":  # what a user types instead: max-autotune under bf16 autocast
         compiled = torch.compile(model, mode=sys.argv[10])
         def model(**kw):
@@ -185,6 +190,7 @@ PROGRAM = textwrap.dedent(
     if watch_ms > 0:
         dumps.flush()  # the last calls' lines, before the program's end
     routes = {}
+    ways = {}
     if sys.argv[8] == "1":  # the JIT's tuned module called through JIT, and directly, in turns
         if mode == "tune":
             ways = {"honed.Module": lambda: model(**inputs(ids))}
@@ -194,6 +200,27 @@ PROGRAM = textwrap.dedent(
             ways = {"jit": lambda: model(**inputs(ids))}
             if jit_tuned is not None:
                 ways["honed.Module"] = lambda: jit_tuned(**inputs(ids))
+    if mode != "tune" and sys.argv[11]:
+        # The AOT tune's selection, loaded from its artifact, called in turns with JIT's route
+        # in this process: the same GPU, clocks and memory for both (issue 23's 3 %).
+        import contextlib, copy, honed, honed.jit
+        from honed.jit.patcher import STATE as jit_state
+        @contextlib.contextmanager
+        def unseen():  # JIT neither discovers nor tunes the copy (its own route does the same)
+            jit_state.bypass += 1
+            try:
+                yield
+            finally:
+                jit_state.bypass -= 1
+        with unseen():
+            aot_model = honed.Module(copy.deepcopy(model), "bert")
+            honed.load(aot_model, sys.argv[11], trust_native_code=True)
+        def call_aot():
+            with unseen():
+                aot_model(**inputs(ids))
+        ways.setdefault("jit", lambda: model(**inputs(ids)))
+        ways["aot"] = call_aot
+    if ways:
         gpu = device.startswith("cuda")
         taken = {name: ([], [], []) for name in ways}
         with torch.no_grad():
@@ -215,7 +242,7 @@ PROGRAM = textwrap.dedent(
                             taken[name][2].append(e0.elapsed_time(e1) if gpu else 0.0)
         import statistics
         routes = {name: {"median_ms": statistics.median(a), "launch_ms": statistics.median(b),
-                         "gpu_ms": statistics.median(c)}
+                         "gpu_ms": statistics.median(c), "calls_ms": a}
                   for name, (a, b, c) in taken.items()}
     tuned["routes"] = routes
     def omp_threads_here():
@@ -274,10 +301,12 @@ def run_program(
     mode: str = "plain",
     compile_mode: str = "max-autotune",
     may_fail: bool = False,
+    artifact: str = "",
 ) -> dict[str, Any]:
     """One run of the program in a fresh process; its JSON with the wall time, its slow calls'
     stacks and its stderr. A run that fails ends the benchmark, unless ``may_fail``: then
-    ``{"failed": the error's last line}``."""
+    ``{"failed": the error's last line}``. ``artifact``: a tune run saves its selection there;
+    a JIT run loads it and calls it in turns with its own route after its loop."""
     out = workdir / f"{tag}.json"
     script = workdir / "plain_bert.py"
     script.write_text(PROGRAM)
@@ -294,6 +323,7 @@ def run_program(
         "1" if args.routes and tag not in ("eager", "cold", "oneliner") else "0",
         "1" if args.aot_busy else "0",
         compile_mode,
+        artifact,
     ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -440,8 +470,15 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     launches = [c[2] for c in calls[-len(steady_calls(data)) :] if len(c) > 2]
     if launches:  # the steady calls' host time until the call returned, before the sync
         out["steady_launch_ms"] = round(statistics.median(launches), 4)
-    if data.get("routes"):
-        out["routes"] = data["routes"]
+    routes = data.get("routes") or {}
+    if routes:
+        out["routes"] = {
+            way: {k: v for k, v in fig.items() if k != "calls_ms"} for way, fig in routes.items()
+        }
+    if "jit" in routes and "aot" in routes:
+        # blocks of calls through each, in turns, in one process: no drift between processes
+        ratio, ci = ratio_ci99(routes["jit"]["calls_ms"], routes["aot"]["calls_ms"])
+        out["jit_over_aot_in_process"] = {"ratio": ratio, "ci99": ci}
     if data.get("process"):
         out["process"] = data["process"]
     collections = data.get("collections", [])
@@ -662,8 +699,13 @@ def main() -> None:
                 TORCHINDUCTOR_CACHE_DIR=str(workdir / "aot-inductor"),
                 HONED_CACHE_DIR=str(workdir / "aot-honed-cache"),
             )
-            aot = run_program(args, workdir, "aot", aot_env, seconds, mode="tune")
-            warm_after = run_program(args, workdir, "warm-after", jit_env, seconds)
+            artifact = str(workdir / "aot.honed")
+            aot = run_program(
+                args, workdir, "aot", aot_env, seconds, mode="tune", artifact=artifact
+            )
+            warm_after = run_program(
+                args, workdir, "warm-after", jit_env, seconds, artifact=artifact
+            )
             pairs = []  # more processes in turns; the AOT ones replay their tune from its cache
             for i in range(args.pairs):
                 pairs.append(
@@ -764,6 +806,13 @@ def main() -> None:
         )
         for tag in ("aot", "warm_after"):
             print_probes(f"{tag}: ", result[tag])
+        side = result["warm_after"].get("jit_over_aot_in_process")
+        if side:
+            lo, hi = side["ci99"]
+            print(
+                f"  warm JIT / AOT's selection in one process, called in turns: "
+                f"{side['ratio']:.4f} (99% CI {lo:.4f}-{hi:.4f})"
+            )
         print(f"  eager process: {json.dumps(result['eager'].get('process'))}")
     if "warm_vs_aot_processes" in result:
         v = result["warm_vs_aot_processes"]
