@@ -187,6 +187,43 @@ def test_beside_a_calling_program_workers_build_and_check_and_its_calls_measure(
     assert report.selected() == ["Good"]
 
 
+@pytest.mark.parametrize("beside", [True, False])
+def test_a_tune_beside_a_program_waits_for_its_workers_without_an_openmp_team(
+    isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beside: bool
+) -> None:
+    """The tune's thread ends its OpenMP team before it waits on the workers while a program
+    calls (honed.pipeline.openmp: a kept team slows the program's parallel ops)."""
+    import threading
+
+    from honed.pipeline import courtesy, graph_tuner
+    from honed.pipeline.tuner import Tuner
+
+    events: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        graph_tuner, "release_team", lambda: events.append(("release", threading.get_ident()))
+    )
+    wait_all = graph_tuner.wait_all
+
+    def waits(*args: Any, **kwargs: Any) -> Any:
+        events.append(("wait", threading.get_ident()))
+        return wait_all(*args, **kwargs)
+
+    monkeypatch.setattr(graph_tuner, "wait_all", waits)
+    monkeypatch.setattr(courtesy, "_probe", [(lambda: False) if beside else None])
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    strategy = honed.MaxThroughputStrategy([Good()])
+    tuner = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=Program())
+    assert tuner.run(model, batches(4, 4), []).selected() == ["Good"]
+    first_wait = next(e for e in events if e[0] == "wait")
+    released = [e for e in events if e[0] == "release"]
+    if beside:
+        assert released and events.index(released[0]) < events.index(first_wait)
+        assert released[0][1] == first_wait[1]  # by the thread that waits
+    else:
+        assert not released  # a tune without a program keeps its thread's team
+
+
 class NoisyProgram(Program):
     """A program whose first ``noisy`` rounds of calls jump halfway through (a busy machine)."""
 

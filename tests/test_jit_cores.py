@@ -18,6 +18,7 @@ import torch
 import honed
 import honed.jit
 from honed.jit import background, cores
+from honed.pipeline import openmp
 
 from conftest import TinyMLP, batches
 
@@ -199,7 +200,7 @@ def test_a_jit_thread_that_waits_ends_its_openmp_team(jit_that_tunes_nothing: li
     team kept by a waiting JIT thread slows every parallel op of the program's calls."""
 
     def release() -> int:
-        cores.release_team()
+        openmp.release_team()
         return _threads()
 
     before, with_team, released = _waiting_thread_with_a_team(release)
@@ -207,7 +208,7 @@ def test_a_jit_thread_that_waits_ends_its_openmp_team(jit_that_tunes_nothing: li
     assert released == before + 1  # the helper alone
     # the team comes back on the thread's next parallel op, and the op is right
     x = torch.ones(1 << 20)
-    cores.release_team()
+    openmp.release_team()
     torch.testing.assert_close(x.exp(), torch.full_like(x, torch.e))
 
 

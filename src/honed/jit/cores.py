@@ -20,10 +20,7 @@ is a torch whose intra-op threads are not OpenMP's; ``HONED_JIT_SHARE_CORES=0``
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import threading
-from typing import Any
 
 import torch
 
@@ -31,26 +28,7 @@ from honed import config
 from honed.jit import background
 from honed.jit.history import add as add_step
 from honed.pipeline.isolation import cpu_cores
-
-_OPENMP_RUNTIMES = ("libgomp", "libiomp5", "libomp")
-
-
-@functools.cache
-def _openmp() -> Any:
-    """The OpenMP runtime torch's intra-op threads use, loaded in this process (None when they
-    are not OpenMP's or the runtime cannot be found)."""
-    try:
-        if "OpenMP" not in torch.__config__.parallel_info():
-            return None
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if ".so" in line}
-        for name in _OPENMP_RUNTIMES:
-            for path in sorted(paths):
-                if path.rsplit("/", 1)[-1].startswith(name):
-                    return ctypes.CDLL(path)  # already loaded: the same library, not a copy
-    except (OSError, AttributeError):
-        pass
-    return None
+from honed.pipeline.openmp import runtime as _openmp
 
 
 class _Shared(threading.local):
@@ -97,27 +75,6 @@ def at_outermost_call(measuring: bool = False) -> None:
             f"JIT works beside the program: the program's calls run {threads - 1} of {threads} "
             "threads until JIT is idle (HONED_JIT_SHARE_CORES=0 keeps them all)"
         )
-
-
-# omp_pause_soft (OpenMP 5.0): free the calling thread's idle team; the next parallel op makes one
-_OMP_PAUSE_SOFT = 1
-
-
-def release_team() -> None:
-    """End the calling thread's idle OpenMP team now (its threads exit; the thread's next
-    parallel op starts a new one). Called by JIT's threads before they wait on the program.
-
-    libgomp spin-waits between parallel regions only while the process has no more OpenMP
-    threads than cores; past that, every parallel op of the program's calls waits for its
-    team to wake. A team that a waiting JIT thread keeps counts: on the 2-core machine small
-    BERT's eager calls and AOTInductor's ran 2-3x slower while one lived, ONNX Runtime's (its
-    own threads) did not, and a tune measuring them on the program's calls chose ONNX Runtime
-    over the 1.3x faster AOTInductor. Without OpenMP 5.0's pause, the team lives until the
-    thread ends (background.py ends its thread when idle for that reason too)."""
-    omp = _openmp()
-    pause = getattr(omp, "omp_pause_resource_all", None) if omp is not None else None
-    if pause is not None:
-        pause(ctypes.c_int(_OMP_PAUSE_SOFT))
 
 
 def restore() -> None:

@@ -36,8 +36,8 @@ from typing import Any
 
 from honed import _core
 from honed import config as _flags
-from honed.jit.cores import release_team
 from honed.module import MISS
+from honed.pipeline.openmp import release_team
 
 log = logging.getLogger("honed.jit")
 
@@ -348,7 +348,7 @@ class ProgramCalls:
 
         turns = [Arm(label, wrapper, takes=takes) for label, wrapper in arms]
         # this thread installed and checked the arms: its OpenMP team would slow the calls
-        # measured (honed.jit.cores.release_team)
+        # measured (honed.pipeline.openmp)
         release_team()
         finished = threading.Event()
         timer = CudaEvents() if self.device_type == "cuda" else None

@@ -24,12 +24,12 @@ from honed.errors import TuneCancelled
 from honed.jit import background
 from honed.jit.background import TuneRecord
 from honed.jit.config import MAX_RETUNES, config
-from honed.jit.cores import release_team
 from honed.jit.decisions import cached_graph_breaks, graph_break_key, store_graph_breaks
 from honed.jit.hierarchy import Node, State
 from honed.jit.history import add as add_step
 from honed.jit.patcher import STATE, paused
 from honed.pipeline import guidance
+from honed.pipeline.openmp import release_team
 
 log = logging.getLogger("honed.jit")
 

@@ -52,8 +52,9 @@ from honed.pipeline.candidate import (
     measurement_record,
     needs_interleave,
 )
-from honed.pipeline.courtesy import give_way, own_stream
+from honed.pipeline.courtesy import beside_program, give_way, own_stream
 from honed.pipeline.isolation import GraphJobs, NotIsolatable, pool_size
+from honed.pipeline.openmp import release_team
 from honed.pipeline.planning import Planned, plan, skip_reason, waits_for
 from honed.pipeline.pool import JobResult, WorkerPool, wait_all
 from honed.pipeline.progress import Tracker
@@ -570,6 +571,8 @@ class GraphTuner:
                 held.append(i)
             else:
                 submit(i, items[i].backend, False, items[i].cost)
+        if beside_program():  # this thread waits now: its OpenMP team would slow the program
+            release_team()
         while running or held or last:
             held = self._release_held(items, held, {**outcomes, **results}, submit)
             if not running and last:  # the rest is decided: build these, or leave them out
