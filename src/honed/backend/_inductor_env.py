@@ -95,5 +95,6 @@ def cap_gpu_benchmarks(ms: float) -> None:
         kwargs["warmup"] = min(kwargs.get("warmup", ms), ms)
         return original(*args, **kwargs)
 
-    bench._honed_uncapped = original
-    bench.benchmark_gpu = capped
+    # on the instance: the class's method (and every other benchmarker) stays as it is
+    setattr(bench, "_honed_uncapped", original)  # noqa: B010
+    setattr(bench, "benchmark_gpu", capped)  # noqa: B010
