@@ -470,17 +470,6 @@ worker_nice: int = _flag("worker_nice", "HONED_WORKER_NICE", 0, _Number(0, 19, T
 # computes on every core, and its workers' kernels are built for the cores they see.
 jit_spare_cores: float = _flag("jit_spare_cores", "HONED_JIT_SPARE_CORES", 0.25, _Number(0, 1))
 
-# The longest one of Inductor's GPU kernel benchmarks runs in JIT's workers, in ms (each compile
-# benchmarks its kernels' configurations back to back, 25 ms each by default, and beside the
-# program's calls the GPU shares its time between the two; honed.backend._inductor_env.
-# cap_gpu_benchmarks). 0 leaves Inductor's own.
-jit_benchmark_ms: float = _flag("jit_benchmark_ms", "HONED_JIT_BENCHMARK_MS", 2.0, _Number(0, 1000))
-
-# The same for a tune's worker processes (JIT sets it from jit_benchmark_ms for its own).
-worker_benchmark_ms: float = _flag(
-    "worker_benchmark_ms", "HONED_WORKER_BENCHMARK_MS", 0.0, _Number(0, 1000)
-)
-
 # The same for a tune's worker processes (JIT sets it from jit_spare_cores for its own).
 worker_spare_cores: float = _flag(
     "worker_spare_cores", "HONED_WORKER_SPARE_CORES", 0.0, _Number(0, 1)

@@ -139,14 +139,12 @@ class _Workers:
 
 def _jit_flags() -> Any:
     """The flags JIT's tunes and their workers run with: below the program's priority, off
-    the cores left to it, short GPU benchmarks in their compiles, and the stability JIT asks of
-    figures taken beside its calls."""
+    the cores left to it, and the stability JIT asks of figures taken beside its calls."""
     tolerance = max(_flags.stability_tolerance, config.stability_tolerance)
     return _flags.patch(
         stability_tolerance=tolerance,
         worker_nice=_flags.jit_worker_nice,
         worker_spare_cores=_flags.jit_spare_cores,
-        worker_benchmark_ms=_flags.jit_benchmark_ms,
     )
 
 

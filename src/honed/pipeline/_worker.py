@@ -218,10 +218,8 @@ def _hello(channel: _Channel) -> bool:
     import torch._inductor.compile_fx
 
     from honed.backend import _aoti_env
-    from honed.backend._inductor_env import cap_gpu_benchmarks
 
     _aoti_env.IN_WORKER = True  # a loader crash here fails only this worker's job
-    cap_gpu_benchmarks(config.worker_benchmark_ms)  # beside a program (JIT): short GPU bursts
     del torch
     return True
 
