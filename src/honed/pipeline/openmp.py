@@ -43,11 +43,12 @@ def release_team() -> None:
     """End the calling thread's idle OpenMP team now (its threads exit; the thread's next
     parallel op starts a new one), before the thread waits while a program calls.
 
-    A team a waiting thread keeps counts against the cores: on the 2-core machine small BERT's
-    eager calls and AOTInductor's ran 2-3x slower while one lived, ONNX Runtime's (its own
-    threads) did not, and a JIT tune measuring them on the program's calls chose ONNX Runtime
-    over the 1.3x faster AOTInductor. Without OpenMP 5.0's pause the team lives until its thread
-    ends (honed.jit.background ends JIT's thread when idle for that reason too)."""
+    A team a waiting thread keeps counts against the cores: the program's eager and
+    AOTInductor calls (OpenMP in the calling thread) ran slower while one lived and ONNX
+    Runtime's (threads of its own) did not, so a JIT tune measuring them on the program's calls
+    chose against the AOT tune's choice (docs/jit.md, "session 13"). Without OpenMP 5.0's pause
+    the team lives until its thread ends (honed.jit.background ends JIT's thread when idle for
+    that reason too)."""
     omp = runtime()
     pause = getattr(omp, "omp_pause_resource_all", None) if omp is not None else None
     if pause is not None:
