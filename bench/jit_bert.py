@@ -12,7 +12,10 @@ winner is installed from its payload), then tuned the AOT way (below). Printed a
 - each JIT run: the first call, the slowest call after the first (and its ratio to eager's
   median), the steady-state median (the last quarter of the calls), the seconds from the first
   call until calls run at tuned speed (the first call from which a run of 5 calls has a median
-  within 10 % of the steady state), and JIT's tune records from its history;
+  within 10 % of the steady state), and JIT's tune records from its history; its calls over 2x
+  eager's median by the tune's phase last entered and by what held each up (it returned in
+  time and then waited, on CUDA for the GPU; or returned late with its thread on the CPU all
+  along, or off it);
 - a fourth run (``--no-aot`` leaves it out) tunes the model the AOT way first (``honed.tune``
   with its defaults, its own empty caches) and then runs the same loop, and a second warm JIT
   run follows it: each warm run's steady median over the AOT run's, with the 99 % bootstrap
@@ -444,6 +447,28 @@ def _gc_made_slow(call: list[float], collections: list[list[float]], eager_ms: f
     return _in_gc(call, collections) >= 0.5 * (call[1] - eager_ms)
 
 
+# What held a slow call up, from its own figures: it returned within the bound and then waited
+# (on CUDA: for the GPU, in the sync); it returned late with its thread on the CPU all along (a
+# slow launch: the CPU's speed, a lock it spun on); or it returned late with its thread off the
+# CPU (the GIL, a core taken, a page fault's wait).
+_CAUSES = ("returned in time, then waited", "slow on the program's CPU", "off the CPU")
+
+
+def _by_cause(slow: list[list[float]], eager_ms: float) -> dict[str, int]:
+    counts = dict.fromkeys(_CAUSES, 0)
+    for call in slow:
+        if len(call) < 4:  # a run from before the host and CPU times were kept
+            continue
+        returned, cpu = call[2], call[3]
+        if returned <= 2 * eager_ms:
+            counts[_CAUSES[0]] += 1
+        elif cpu >= 0.8 * returned:
+            counts[_CAUSES[1]] += 1
+        else:
+            counts[_CAUSES[2]] += 1
+    return counts
+
+
 def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     calls = data["calls"]
     ms = [c[1] for c in calls]
@@ -492,6 +517,7 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         out["over_2x_calls"] = [
             [i, *(round(x, 3) for x in c)] for i, c in enumerate(calls) if i and c[1] > 2 * eager_ms
         ][:400]
+        out["over_2x_by_cause"] = _by_cause(slow, eager_ms)
         outside = [c[1] for c in calls[1:] if not _gc_made_slow(c, collections, eager_ms)]
         out["slowest_outside_gc_ms"] = round(max(outside), 3) if outside else None
         out["collections"] = {  # generation: [how many, longest ms]
@@ -780,6 +806,11 @@ def main() -> None:
             print(
                 f"  {over} call(s) after the first over 2x eager, by the phase last entered: "
                 + "; ".join(f"{k} {v}" for k, v in list(r["over_2x_by_phase"].items())[:8])
+            )
+        if r.get("over_2x"):
+            print(
+                "  by what held them up: "
+                + "; ".join(f"{k} {v}" for k, v in r["over_2x_by_cause"].items())
             )
         for c in r.get("slow_calls", [])[:8]:
             doing = (
