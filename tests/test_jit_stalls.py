@@ -299,12 +299,14 @@ def test_jit_workers_run_below_the_program(monkeypatch: pytest.MonkeyPatch) -> N
     from honed.pipeline import isolation
     from honed.pipeline import tuner as pipeline_tuner
 
-    seen: list[tuple[int, float]] = []
+    seen: list[tuple[int, float, int]] = []
     pools: list[Any] = []
     real = isolation.new_pool
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append((honed.config.worker_nice, honed.config.worker_spare_cores))
+        seen.append(
+            (honed.config.worker_nice, honed.config.worker_spare_cores, honed.config.workers)
+        )
         pools.append(real(*args, **kwargs))
         return pools[-1]
 
@@ -317,12 +319,27 @@ def test_jit_workers_run_below_the_program(monkeypatch: pytest.MonkeyPatch) -> N
     ):
         run(TinyMLP().eval(), batches(2, 4))
         assert honed.jit.roots()[0].state is State.TUNED
-    # one pool, the graph-break check's and then the tune's, off the cores left to the program
-    assert seen == [(6, honed.config.jit_spare_cores)]
-    assert pools[0].size == isolation.pool_size(2)  # eager and the candidate
+    # one pool, the graph-break check's and then the tune's, off the cores left to the program,
+    # of HONED_JIT_WORKERS workers at most
+    assert seen == [(6, honed.config.jit_spare_cores, honed.config.jit_workers)]
+    assert pools[0].size == min(isolation.pool_size(2), honed.config.jit_workers)
     assert pools[0].closed  # when the tune ended
     assert [s for s in check_steps("TinyMLP") if "Checking in a worker" in s]
     assert honed.config.worker_nice == 0 and honed.config.worker_spare_cores == 0
+
+
+@pytest.mark.parametrize(("workers", "jit_workers", "expected"), [(0, 2, 2), (3, 2, 3), (0, 0, 0)])
+def test_jits_tunes_have_fewer_workers_unless_honed_workers_says(
+    workers: int, jit_workers: int, expected: int
+) -> None:
+    """Each worker's start and build slows the program's calls: JIT's pools have
+    HONED_JIT_WORKERS workers, HONED_WORKERS deciding where set (0: honed.tune's count)."""
+    from honed.jit.tuner import _jit_flags
+
+    with honed.config.patch(workers=workers, jit_workers=jit_workers):
+        with _jit_flags():
+            assert honed.config.workers == expected
+        assert honed.config.workers == workers  # the program's own tunes: as they were
 
 
 class CountsCalls(nn.Module):

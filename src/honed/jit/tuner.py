@@ -138,11 +138,13 @@ class _Workers:
 
 
 def _jit_flags() -> Any:
-    """The flags JIT's tunes and their workers run with: below the program's priority, off
-    the cores left to it, and the stability JIT asks of figures taken beside its calls."""
+    """The flags JIT's tunes and their workers run with: fewer workers, below the program's
+    priority, off the cores left to it, and the stability JIT asks of figures taken beside its
+    calls."""
     tolerance = max(_flags.stability_tolerance, config.stability_tolerance)
     return _flags.patch(
         stability_tolerance=tolerance,
+        workers=_flags.workers or _flags.jit_workers,  # HONED_WORKERS, where set, decides
         worker_nice=_flags.jit_worker_nice,
         worker_spare_cores=_flags.jit_spare_cores,
     )
