@@ -319,24 +319,31 @@ def test_jit_workers_run_below_the_program(monkeypatch: pytest.MonkeyPatch) -> N
     ):
         run(TinyMLP().eval(), batches(2, 4))
         assert honed.jit.roots()[0].state is State.TUNED
-    # one pool, the graph-break check's and then the tune's, off the cores left to the program,
-    # of HONED_JIT_WORKERS workers at most
-    assert seen == [(6, honed.config.jit_spare_cores, honed.config.jit_workers)]
-    assert pools[0].size == min(isolation.pool_size(2), honed.config.jit_workers)
+    # one pool, the graph-break check's and then the tune's, off the cores left to the program;
+    # the program waits for JIT here, so of honed.tune's size (test_jits_tunes_have_fewer_...)
+    assert seen == [(6, honed.config.jit_spare_cores, 0)]
+    assert pools[0].size == isolation.pool_size(2)  # eager and the candidate
     assert pools[0].closed  # when the tune ended
     assert [s for s in check_steps("TinyMLP") if "Checking in a worker" in s]
     assert honed.config.worker_nice == 0 and honed.config.worker_spare_cores == 0
 
 
-@pytest.mark.parametrize(("workers", "jit_workers", "expected"), [(0, 2, 2), (3, 2, 3), (0, 0, 0)])
+@pytest.mark.parametrize(
+    ("workers", "jit_workers", "wait", "expected"),
+    [(0, 2, False, 2), (3, 2, False, 3), (0, 0, False, 0), (0, 2, True, 0)],
+)
 def test_jits_tunes_have_fewer_workers_unless_honed_workers_says(
-    workers: int, jit_workers: int, expected: int
+    workers: int, jit_workers: int, wait: bool, expected: int
 ) -> None:
     """Each worker's start and build slows the program's calls: JIT's pools have
-    HONED_JIT_WORKERS workers, HONED_WORKERS deciding where set (0: honed.tune's count)."""
+    HONED_JIT_WORKERS workers, HONED_WORKERS deciding where set (0: honed.tune's count); a
+    program that waits for JIT (HONED_JIT_WAIT) gets honed.tune's count."""
     from honed.jit.tuner import _jit_flags
 
-    with honed.config.patch(workers=workers, jit_workers=jit_workers):
+    with (
+        honed.config.patch(workers=workers, jit_workers=jit_workers),
+        honed.jit.config.patch(wait=wait),
+    ):
         with _jit_flags():
             assert honed.config.workers == expected
         assert honed.config.workers == workers  # the program's own tunes: as they were

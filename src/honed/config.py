@@ -437,9 +437,10 @@ jit_time_budget_s: float = _flag(
     "jit_time_budget_s", "HONED_JIT_TIME_BUDGET_S", 0.0, _Number(0, _DAY_S, unit="s")
 )
 
-# Worker processes of JIT's first tunes when HONED_WORKERS does not say (0: as honed.tune's). Each
-# worker's start (importing torch and Inductor) and each build beside the program slow its calls;
-# two build the default candidates side by side as fast as more do (docs/jit.md).
+# Worker processes of JIT's tunes beside a calling program when HONED_WORKERS does not say (0: as
+# honed.tune's; a program waiting for JIT, HONED_JIT_WAIT, gets honed.tune's count). Each worker's
+# start (importing torch and Inductor) and each build beside the program slow its calls; two
+# build the default candidates side by side as fast as more do (docs/jit.md).
 jit_workers: int = _flag("jit_workers", "HONED_JIT_WORKERS", 2, _Number(0, 1024, True))
 
 # Niceness added to the worker processes of JIT's checks and tunes (0-19), so that on a machine

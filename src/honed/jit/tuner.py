@@ -144,7 +144,8 @@ def _jit_flags() -> Any:
     tolerance = max(_flags.stability_tolerance, config.stability_tolerance)
     return _flags.patch(
         stability_tolerance=tolerance,
-        workers=_flags.workers or _flags.jit_workers,  # HONED_WORKERS, where set, decides
+        # HONED_WORKERS, where set, decides; a program waiting for JIT gets honed.tune's count
+        workers=_flags.workers or (0 if config.wait else _flags.jit_workers),
         worker_nice=_flags.jit_worker_nice,
         worker_spare_cores=_flags.jit_spare_cores,
     )
