@@ -251,8 +251,8 @@ PROGRAM = textwrap.dedent(
     def omp_threads_here():
         if "honed" not in sys.modules:
             return None
-        from honed.jit.cores import _openmp
-        omp = _openmp()
+        from honed.pipeline.openmp import runtime
+        omp = runtime()
         return omp.omp_get_max_threads() if omp is not None else None
     # What in this process could make every call slower: its threads, hooks and settings, and
     # the time of a pure-Python call (the same in every run unless something hooks the frames).

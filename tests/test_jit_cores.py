@@ -35,7 +35,7 @@ def jit_that_tunes_nothing(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[boo
     monkeypatch.setattr(cores, "cpu_cores", lambda: 2)
     monkeypatch.setattr(cores, "_SAID", [False])
     cores.restore()  # nothing an earlier test of this process took is left taken
-    if cores._openmp() is None:
+    if openmp.runtime() is None:
         pytest.skip("torch's intra-op threads are not OpenMP's here")
     torch.set_num_threads(2)
     with honed.jit.config.patch(min_parameters=10**9):
@@ -160,7 +160,7 @@ def _parallel_op() -> None:
 
 
 def _pause_or_skip() -> None:
-    if getattr(cores._openmp(), "omp_pause_resource_all", None) is None:
+    if getattr(openmp.runtime(), "omp_pause_resource_all", None) is None:
         pytest.skip("this OpenMP runtime has no omp_pause_resource_all (OpenMP 5.0)")
 
 

@@ -28,7 +28,7 @@ from honed import config
 from honed.jit import background
 from honed.jit.history import add as add_step
 from honed.pipeline.isolation import cpu_cores
-from honed.pipeline.openmp import runtime as _openmp
+from honed.pipeline.openmp import runtime
 
 
 class _Shared(threading.local):
@@ -59,7 +59,7 @@ def at_outermost_call(measuring: bool = False) -> None:
         return
     if not config.jit_share_cores or background.in_background():
         return
-    omp = _openmp()
+    omp = runtime()
     if omp is None:
         return
     # torch's own reading first: it sets a thread's count from the process-wide one once, on
@@ -79,7 +79,7 @@ def at_outermost_call(measuring: bool = False) -> None:
 
 def restore() -> None:
     """Give this thread's core back now (JIT idle, turned off or reset)."""
-    omp = _openmp()
+    omp = runtime()
     if _SHARED.reduced_from and omp is not None:
         omp.omp_set_num_threads(_SHARED.reduced_from)
     _SHARED.reduced_from = 0
