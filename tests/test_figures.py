@@ -4,6 +4,7 @@ throughput from the measured calls, decisions that need evidence, no unstable ca
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -180,6 +181,59 @@ def test_finalists_from_the_cache_are_not_measured_again_for_a_fresh_slow_candid
     assert candidate.needs_interleave([outcome(0.8, False), *cached])  # fresh, and a finalist
     assert candidate.needs_interleave([outcome(0.1, False), *cached])
     assert not candidate.needs_interleave(cached)
+
+
+class Swinging(TinyMLP):
+    """TinyMLP that sleeps 1 ms a call; while ``swing`` is on, 2 ms for every other 4 calls."""
+
+    swing = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        time.sleep(0.002 if Swinging.swing and self.calls // 4 % 2 else 0.001)
+        return super().forward(x)
+
+
+class SlowsDown(Backend):
+    """The same math without eager's sleep, then its own ``delay_s``: what the machine's state
+    does to a candidate between two tunes."""
+
+    portability = 1
+    delay_s = 0.0003
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            time.sleep(SlowsDown.delay_s)
+            return module.fc2(torch.relu(module.fc1(x)))
+
+        return run
+
+
+def test_a_cached_finalist_is_measured_again_beside_a_fresh_eager() -> None:
+    """A warm re-tune in this process measures an unstable eager again; the finalist from the
+    cache is installed and measured beside it, never judged on its figures of another time."""
+    torch.manual_seed(0)
+    model = honed.Module(Swinging().eval(), "m")
+    strategy = honed.MaxThroughputStrategy([honed.backend.TorchEagerBackend(), SlowsDown()])
+    windows = dict(warmup_calls=2, warmup_ms=2.0, window_calls=3, window_ms=5.0, max_windows=4)
+    Swinging.swing, SlowsDown.delay_s = True, 0.0003
+    with honed.config.patch(**windows):
+        first = honed.tune(model, batches(8), strategy=strategy)
+    rows = _rows(first)
+    assert rows["TorchEagerBackend"].stable is False  # so the next tune measures it again
+    assert first.graphs[0].selected == "SlowsDown", first.graphs[0].decision
+
+    Swinging.swing, SlowsDown.delay_s = False, 0.003  # now eager 1 ms, the candidate 3 ms
+    with honed.config.patch(**windows):
+        again = honed.tune(model, batches(8), strategy=strategy)
+    rows = _rows(again)
+    assert rows["TorchEagerBackend"].cached is False
+    assert rows["SlowsDown"].median_ms is not None and rows["SlowsDown"].median_ms >= 3.0
+    assert again.graphs[0].selected == "TorchEagerBackend", again.graphs[0].decision
 
 
 def test_reusable_records() -> None:

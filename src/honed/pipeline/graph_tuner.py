@@ -648,6 +648,16 @@ class GraphTuner:
             pool = self.ctx.pool(1)
             self.jobs.interleave(pool, chosen, on_phase=self.tracker.phase)
         else:
+            # A finalist from the cache has figures of another time (another load on the
+            # machine): it is installed here so that all are measured side by side now.
+            for _ in competing:  # one that fails to install leaves room for the next
+                missing = [o for o in finalists(competing) if o.fn is None]
+                if not missing:
+                    break
+                for o in missing:
+                    problem = self._install(o)
+                    if problem:
+                        log.warning("honed: %s: %s %s", self.module.name, o.backend.name, problem)
             sample = self.samples[self.measure_at]
             measure_interleaved(competing, sample, self.ctx.device, self.batch)
         if self.ctx.cache is None:
