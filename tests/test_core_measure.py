@@ -156,12 +156,37 @@ def test_interleaved_order_and_results() -> None:
     assert [m.calls for m in ms] == [6, 6, 6]
     assert ms[0].samples_ms == [1, 2, 1, 2, 1, 2]
     assert all(m.windows == 3 and m.batch_size == 4 for m in ms)
+    # The rounds, kept for the decision (compare_paired): round i of each ran beside the others'.
+    assert all(m.blocks == [2, 2, 2] for m in ms)
+    assert ms[0].run != 0 and ms[0].run == ms[1].run == ms[2].run
+    alone = _core.measure(lambda: None, _core.InjectedTimer([1.0]), small_config())
+    assert alone.run == 0 and sum(alone.blocks) == alone.calls
+    assert len(alone.blocks) == alone.windows
+
+
+def test_compare_paired_resamples_rounds() -> None:
+    # Round i of a beside round i of b: b is 10 % faster in every round, whatever the round's
+    # stretch of the machine (1, 2 or 3 ms); the rounds agree, so the interval is narrow.
+    a = [float(1 + r % 3) for r in range(12) for _ in range(4)]
+    b = [x / 1.1 for x in a]
+    r = _core.compare_paired(a, [4] * 12, b, [4] * 12, confidence=0.99, statistic="mean")
+    assert r.ratio == pytest.approx(1.1) and r.lo == pytest.approx(1.1) and r.verdict == 1
+    with pytest.raises(ValueError, match="same number of blocks"):
+        _core.compare_paired(a, [4] * 12, b, [8] * 6)
+    with pytest.raises(ValueError, match="do not sum"):
+        _core.compare_paired(a, [4] * 11, b, [4] * 11)
 
 
 def test_from_samples() -> None:
     m = _core.Measurement.from_samples([1.0, 2.0, 3.0], batch_size=4)
     assert m.stable and m.calls == 3 and m.wall_ms == 6.0 and m.median_ms == 2.0
     assert m.throughput == pytest.approx(4 * 3 / 0.006)
+    assert m.blocks == [] and m.run == 0
+    kept = _core.Measurement.from_samples([1.0, 2.0, 3.0], blocks=[2, 1], run=7)
+    assert kept.blocks == [2, 1] and kept.run == 7
+    assert kept.to_dict()["blocks"] == [2, 1] and kept.to_dict()["run"] == 7
+    with pytest.raises(ValueError, match="sum to the samples"):
+        _core.Measurement.from_samples([1.0, 2.0, 3.0], blocks=[2, 2])
 
 
 def test_cuda_timer_availability_is_consistent() -> None:

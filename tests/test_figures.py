@@ -3,6 +3,7 @@ throughput from the measured calls, decisions that need evidence, no unstable ca
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable
@@ -183,57 +184,88 @@ def test_finalists_from_the_cache_are_not_measured_again_for_a_fresh_slow_candid
     assert not candidate.needs_interleave(cached)
 
 
-class Swinging(TinyMLP):
-    """TinyMLP that sleeps 1 ms a call; while ``swing`` is on, 2 ms for every other 4 calls."""
+def _spin(seconds: float) -> None:
+    """Busy for ``seconds`` (a sleep would wake late on a loaded machine, by a time slice)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
-    swing = True
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
+class Spinning(TinyMLP):
+    """TinyMLP that computes for 1 ms more a call."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        time.sleep(0.002 if Swinging.swing and self.calls // 4 % 2 else 0.001)
+        _spin(0.001)
         return super().forward(x)
 
 
 class SlowsDown(Backend):
-    """The same math without eager's sleep, then its own ``delay_s``: what the machine's state
-    does to a candidate between two tunes."""
+    """The same math without eager's extra millisecond, then its own ``delay_s``: what the
+    machine's state does to a candidate between two tunes."""
 
     portability = 1
-    delay_s = 0.0003
+    delay_s = 0.0
 
     def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
         def run(x: torch.Tensor) -> torch.Tensor:
-            time.sleep(SlowsDown.delay_s)
+            _spin(SlowsDown.delay_s)
             return module.fc2(torch.relu(module.fc1(x)))
 
         return run
 
 
 def test_a_cached_finalist_is_measured_again_beside_a_fresh_eager() -> None:
-    """A warm re-tune in this process measures an unstable eager again; the finalist from the
-    cache is installed and measured beside it, never judged on its figures of another time."""
+    """A warm re-tune in this process that measures eager again (its cached figures unstable)
+    installs the finalist from the cache and measures it beside eager: never judged on its
+    figures of another time."""
     torch.manual_seed(0)
-    model = honed.Module(Swinging().eval(), "m")
+    model = honed.Module(Spinning().eval(), "m")
     strategy = honed.MaxThroughputStrategy([honed.backend.TorchEagerBackend(), SlowsDown()])
     windows = dict(warmup_calls=2, warmup_ms=2.0, window_calls=3, window_ms=5.0, max_windows=4)
-    Swinging.swing, SlowsDown.delay_s = True, 0.0003
+    SlowsDown.delay_s = 0.0
     with honed.config.patch(**windows):
-        first = honed.tune(model, batches(8), strategy=strategy)
-    rows = _rows(first)
-    assert rows["TorchEagerBackend"].stable is False  # so the next tune measures it again
-    assert first.graphs[0].selected == "SlowsDown", first.graphs[0].decision
+        honed.tune(model, batches(8), strategy=strategy)
+    # Eager's record as a busy moment leaves it: unstable, so the next tune measures it again.
+    cache = TuneCache(honed.config.cache_dir)
+    paths = {p: json.loads(p.read_text()) for p in cache.dir.rglob("*.json")}
+    slowest = max(paths, key=lambda p: sum(paths[p]["measurement"]["samples_ms"]))
+    paths[slowest]["measurement"]["stable"] = False
+    slowest.write_text(json.dumps(paths[slowest]))
 
-    Swinging.swing, SlowsDown.delay_s = False, 0.003  # now eager 1 ms, the candidate 3 ms
+    SlowsDown.delay_s = 0.005  # now 5 ms a call against eager's 1 ms
     with honed.config.patch(**windows):
         again = honed.tune(model, batches(8), strategy=strategy)
     rows = _rows(again)
     assert rows["TorchEagerBackend"].cached is False
-    assert rows["SlowsDown"].median_ms is not None and rows["SlowsDown"].median_ms >= 3.0
+    assert rows["SlowsDown"].median_ms is not None and rows["SlowsDown"].median_ms >= 5.0
     assert again.graphs[0].selected == "TorchEagerBackend", again.graphs[0].decision
+
+
+def test_interleaved_finalists_keep_their_rounds_through_the_cache() -> None:
+    """The finalists' figures keep their rounds and their run in the cache, so a re-tune that
+    reuses them weighs them round for round, as the tune that measured them did."""
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    strategy = honed.MaxThroughputStrategy([honed.backend.TorchEagerBackend(), SameWork()])
+    windows = dict(warmup_calls=2, warmup_ms=1.0, window_calls=5, window_ms=1.0, max_windows=4)
+    with honed.config.patch(**windows):
+        honed.tune(model, batches(8), strategy=strategy)
+    cache = TuneCache(honed.config.cache_dir)
+    figures_of = [cache.get(p.stem, unstable_too=True) for p in cache.dir.rglob("*.json")]
+    kept = [r["measurement"] for r in figures_of if r and r.get("measurement")]
+    assert len(kept) == 2
+    assert kept[0]["run"] != 0 and kept[0]["run"] == kept[1]["run"]
+    assert kept[0]["blocks"] == kept[1]["blocks"] and len(kept[0]["blocks"]) >= 12
+    for record in kept:
+        assert sum(record["blocks"]) == len(record["samples_ms"])
+        m = candidate.measurement_from_record(record)
+        assert (m.blocks, m.run) == (record["blocks"], record["run"])
+    assert candidate.record_problem(
+        {"status": "ok", "reason": "", "build_s": 0, "measurement": dict(kept[0], blocks=[1])}
+    ).startswith("measurement.blocks must be")
+    # A record from before blocks were kept still reads (its calls weighed one by one).
+    old = {k: v for k, v in kept[0].items() if k not in ("blocks", "run")}
+    assert candidate.measurement_from_record(old).blocks == []
 
 
 def test_reusable_records() -> None:

@@ -111,6 +111,50 @@ def test_the_first_call_of_each_block_is_not_counted() -> None:
     )
 
 
+def test_slow_stretches_of_the_machine_are_weighed_round_by_round() -> None:
+    """The same work on both sides; the machine ran slow (1.3x) during the pick's turns in 7
+    rounds and the rival's in 3. Per call, the rival's median looks 1.3x faster with hundreds
+    of calls behind it; the turns of one round are one moment of the machine, and over the rounds
+    there is no evidence: the pick stays."""
+    clock = FakeClock()
+    verdicts: list[live.Verdict] = []
+    at: list[live.Trial] = []
+
+    def stretch(slow_rounds: set[int]) -> Callable[[int], float]:
+        return lambda k: 1.3 if at[0].rounds in slow_rounds else 1.0
+
+    pick = live.Arm("Pick", Costs(clock, stretch({0, 2, 3, 6, 8, 9, 11})))
+    rival = live.Arm("Rival", Costs(clock, stretch({4, 7, 10})))
+    at.append(live.Trial(pick, [rival], 1.0, verdicts.append, clock=clock))
+    while not verdicts:
+        at[0].call(None, None, ("x",), {})
+    (verdict,) = verdicts
+    assert len(pick.blocks) == len(rival.blocks) == live._ROUNDS
+    assert sum(pick.blocks) == len(pick.samples_ms)
+    by_call = honed._core.compare(pick.samples_ms, rival.samples_ms, confidence=0.99)
+    assert by_call.lo == pytest.approx(1.3)  # what single calls would have claimed
+    assert verdict.rivals[0].ratio == pytest.approx(1.3) and verdict.rivals[0].lo < 1.02
+    assert verdict.adopted is None, verdict.describe()
+
+
+def test_the_programs_turns_reach_the_tune_with_their_rounds() -> None:
+    """What ProgramCalls.measure returns becomes Measurements that keep the rounds and one run
+    id, so the tune's decision weighs them round for round as the trial does."""
+    from honed.pipeline.graph_tuner import Turns, program_measurement
+
+    clock = FakeClock()
+    pick = live.Arm("Pick", Costs(clock, _jitter(2.0)))
+    rival = live.Arm("Rival", Costs(clock, _jitter(1.0)))
+    trial = live.Trial(pick, [rival], 1.0, lambda _: None, clock=clock, judge=False)
+    while not trial.finished:
+        trial.call(None, None, ("x",), {})
+    turns = [Turns(*live.turns_of(arm, live.rounds_of([pick, rival]))) for arm in (pick, rival)]
+    measured = [program_measurement(t, 8, run=11) for t in turns]
+    assert [m.blocks for m in measured] == [pick.blocks, rival.blocks]
+    assert all(m.run == 11 and m.calls == sum(m.blocks) for m in measured)
+    assert program_measurement(pick.samples_ms, 8, run=11).run == 0  # bare calls: no rounds
+
+
 def test_of_several_rivals_the_fastest_with_evidence_is_adopted() -> None:
     clock = FakeClock()
     verdicts: list[live.Verdict] = []

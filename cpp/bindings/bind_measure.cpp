@@ -47,6 +47,8 @@ StrDict measurement_dict(const Measurement& m) {
   d["warmup_calls"] = m.warmup_calls;
   d["warmup_ms"] = m.warmup_ms;
   d["samples_ms"] = nb::cast(m.samples_ms);
+  d["blocks"] = nb::cast(m.blocks);
+  d["run"] = m.run;
   d["host"] = m.has_host ? nb::object(stats_dict(m.host_stats)) : nb::none();
   return d;
 }
@@ -111,12 +113,15 @@ void bind_results(nb::module_& m) {
       .def_ro("batch_size", &M::batch_size)
       .def_ro("warmup_calls", &M::warmup_calls)
       .def_ro("warmup_ms", &M::warmup_ms)
+      .def_ro("blocks", &M::blocks)
+      .def_ro("run", &M::run)
       .def_prop_ro(
           "host",
           [](const M& x) { return x.has_host ? std::optional<Stats>(x.host_stats) : std::nullopt; })
       .def("to_dict", &measurement_dict)
       .def_static("from_samples", &measurement_from_samples, "samples_ms"_a, "batch_size"_a = 1,
-                  "wall_ms"_a = 0.0, "windows"_a = 1, "stable"_a = true)
+                  "wall_ms"_a = 0.0, "windows"_a = 1, "stable"_a = true,
+                  "blocks"_a = std::vector<int64_t>{}, "run"_a = 0)
       .def("__repr__", [](const M& x) {
         char buf[200];
         std::snprintf(buf, sizeof buf,
@@ -171,6 +176,16 @@ void bind_measure(nb::module_& m) {
       },
       "a"_a, "b"_a, "iterations"_a = 2000, "confidence"_a = 0.95, "seed"_a = 42,
       "statistic"_a = "median", release_gil());
+  m.def(
+      "compare_paired",
+      [](const std::vector<double>& a, const std::vector<int64_t>& blocks_a,
+         const std::vector<double>& b, const std::vector<int64_t>& blocks_b, int iterations,
+         double confidence, uint64_t seed, const std::string& statistic) {
+        return compare_paired(a, blocks_a, b, blocks_b, iterations, confidence, seed,
+                              parse_statistic(statistic));
+      },
+      "a"_a, "blocks_a"_a, "b"_a, "blocks_b"_a, "iterations"_a = 2000, "confidence"_a = 0.95,
+      "seed"_a = 42, "statistic"_a = "median", release_gil());
   m.def(
       "batch_of",
       [](const std::vector<int>& batch_axes, const std::vector<std::vector<int64_t>>& shapes) {

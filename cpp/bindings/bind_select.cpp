@@ -66,6 +66,7 @@ void bind_select(nb::module_& m) {
   m.def("select_one_backend", &select_one_backend, "cands"_a, release_gil());
   const double margin = kDefaultDecisionMargin;
   m.attr("DEFAULT_DECISION_MARGIN") = margin;
+  m.attr("MIN_PAIRED_ROUNDS") = kMinPairedRounds;
   m.def("select_first_wins", &select_first_wins, "cands"_a, "min_speedup"_a, "margin"_a = margin,
         release_gil());
   m.def("select_max_throughput", &select_max_throughput, "cands"_a, "margin"_a = margin,

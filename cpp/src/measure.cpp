@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <stdexcept>
 
 namespace honed {
@@ -139,6 +140,7 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
 
   Block measured;
   std::vector<double> medians;
+  std::vector<int64_t> sizes;
   bool stable = false;
   int64_t window_calls = cfg.window_calls;
   double window_ms = cfg.window_ms;
@@ -150,10 +152,12 @@ Measurement measure(const std::function<void()>& fn, Timer& timer, const Measure
     }
     const Block window = run_block(fn, timer, window_calls, window_ms);
     medians.push_back(median_of(window.samples));
+    sizes.push_back(static_cast<int64_t>(window.samples.size()));
     append(measured, window);
     stable = last_medians_agree(medians, cfg.stable_windows, cfg.tolerance);
   }
   Measurement m = assemble(measured, static_cast<int>(medians.size()), stable, cfg.batch_size);
+  m.blocks = std::move(sizes);
   m.warmup_calls = static_cast<int64_t>(warm.samples.size());
   m.warmup_ms = warm.wall_ms;
   return m;
@@ -174,10 +178,12 @@ std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& f
 
   std::vector<Block> measured(fns.size());
   std::vector<std::vector<double>> medians(fns.size());
+  std::vector<std::vector<int64_t>> sizes(fns.size());
   auto run_round = [&](int calls) {
     for (size_t i = 0; i < fns.size(); ++i) {
       const Block block = run_block(fns[i], timer, calls, 0);
       medians[i].push_back(median_of(block.samples));
+      sizes[i].push_back(static_cast<int64_t>(block.samples.size()));
       append(measured[i], block);
     }
   };
@@ -197,6 +203,11 @@ std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& f
     run_round(calls);
     ++done;
   }
+  // Non-zero and unlikely to repeat across processes (the tuning cache keeps it with figures
+  // that other processes read); 53 bits, exact in any JSON reader.
+  std::random_device entropy;
+  const uint64_t drawn = (static_cast<uint64_t>(entropy()) << 32) | entropy();
+  const uint64_t run = (drawn >> 11) | 1u;
   std::vector<Measurement> out;
   out.reserve(fns.size());
   for (size_t i = 0; i < fns.size(); ++i) {
@@ -205,6 +216,8 @@ std::vector<Measurement> interleaved(const std::vector<std::function<void()>>& f
     out.push_back(assemble(measured[i], done, stable, batch_size));
     out.back().warmup_calls = static_cast<int64_t>(warm[i].samples.size());
     out.back().warmup_ms = warm[i].wall_ms;
+    out.back().blocks = std::move(sizes[i]);
+    out.back().run = run;
   }
   return out;
 }
@@ -226,15 +239,27 @@ CallBatch batch_of(const std::vector<int>& batch_axes,
 }
 
 Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size,
-                                     double wall_ms, int windows, bool stable) {
+                                     double wall_ms, int windows, bool stable,
+                                     std::vector<int64_t> blocks, uint64_t run) {
   if (batch_size < 1)
     throw std::invalid_argument("measurement_from_samples: batch_size must be >= 1");
   if (windows < 1) throw std::invalid_argument("measurement_from_samples: windows must be >= 1");
+  int64_t total = 0;
+  for (int64_t n : blocks) {
+    if (n < 1) throw std::invalid_argument("measurement_from_samples: blocks must be >= 1");
+    total += n;
+  }
+  if (!blocks.empty() && total != static_cast<int64_t>(samples_ms.size())) {
+    throw std::invalid_argument("measurement_from_samples: blocks must sum to the samples");
+  }
   Block b;
   b.samples = std::move(samples_ms);
   for (double x : b.samples) b.wall_ms += x;
   if (wall_ms > 0) b.wall_ms = wall_ms;
-  return assemble(b, windows, stable, batch_size);
+  Measurement m = assemble(b, windows, stable, batch_size);
+  m.blocks = std::move(blocks);
+  m.run = run;
+  return m;
 }
 
 }  // namespace honed

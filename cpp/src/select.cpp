@@ -208,13 +208,22 @@ std::string ratio_text(const RatioInterval& r, const CandidateResult& incumbent,
   return text + ")";
 }
 
+// Whether two measurements come from one interleaved run, round for round.
+bool side_by_side(const Measurement& a, const Measurement& b) {
+  return a.run != 0 && a.run == b.run && a.blocks.size() == b.blocks.size() &&
+         a.blocks.size() >= kMinPairedRounds;
+}
+
 // The ratio of `figure` (by `stat`) of challenger over incumbent, > 1 when the challenger is
-// better.
+// better; over paired rounds where they were measured side by side (compare_paired).
 RatioInterval ratio_of(const CandidateResult& incumbent, const CandidateResult& challenger,
                        Figure figure, Statistic stat) {
-  const auto& a = incumbent.measurement.samples_ms;
-  const auto& b = challenger.measurement.samples_ms;
-  RatioInterval r = compare(a, b, 2000, kDecisionConfidence, 42, stat);
+  const Measurement& a = incumbent.measurement;
+  const Measurement& b = challenger.measurement;
+  RatioInterval r = side_by_side(a, b)
+                        ? compare_paired(a.samples_ms, a.blocks, b.samples_ms, b.blocks, 2000,
+                                         kDecisionConfidence, 42, stat)
+                        : compare(a.samples_ms, b.samples_ms, 2000, kDecisionConfidence, 42, stat);
   if (figure == Figure::throughput) {  // samples per call may differ: throughput is per sample
     const double per_sample = static_cast<double>(challenger.measurement.batch_size) /
                               static_cast<double>(incumbent.measurement.batch_size);

@@ -116,14 +116,39 @@ Statistic parse_statistic(const std::string& name) {
   throw std::invalid_argument("unknown statistic '" + name + "'; use median, mean or p95");
 }
 
-RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b, int iterations,
-                      double confidence, uint64_t seed, Statistic stat) {
+namespace {
+
+void check_arguments(const std::vector<double>& a, const std::vector<double>& b, int iterations,
+                     double confidence) {
   if (a.empty() || b.empty())
     throw std::invalid_argument("compare: both sample sets must be non-empty");
   if (iterations < 1) throw std::invalid_argument("compare: iterations must be >= 1");
   if (!(confidence > 0.0 && confidence < 1.0)) {
     throw std::invalid_argument("compare: confidence must be in (0, 1)");
   }
+}
+
+// The percentile interval of the resampled ratios around the samples' own ratio.
+RatioInterval interval_of(double ratio, std::vector<double>& ratios, double confidence) {
+  RatioInterval r;
+  r.ratio = ratio;
+  if (ratios.empty()) {
+    r.lo = r.hi = r.ratio;
+  } else {
+    std::sort(ratios.begin(), ratios.end());
+    const double tail = (1.0 - confidence) / 2.0;
+    r.lo = quantile_sorted(ratios, tail);
+    r.hi = quantile_sorted(ratios, 1.0 - tail);
+  }
+  r.verdict = r.hi < 1.0 ? -1 : (r.lo > 1.0 ? 1 : 0);
+  return r;
+}
+
+}  // namespace
+
+RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b, int iterations,
+                      double confidence, uint64_t seed, Statistic stat) {
+  check_arguments(a, b, iterations, confidence);
   const double figure_b = statistic_of(b, stat);
   if (!(figure_b > 0)) {
     throw std::invalid_argument(std::string("compare: the ") + statistic_name(stat) +
@@ -140,18 +165,58 @@ RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b
     // A resampled figure of b can be 0 only when b holds zeros; skip such a draw.
     if (mb > 0) ratios.push_back(ma / mb);
   }
-  RatioInterval r;
-  r.ratio = statistic_of(a, stat) / figure_b;
-  if (ratios.empty()) {
-    r.lo = r.hi = r.ratio;
-  } else {
-    std::sort(ratios.begin(), ratios.end());
-    const double tail = (1.0 - confidence) / 2.0;
-    r.lo = quantile_sorted(ratios, tail);
-    r.hi = quantile_sorted(ratios, 1.0 - tail);
+  return interval_of(statistic_of(a, stat) / figure_b, ratios, confidence);
+}
+
+RatioInterval compare_paired(const std::vector<double>& a, const std::vector<int64_t>& blocks_a,
+                             const std::vector<double>& b, const std::vector<int64_t>& blocks_b,
+                             int iterations, double confidence, uint64_t seed, Statistic stat) {
+  check_arguments(a, b, iterations, confidence);
+  if (blocks_a.size() != blocks_b.size() || blocks_a.empty()) {
+    throw std::invalid_argument("compare_paired: both need the same number of blocks (>= 1)");
   }
-  r.verdict = r.hi < 1.0 ? -1 : (r.lo > 1.0 ? 1 : 0);
-  return r;
+  const auto starts = [](const std::vector<int64_t>& blocks, size_t n, const char* which) {
+    std::vector<size_t> out;
+    size_t at = 0;
+    for (int64_t k : blocks) {
+      if (k < 1)
+        throw std::invalid_argument(std::string("compare_paired: a block of ") + which +
+                                    " is empty");
+      out.push_back(at);
+      at += static_cast<size_t>(k);
+    }
+    if (at != n) {
+      throw std::invalid_argument(std::string("compare_paired: the blocks of ") + which +
+                                  " do not sum to its samples");
+    }
+    out.push_back(at);
+    return out;
+  };
+  const std::vector<size_t> at_a = starts(blocks_a, a.size(), "a");
+  const std::vector<size_t> at_b = starts(blocks_b, b.size(), "b");
+  const double figure_b = statistic_of(b, stat);
+  if (!(figure_b > 0)) {
+    throw std::invalid_argument(std::string("compare_paired: the ") + statistic_name(stat) +
+                                " of b must be positive");
+  }
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<size_t> pick(0, blocks_a.size() - 1);
+  std::vector<double> ratios, sa, sb;
+  ratios.reserve(static_cast<size_t>(iterations));
+  for (int i = 0; i < iterations; ++i) {
+    sa.clear();
+    sb.clear();
+    for (size_t k = 0; k < blocks_a.size(); ++k) {
+      const size_t j = pick(rng);  // the same round of both: they ran beside each other
+      sa.insert(sa.end(), a.begin() + static_cast<std::ptrdiff_t>(at_a[j]),
+                a.begin() + static_cast<std::ptrdiff_t>(at_a[j + 1]));
+      sb.insert(sb.end(), b.begin() + static_cast<std::ptrdiff_t>(at_b[j]),
+                b.begin() + static_cast<std::ptrdiff_t>(at_b[j + 1]));
+    }
+    const double mb = statistic_in_place(sb, stat);
+    if (mb > 0) ratios.push_back(statistic_in_place(sa, stat) / mb);
+  }
+  return interval_of(statistic_of(a, stat) / figure_b, ratios, confidence);
 }
 
 }  // namespace honed

@@ -252,7 +252,30 @@ TEST(Interleaved, RetriesUntilTheLastRoundsAgree) {
     EXPECT_TRUE(m.stable);
     EXPECT_EQ(m.windows, 5);
     EXPECT_EQ(m.calls, 3 * 2 + 4 + 8);
+    EXPECT_EQ(m.blocks, (std::vector<int64_t>{2, 2, 2, 4, 8}));  // the rounds, retries included
   }
+  // Measured side by side: one run id for all, non-zero; another interleaving draws another.
+  EXPECT_NE(ms[0].run, 0u);
+  EXPECT_EQ(ms[0].run, ms[1].run);
+  InjectedTimer again({1});
+  EXPECT_NE(honed::interleaved({[] {}, [] {}}, again, 3, 2)[0].run, ms[0].run);
+}
+
+TEST(Measure, BlocksAreTheWindowsAndFromSamplesChecksThem) {
+  InjectedTimer timer({1});
+  const auto m = measure([] {}, timer, small_config());
+  int64_t total = 0;
+  for (int64_t n : m.blocks) total += n;
+  EXPECT_EQ(static_cast<int>(m.blocks.size()), m.windows);
+  EXPECT_EQ(total, m.calls);
+  EXPECT_EQ(m.run, 0u);  // measured alone
+  const auto kept = honed::measurement_from_samples({1, 2, 3}, 1, 0, 2, true, {1, 2}, 9);
+  EXPECT_EQ(kept.blocks, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(kept.run, 9u);
+  EXPECT_THROW(honed::measurement_from_samples({1, 2, 3}, 1, 0, 2, true, {1, 1}),
+               std::invalid_argument);
+  EXPECT_THROW(honed::measurement_from_samples({1, 2, 3}, 1, 0, 2, true, {3, 0}),
+               std::invalid_argument);
 }
 
 TEST(CudaTimer, UnavailableHereGivesAReasonAndThrows) {

@@ -275,6 +275,31 @@ TEST(Select, IdenticalCostUnderLoadIsNeverSelected) {
   }
 }
 
+TEST(Select, SideBySideCandidatesAreWeighedRoundForRound) {
+  // Eager and a copy of it, interleaved in 12 rounds of 20 calls (one run): the copy's blocks
+  // drew fewer of a loaded machine's slow stretches (2 against eager's 4). Calls of one round are
+  // one moment of the machine: over rounds the 4.8 % is no evidence, and eager stays.
+  std::vector<double> eager, copy;
+  for (int round = 0; round < 12; ++round) {
+    for (int i = 0; i < 20; ++i) {
+      const double jitter = 1.0 + 0.01 * ((i * 7) % 5 - 2) / 2.0;
+      eager.push_back((round % 3 == 0 ? 1.3 : 1.0) * jitter);  // rounds 0, 3, 6, 9
+      copy.push_back((round == 5 || round == 10 ? 1.3 : 1.0) * jitter);
+    }
+  }
+  const std::vector<int64_t> rounds(12, 20);
+  auto side_by_side = [&](const std::string& name, int portability, std::vector<double> samples) {
+    CandidateResult c = measured(name, portability, samples);
+    c.measurement = honed::measurement_from_samples(std::move(samples), 8, 0, 12, true, rounds, 77);
+    return c;
+  };
+  const std::vector<CandidateResult> paired = {side_by_side("eager", 0, eager),
+                                               side_by_side("copy", 1, copy)};
+  const Decision d = honed::select_max_throughput(paired);
+  EXPECT_EQ(d.index, 0) << d.reason;
+  EXPECT_TRUE(contains(d.reason, "not enough evidence: copy 1.048x eager throughput")) << d.reason;
+}
+
 TEST(Select, ThroughputAndSpeedupComeFromTheSameCalls) {
   // Two candidates 2.83x and 2.74x faster than eager: their throughputs differ by 3 %, not 10x,
   // and the decision quotes the figure it ranked by.

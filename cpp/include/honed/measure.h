@@ -117,6 +117,12 @@ struct Measurement {
   double warmup_ms = 0;
   bool has_host = false;
   Stats host_stats;
+  // How many of samples_ms each window (each round, for interleaved()) holds, in order; empty
+  // when unknown (a measurement made from bare samples).
+  std::vector<int64_t> blocks;
+  // Measurements taken side by side by one interleaved() call share this non-zero id (random):
+  // round i of each ran beside round i of the others. 0: measured alone.
+  uint64_t run = 0;
 };
 
 // Runs the protocol of MeasureConfig on fn. The statistics use ALL samples of the measured windows
@@ -150,8 +156,10 @@ CallBatch batch_of(const std::vector<int>& batch_axes,
                    const std::vector<std::vector<int64_t>>& shapes);
 
 // A Measurement from given samples (e.g. a cached one): wall_ms <= 0 means the samples' sum;
-// by default stable, in one window.
+// by default stable, in one window. blocks / run: as in Measurement (blocks, when given, must
+// be positive and sum to the number of samples; throws std::invalid_argument otherwise).
 Measurement measurement_from_samples(std::vector<double> samples_ms, int64_t batch_size = 1,
-                                     double wall_ms = 0, int windows = 1, bool stable = true);
+                                     double wall_ms = 0, int windows = 1, bool stable = true,
+                                     std::vector<int64_t> blocks = {}, uint64_t run = 0);
 
 }  // namespace honed

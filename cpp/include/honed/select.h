@@ -1,5 +1,6 @@
 // cpp/include/honed/select.h: tune strategies as pure functions over candidate results.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,6 +43,11 @@ constexpr double kDefaultDecisionMargin = 0.02;
 // The confidence of the bootstrap intervals decisions rest on: one-sided, a candidate that does
 // the same work as another looks better by chance in about 0.5 % of comparisons.
 constexpr double kDecisionConfidence = 0.99;
+
+// Two candidates measured side by side (one interleaved run, Measurement::run) are compared
+// over their rounds, paired, when they have at least this many (stats.h: compare_paired);
+// otherwise over single calls.
+constexpr size_t kMinPairedRounds = 5;
 
 // Stalls: calls over this many times their own measurement's median latency.
 constexpr double kStallFactor = 5.0;

@@ -64,4 +64,15 @@ RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b
                       int iterations = 2000, double confidence = 0.95, uint64_t seed = 42,
                       Statistic stat = Statistic::median);
 
+// compare() for two sets measured side by side in rounds: a's samples are blocks_a[0] calls of
+// round 0, then blocks_a[1] of round 1, ...; b's likewise, round i of b beside round i of a.
+// A round is the unit of resampling, and the same rounds are drawn for both: calls of one round
+// share the machine's state of that moment, so resampling single calls would count one slow or
+// fast stretch many times over as independent evidence. Throws std::invalid_argument as
+// compare() does, and when the block counts differ, are empty, or do not sum to the samples.
+RatioInterval compare_paired(const std::vector<double>& a, const std::vector<int64_t>& blocks_a,
+                             const std::vector<double>& b, const std::vector<int64_t>& blocks_b,
+                             int iterations = 2000, double confidence = 0.95, uint64_t seed = 42,
+                             Statistic stat = Statistic::median);
+
 }  // namespace honed

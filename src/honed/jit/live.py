@@ -110,6 +110,8 @@ class Arm:
     takes: Callable[[Any, Any], bool] | None = None  # the calls it runs (None: all it can)
     block: int = 0  # calls per block (the Trial sizes it)
     host_ms: list[float] = dataclasses.field(default_factory=list)  # first round, host clock
+    blocks: list[int] = dataclasses.field(default_factory=list)  # counted calls of each turn
+    counted: int = 0  # counted calls of the turn under way
 
     def settle(self, timer: Any) -> bool:
         """Read every pending stamp that is ready; True when none is left."""
@@ -221,11 +223,14 @@ class Trial:
             return out
         if self.in_block > 0:  # a block's first call pays for the switch: not counted
             arm.pending.append(stamp)
+            arm.counted += 1
             if self.rounds == 0:
                 arm.host_ms.append((self.clock() - h0) * 1e3)
         self.in_block += 1
         if self.in_block >= arm.block:
             self.in_block = 0
+            arm.blocks.append(arm.counted)
+            arm.counted = 0
             arm.settle(self.timer)
             self.turn = (self.turn + 1) % len(self.arms)
             if self.turn == 0:
@@ -268,15 +273,43 @@ class Trial:
             if min(len(pick.samples_ms), len(arm.samples_ms)) < _MIN_SAMPLES:
                 figures.append(Rival(arm.label, 1.0, 1.0, 1.0, len(arm.samples_ms)))
                 continue
-            c = _core.compare(
-                pick.samples_ms, arm.samples_ms, confidence=_CONFIDENCE, statistic="median"
-            )
+            c = compare(pick, arm)
             figures.append(Rival(arm.label, c.ratio, c.lo, c.hi, len(arm.samples_ms)))
         clear = [r for r in figures if r.lo > margin]
         best = max(clear, key=lambda r: r.ratio, default=None)
         return Verdict(
             pick.label, len(pick.samples_ms), figures, best.label if best else None, took
         )
+
+
+def rounds_of(arms: list[Arm]) -> int:
+    """How many rounds every arm finished its turn in (a trial ended by its time limit may
+    have stopped within a round)."""
+    return min(len(arm.blocks) for arm in arms)
+
+
+def turns_of(arm: Arm, rounds: int) -> tuple[list[float], list[int]]:
+    """``arm``'s counted calls of its first ``rounds`` turns (read: settled), and how many fell
+    in each turn."""
+    blocks = arm.blocks[:rounds]
+    return arm.samples_ms[: sum(blocks)], blocks
+
+
+def compare(pick: Arm, rival: Arm) -> Any:
+    """The ratio of ``pick``'s median call over ``rival``'s with its interval: over the rounds,
+    paired (turn i of each ran in round i, one moment of the machine), where there are enough of
+    them; else over single calls."""
+    rounds = rounds_of([pick, rival])
+    if rounds >= _core.MIN_PAIRED_ROUNDS:
+        a, blocks_a = turns_of(pick, rounds)
+        b, blocks_b = turns_of(rival, rounds)
+        if len(a) == sum(blocks_a) and len(b) == sum(blocks_b):
+            return _core.compare_paired(
+                a, blocks_a, b, blocks_b, confidence=_CONFIDENCE, statistic="median"
+            )
+    return _core.compare(
+        pick.samples_ms, rival.samples_ms, confidence=_CONFIDENCE, statistic="median"
+    )
 
 
 def rivals(report: Any, most: int = 2, within: float | None = None) -> list[Any]:
@@ -331,11 +364,13 @@ class ProgramCalls:
         """The program is in no call and ended none during the last _IDLE_S."""
         return self.quiet(_IDLE_S)
 
-    def measure(self, arms: list[tuple[str, Any]], sample: Any) -> list[list[float]] | None:
+    def measure(self, arms: list[tuple[str, Any]], sample: Any) -> list[Any] | None:
         """Each arm's times on the program's calls with ``sample``'s shapes (``sample`` is bound
         to the module's signature; each call is bound alike before it is compared), in turns (a
-        Trial that only measures); None when the program stopped calling or ends first."""
+        Trial that only measures), as graph_tuner.Turns of the rounds every arm finished; None
+        when the program stopped calling or ends first."""
         from honed.calls import CallBinder
+        from honed.pipeline.graph_tuner import Turns
 
         module = self.node.module
         if module is None:  # the program dropped it
@@ -366,4 +401,5 @@ class ProgramCalls:
                     return None
         finally:
             node.trial = None
-        return [list(arm.samples_ms) for arm in turns]
+        rounds = rounds_of(turns)
+        return [Turns(*turns_of(arm, rounds)) for arm in turns]

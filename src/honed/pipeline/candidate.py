@@ -157,6 +157,16 @@ def record_problem(record: Any) -> str:
         and all(isinstance(x, int | float) and x == x and x > 0 for x in m["samples_ms"])
     ):
         return "measurement.samples_ms must be a non-empty list of positive numbers"
+    if m is not None:
+        blocks, run = m.get("blocks") or [], m.get("run") or 0
+        if not (
+            isinstance(blocks, list)
+            and all(isinstance(n, int) and n > 0 for n in blocks)
+            and (not blocks or sum(blocks) == len(m["samples_ms"]))
+        ):
+            return "measurement.blocks must be positive counts that sum to the samples"
+        if not (isinstance(run, int) and 0 <= run < 2**63):
+            return "measurement.run must be a non-negative integer"
     if record.get("check") is not None and not isinstance(record["check"], dict):
         return "check is not an object"
     return ""
@@ -172,6 +182,8 @@ def measurement_record(m: _core.Measurement | None) -> dict[str, Any] | None:
         "wall_ms": float(m.wall_ms),
         "windows": int(m.windows),
         "stable": bool(m.stable),
+        "blocks": list(m.blocks),
+        "run": int(m.run),
     }
 
 
@@ -179,7 +191,13 @@ def measurement_from_record(m: dict[str, Any] | None) -> Any:
     if m is None:
         return None
     return _core.Measurement.from_samples(
-        m["samples_ms"], m["batch_size"], m["wall_ms"], m["windows"], m["stable"]
+        m["samples_ms"],
+        m["batch_size"],
+        m["wall_ms"],
+        m["windows"],
+        m["stable"],
+        blocks=m.get("blocks") or [],  # records written before blocks were kept: single calls
+        run=m.get("run") or 0,
     )
 
 

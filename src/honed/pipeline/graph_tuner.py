@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -89,11 +90,21 @@ class ProgramCalls(Protocol):
 
     def measure(
         self, arms: list[tuple[str, Module | None]], sample: Sample
-    ) -> list[list[float]] | None:
+    ) -> list[list[float]] | list[Turns] | None:
         """Route the program's calls with ``sample``'s shapes to each arm in turn (a honed.Module
         with one candidate installed; None: the program's own eager call) and return each one's
-        call times (ms); None when the program stopped calling before they were measured."""
+        call times (ms), as Turns where the rounds are known; None when the program stopped
+        calling before they were measured."""
         ...
+
+
+@dataclasses.dataclass
+class Turns:
+    """An arm's call times on the program's calls (ms, in order) and how many fell in each of
+    its turns; turn i of every arm was taken in round i, beside the others' (compare_paired)."""
+
+    samples_ms: list[float]
+    blocks: list[int]
 
 
 @dataclasses.dataclass
@@ -664,7 +675,11 @@ class GraphTuner:
             return
         for o in competing:
             # the record only gains the figures: its payload is not read (nor hashed) here
-            record = self.ctx.cache.get(o.cache_key, payload=False) if o.cache_key else None
+            record = (
+                self.ctx.cache.get(o.cache_key, unstable_too=True, payload=False)
+                if o.cache_key
+                else None
+            )
             if o.cache_key and record is not None and o.measurement is not None:
                 self.ctx.cache.put(
                     o.cache_key, dict(record, measurement=measurement_record(o.measurement))
@@ -716,7 +731,8 @@ class GraphTuner:
             figures = live.measure(turns, sample)
             if figures is None:
                 break
-            measurements = [program_measurement(f, self.batch) for f in figures]
+            run = secrets.randbits(52) | 1  # one id for the arms measured together
+            measurements = [program_measurement(f, self.batch, run) for f in figures]
             steady = all(m is not None and m.stable for m in measurements)
             if steady:
                 break
@@ -949,14 +965,25 @@ def _left_out_beside_program(light: list[str]) -> str:
     )
 
 
-def program_measurement(samples_ms: list[float], batch_size: int) -> Any:
+def program_measurement(figures: list[float] | Turns, batch_size: int, run: int = 0) -> Any:
     """A Measurement of calls the program made (ProgramCalls.measure), or None for too few.
     Stable when the median of the first half of the calls and of the second agree within
-    config.stability_tolerance, as consecutive windows do in the engine's measure."""
+    config.stability_tolerance, as consecutive windows do in the engine's measure. Turns keep
+    their rounds, with ``run`` (one id for the arms measured together)."""
+    samples_ms = figures.samples_ms if isinstance(figures, Turns) else figures
+    blocks = figures.blocks if isinstance(figures, Turns) else []
     if len(samples_ms) < _MIN_PROGRAM_CALLS:
         return None
     half = len(samples_ms) // 2
     first, second = sorted(samples_ms[:half]), sorted(samples_ms[half:])
     a, b = first[len(first) // 2], second[len(second) // 2]
     stable = abs(a - b) <= config.stability_tolerance * max(min(a, b), 1e-9)
-    return _core.Measurement.from_samples(samples_ms, batch_size, float(sum(samples_ms)), 2, stable)
+    return _core.Measurement.from_samples(
+        samples_ms,
+        batch_size,
+        float(sum(samples_ms)),
+        2,
+        stable,
+        blocks=blocks,
+        run=run if blocks else 0,
+    )
