@@ -262,6 +262,30 @@ def test_the_programs_calls_measure_again_while_their_figures_are_too_noisy(
         assert decision.endswith(", 3 rounds, each too noisy to decide on"), decision
 
 
+def test_finalists_measured_side_by_side_in_a_worker_keep_their_rounds(
+    isolated: None, tmp_path: Path
+) -> None:
+    """Finalists evaluated in workers are re-measured side by side in one worker; their
+    figures come back with the rounds and one run id (what the decision pairs), and the cache
+    keeps them so."""
+    from honed.pipeline.cache import TuneCache
+
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    windows = dict(warmup_calls=2, warmup_ms=1.0, window_calls=5, window_ms=1.0, max_windows=4)
+    strategy = honed.MaxThroughputStrategy([Good()])
+    with honed.config.patch(cache_dir=tmp_path, **windows):
+        report = honed.tune(model, batches(4), strategy=strategy)
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert {rows[n].measured_on for n in ("TorchEagerBackend", "Good")} == {"cpu"}
+    cache = TuneCache(tmp_path)
+    kept = [cache.get(p.stem, unstable_too=True) for p in cache.dir.rglob("*.json")]
+    figures = [r["measurement"] for r in kept if r and r.get("measurement")]
+    assert len(figures) == 2 and figures[0]["run"] != 0
+    assert figures[0]["run"] == figures[1]["run"]
+    assert figures[0]["blocks"] == figures[1]["blocks"] and len(figures[0]["blocks"]) >= 12
+
+
 def test_isolation_is_the_default() -> None:
     out = subprocess.run(
         [sys.executable, "-c", "import honed; print(honed.config.isolation)"],
