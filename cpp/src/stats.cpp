@@ -118,14 +118,15 @@ Statistic parse_statistic(const std::string& name) {
 
 namespace {
 
-void check_arguments(const std::vector<double>& a, const std::vector<double>& b, int iterations,
-                     double confidence) {
-  if (a.empty() || b.empty())
-    throw std::invalid_argument("compare: both sample sets must be non-empty");
-  if (iterations < 1) throw std::invalid_argument("compare: iterations must be >= 1");
-  if (!(confidence > 0.0 && confidence < 1.0)) {
-    throw std::invalid_argument("compare: confidence must be in (0, 1)");
-  }
+// who: the function named in the message ("compare", "compare_paired").
+void check_arguments(const char* who, const std::vector<double>& a, const std::vector<double>& b,
+                     int iterations, double confidence) {
+  const auto fail = [who](const char* what) {
+    throw std::invalid_argument(std::string(who) + ": " + what);
+  };
+  if (a.empty() || b.empty()) fail("both sample sets must be non-empty");
+  if (iterations < 1) fail("iterations must be >= 1");
+  if (!(confidence > 0.0 && confidence < 1.0)) fail("confidence must be in (0, 1)");
 }
 
 // The percentile interval of the resampled ratios around the samples' own ratio.
@@ -148,7 +149,7 @@ RatioInterval interval_of(double ratio, std::vector<double>& ratios, double conf
 
 RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b, int iterations,
                       double confidence, uint64_t seed, Statistic stat) {
-  check_arguments(a, b, iterations, confidence);
+  check_arguments("compare", a, b, iterations, confidence);
   const double figure_b = statistic_of(b, stat);
   if (!(figure_b > 0)) {
     throw std::invalid_argument(std::string("compare: the ") + statistic_name(stat) +
@@ -171,7 +172,7 @@ RatioInterval compare(const std::vector<double>& a, const std::vector<double>& b
 RatioInterval compare_paired(const std::vector<double>& a, const std::vector<int64_t>& blocks_a,
                              const std::vector<double>& b, const std::vector<int64_t>& blocks_b,
                              int iterations, double confidence, uint64_t seed, Statistic stat) {
-  check_arguments(a, b, iterations, confidence);
+  check_arguments("compare_paired", a, b, iterations, confidence);
   if (blocks_a.size() != blocks_b.size() || blocks_a.empty()) {
     throw std::invalid_argument("compare_paired: both need the same number of blocks (>= 1)");
   }
