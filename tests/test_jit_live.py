@@ -8,7 +8,9 @@ decide follows from the test alone. The JIT test uses real time on purpose, with
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -491,6 +493,61 @@ def test_while_the_program_calls_its_calls_measure_every_candidate(beside: Path)
     (record,) = honed.jit.tunes()
     assert record.evidence == "cache"  # and no second trial: the figures are the program's
     assert all(c.cached and c.measured_on == ON_PROGRAM for c in root.report.graphs[0].candidates)
+
+
+class CountsCallers(Slow):
+    """Slow, noting which thread made each of its eager calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.callers: collections.Counter[str] = collections.Counter()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.callers[threading.current_thread().name] += 1
+        return super().forward(x)
+
+
+def test_beside_the_program_the_tune_runs_no_eager_call_of_its_own(beside: Path) -> None:
+    """The candidates are checked against the program's own outputs, and eager is measured on
+    its own calls: no eager run of the tune's shares the program's GIL and device."""
+    torch.manual_seed(0)
+    model = CountsCallers().eval()
+    x = batches(4, seed=1)[0]
+    root = _call_until_tuned(model, x, _body(model, x))
+    assert root.backend == "ShortSleep", "\n".join(honed.jit.history())
+    assert set(model.callers) == {threading.current_thread().name}, model.callers
+    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    assert rows["ShortSleep"].status == "ok"  # checked, against the program's outputs
+
+
+class WrongOutputs(Slow):
+    """Its calls answer right, but the ones JIT records as samples answer off by one: what the
+    tune's check compares candidates with is what the program's call returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        out = super().forward(x)
+        return out + 1 if self.calls <= 8 else out
+
+
+def test_the_check_compares_candidates_with_what_the_programs_calls_returned(
+    beside: Path,
+) -> None:
+    torch.manual_seed(0)
+    model = WrongOutputs().eval()
+    x = batches(4, seed=1)[0]
+    deadline = time.monotonic() + 120
+    with torch.no_grad():
+        while not (honed.jit.tunes() and honed.jit.tunes()[0].status != "running"):
+            model(x)
+            assert time.monotonic() < deadline, honed.jit.history()
+    (record,) = honed.jit.tunes()
+    assert record.status == "eager" and record.tried["ShortSleep"] == "rejected", record
+    assert honed.jit.roots()[0].state is State.EAGER
 
 
 class CompilesToo(Backend):

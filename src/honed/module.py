@@ -49,10 +49,14 @@ class GraphRecording:
         self.key = key
         self.signatures: list[_core.Signature] = []
         self.samples: list[Sample] = []
+        # Per sample: eager's output for it where the caller saw it (JIT: the program's own
+        # call), else NOT_OBSERVED; the tune computes the rest (GraphTuner.references).
+        self.outputs: list[Any] = []
         self.shapes_seen: set[tuple[tuple[int, ...], ...]] = set()
         self.calls = 0
 
-    def add(self, sig: _core.Signature, sample: Sample) -> None:
+    def add(self, sig: _core.Signature, sample: Sample, output: Any = None) -> None:
+        """Note one call; ``output``: eager's output for it, as observed (default: none)."""
         self.calls += 1
         shapes = tuple(tuple(s) for s in sig.tensor_shapes)
         cap = config.max_samples_per_graph
@@ -60,7 +64,20 @@ class GraphRecording:
         if len(self.samples) < cap or (new_shape and len(self.samples) < 2 * cap):
             self.signatures.append(sig)
             self.samples.append(sample)
+            self.outputs.append(NOT_OBSERVED if output is None else output)
             self.shapes_seen.add(shapes)
+
+    def observed_output(self, index: int) -> Any:
+        """Eager's observed output for sample ``index``, or NOT_OBSERVED."""
+        return self.outputs[index] if index < len(self.outputs) else NOT_OBSERVED
+
+
+class _NotObserved:
+    def __repr__(self) -> str:
+        return "NOT_OBSERVED"
+
+
+NOT_OBSERVED: Any = _NotObserved()
 
 
 # While a tune records (in this thread or context), the modules that recorded something, in
@@ -76,6 +93,24 @@ _RECORDING: contextvars.ContextVar[list[Module] | None] = contextvars.ContextVar
 _RECORD_RUNS: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "honed_record_runs", default=True
 )
+
+
+# While a recording that does not run the module notes one call: eager's output for that call,
+# as the caller saw it (JIT records the program's calls and their outputs), else NOT_OBSERVED.
+_OBSERVED_OUTPUT: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "honed_observed_output", default=None
+)
+
+
+@contextlib.contextmanager
+def observed_output(output: Any) -> Iterator[None]:
+    """Inside ``recording(run=False)``: the call made in this block returned ``output`` when
+    the caller ran it eagerly (the tune's check compares with it instead of running eager)."""
+    token = _OBSERVED_OUTPUT.set(output)
+    try:
+        yield
+    finally:
+        _OBSERVED_OUTPUT.reset(token)
 
 
 @contextlib.contextmanager
@@ -217,8 +252,11 @@ class Module(torch.nn.Module):
             graph = self.graphs[key] = GraphRecording(key)
             if self not in recorded:
                 recorded.append(self)
-        graph.add(sig, Sample(_detach(bargs), _detach(bkwargs)))
-        return self.module(*args, **kwargs) if _RECORD_RUNS.get() else None
+        if _RECORD_RUNS.get():
+            graph.add(sig, Sample(_detach(bargs), _detach(bkwargs)))
+            return self.module(*args, **kwargs)
+        graph.add(sig, Sample(_detach(bargs), _detach(bkwargs)), _OBSERVED_OUTPUT.get())
+        return None
 
     def dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The tuned variant's output for these inputs, or ``MISS`` when none covers them.

@@ -45,6 +45,7 @@ class Node:
         self.state = State.INIT
         self.call_count = 0
         self.samples: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self.outputs: list[Any] = []  # the program's output for each sample (eager's)
         self.shapes_seen: set[Any] = set()
         self.tried = False  # JIT has decided about this node (whatever the outcome)
         self.backend: str | None = None  # the tuned variant's backend, when TUNED

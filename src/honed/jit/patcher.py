@@ -106,8 +106,9 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 return _ORIGINAL_CALL(self, *args, **kwargs)
             finally:
                 stack.pop()
+        sample = None
         if not node.tried and _records(node):
-            _record(node, args, kwargs)
+            sample = _sample(node, args, kwargs)
         elif node.trial is not None:  # its tune measures candidates on the program's calls
             return _route(node, args, kwargs)
         stack.append(node)
@@ -115,6 +116,8 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             out = _ORIGINAL_CALL(self, *args, **kwargs)
         finally:
             stack.pop()
+        if sample is not None:
+            _keep(node, sample, out)
         if node.state is _INIT:
             node.state = _RECORDING
         if node.state is _RECORDING and not node.tried:
@@ -190,9 +193,11 @@ def _prepare_start(module: torch.nn.Module) -> None:
             log.debug("honed: JIT could not prepare %s at its start: %s", what, e)
 
 
-def _record(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _sample(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """This call's inputs, copied before the call (it may change them), when it is one of the
+    samples ``node`` keeps; else None."""
     if node.level > config.max_depth_level:
-        return
+        return None
     shapes = tuple(
         tuple(t.shape)
         for t in torch.utils._pytree.tree_leaves((args, kwargs))
@@ -201,8 +206,18 @@ def _record(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     cap = max(config.max_samples, config.min_samples)
     new_shape = shapes not in node.shapes_seen
     if len(node.samples) < cap or (new_shape and len(node.samples) < 2 * cap):
-        node.samples.append(_detach((args, kwargs)))
-        node.shapes_seen.add(shapes)
+        return shapes, _detach((args, kwargs))
+    return None
+
+
+def _keep(node: Node, sample: Any, out: Any) -> None:
+    """Keep a sample the call returned from, with a copy of its output: eager's answer to it,
+    which the tune's check compares candidates with instead of running eager on it again
+    beside the program (a call's length of the program's GPU and GIL each)."""
+    shapes, inputs = sample
+    node.samples.append(inputs)
+    node.outputs.append(_detach(out))
+    node.shapes_seen.add(shapes)
 
 
 def _detach(value: Any) -> Any:

@@ -9,6 +9,7 @@ running finishes on what it started with.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import math
@@ -68,7 +69,8 @@ def try_node(node: Node) -> None:
     if node.parameters < config.min_parameters:
         _skip(node, f"fewer parameters than min_parameters={config.min_parameters}")
         return
-    _start(node, _first_tune, list(node.samples))
+    job = functools.partial(_first_tune, outputs=list(node.outputs))
+    _start(node, job, list(node.samples))
 
 
 def _start(node: Node, job: Any, dataset: list[Any]) -> None:
@@ -88,8 +90,9 @@ def _run_job(job: Any, node: Node, dataset: list[Any]) -> None:
         node.busy = False
 
 
-def _first_tune(node: Node, dataset: list[Any]) -> None:
-    """On JIT's thread: the graph-break check, then the module's first tune, in one pool."""
+def _first_tune(node: Node, dataset: list[Any], outputs: list[Any] | None = None) -> None:
+    """On JIT's thread: the graph-break check, then the module's first tune, in one pool.
+    ``outputs``: the program's output for each sample (the check compares with them)."""
     if node.module is None:
         return  # the program dropped the module meanwhile
     workers = _Workers(_device_of(node.module, dataset[0]))
@@ -102,7 +105,7 @@ def _first_tune(node: Node, dataset: list[Any]) -> None:
             node.reason = "dry run"
             add_step(f"Dry run: would tune {node.describe()} on {len(dataset)} sample(s)")
             return
-        _tune(node, dataset, "first tune", workers, fingerprints)
+        _tune(node, dataset, "first tune", workers, fingerprints, outputs)
     finally:
         workers.close()
 
@@ -153,13 +156,13 @@ def _jit_flags() -> Any:
 
 def _skip(node: Node, why: str) -> None:
     node.state, node.reason = State.SKIPPED, why
-    node.samples = []
+    node.samples, node.outputs = [], []
     add_step(f"Skipping {node.short()}: {why}", logging.DEBUG)
 
 
 def _eager(node: Node, why: str) -> None:
     node.state, node.reason = State.EAGER, why
-    node.samples = []
+    node.samples, node.outputs = [], []
     _try_children(node)
 
 
@@ -277,10 +280,10 @@ def _jit_tuner(**settings: Any) -> Any:
         # The samples are the program's own calls: each would run the model again beside them
         record_runs = False
 
-        def run(self, func: Any, samples: list[Any], sizes: list[int]) -> Any:
+        def run(self, func: Any, samples: list[Any], sizes: list[int], outputs: Any = None) -> Any:
             # JIT tunes the program's own calls as they are, measured beside them.
             with paused(), guidance.quiet(), _jit_flags():
-                return super().run(func, samples, sizes)
+                return super().run(func, samples, sizes, outputs)
 
     return JitTuner(tracker=progress.Tracker(show=False), **settings)  # the program owns stderr
 
@@ -291,9 +294,11 @@ def _tune(
     reason: str,
     workers: _Workers | None = None,
     fingerprints: dict[int, str] | None = None,
+    outputs: list[Any] | None = None,
 ) -> None:
     """On JIT's thread: tune ``node`` on ``dataset`` with Tuner.start, then swap the winner in.
-    ``fingerprints``: model fingerprints by id(module) already made (the graph-break check's)."""
+    ``fingerprints``: model fingerprints by id(module) already made (the graph-break check's);
+    ``outputs``: the program's output for each sample, where known."""
     from honed.module import Module
 
     module = node.module
@@ -308,7 +313,7 @@ def _tune(
         cached = _new_tuner(
             strategy, fingerprints, None, True, _program_calls(node, dataset), workers
         )
-        if not _cached_pass(node, dataset, sizes, cached):
+        if not _cached_pass(node, dataset, sizes, cached, outputs):
             return
     wrapper = Module(module, node.name, strategy=strategy)
     record = TuneRecord(node.short(), reason, len(dataset), _batches(dataset, sizes), budget)
@@ -329,7 +334,7 @@ def _tune(
         return
     error: Exception | None = None
     try:
-        future = tuner.start(wrapper, dataset, sizes)
+        future = tuner.start(wrapper, dataset, sizes, outputs)
         release_team()  # this thread waits now: its OpenMP team would slow the program's calls
         report = future.result()
     except Exception as e:  # the tune failing is JIT's cue to try the children
@@ -362,7 +367,7 @@ def _tune(
         if isolation == "process"
         else "in-process measurement"
     )
-    node.samples, node.new_samples = [], []
+    node.samples, node.outputs, node.new_samples = [], [], []
     node.tuned_samples = dataset if config.retune_on_new_shapes else []
     node.tuned_keys = {_core.signature(a, k).graph_key for a, k in dataset}
     add_step(f"Tuning {node.short()} took {took:.2f}s")
@@ -536,7 +541,9 @@ def _backends(wrapper: Any) -> str:
     return ", ".join(sorted({v.backend.name for v in wrapper.variants}))
 
 
-def _cached_pass(node: Node, dataset: list[Any], sizes: list[int], tuner: Any) -> bool:
+def _cached_pass(
+    node: Node, dataset: list[Any], sizes: list[int], tuner: Any, outputs: list[Any] | None = None
+) -> bool:
     """A restart's first step: when an earlier run's tune stopped before every candidate (its
     time budget), install the winner among the candidates it decided, from the cache, before
     anything is built or measured; the tune then goes on with the rest. Returns whether the
@@ -552,7 +559,7 @@ def _cached_pass(node: Node, dataset: list[Any], sizes: list[int], tuner: Any) -
         return False
     started = time.perf_counter()
     try:
-        report = tuner.start(wrapper, dataset, sizes).result()
+        report = tuner.start(wrapper, dataset, sizes, outputs).result()
     except CachedPassDeclined:
         return True  # nothing cached (a first run), or all of it: the tune decides or replays
     except Exception as e:  # the tune proper says what is wrong, if anything
@@ -592,7 +599,7 @@ def _install(node: Node, wrapper: Any, backend: str, report: Any) -> None:
         return  # a re-tune: the children are detached already
     node.state = State.TUNED
     for child in node.descendants():
-        child.state, child.samples = State.DETACHED, []
+        child.state, child.samples, child.outputs = State.DETACHED, [], []
         add_step(f"Unpatching child module: {child.describe()}", logging.DEBUG)
 
 

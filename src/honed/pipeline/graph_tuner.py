@@ -15,7 +15,8 @@ Beside a program (JIT, ``TuneContext.live``), a worker measures only while the p
 while it calls, a candidate is built and checked only, and every checked candidate is then
 installed here and measured on the program's own calls, in turns (ProgramCalls.measure). The
 figures go through the same statistics and the same rule as any others, and the cache keeps
-them (a restart replays the decision).
+them (a restart replays the decision). Eager is then neither built nor checked in a worker:
+it is the reference, and the program's own calls are its measure (``_eager_beside_program``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from honed.backend.base import Backend, Sample
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.environment import fingerprint
 from honed.errors import CachedPassDeclined, InputError, TuneCancelled
-from honed.module import GraphRecording, Module, Variant
+from honed.module import NOT_OBSERVED, GraphRecording, Module, Variant
 from honed.pipeline import buildlog
 from honed.pipeline import figures as fig
 from honed.pipeline.cache import TuneCache, inputs_fingerprint, model_fingerprint, source_text
@@ -53,6 +54,7 @@ from honed.pipeline.candidate import (
     measurement_record,
     needs_interleave,
 )
+from honed.pipeline.correctness import CheckResult
 from honed.pipeline.courtesy import beside_program, give_way, own_stream
 from honed.pipeline.isolation import GraphJobs, NotIsolatable, pool_size
 from honed.pipeline.openmp import release_team
@@ -206,12 +208,17 @@ class GraphTuner:
 
     @functools.cached_property
     def references(self) -> list[Any]:
-        """Eager's outputs for the samples, computed where first needed: a pass that decides
+        """Eager's outputs for the samples: those the recording observed (JIT: the program's
+        own calls returned them), the others computed where first needed: a pass that decides
         from the cache alone (a restart) runs no eager call for them (beside a JIT program each
         one holds the GIL and the program's GPU)."""
         references = []
         with torch.no_grad(), own_stream(self.ctx.device):
-            for s in self.samples:
+            for i, s in enumerate(self.samples):
+                seen = self.recording.observed_output(i)
+                if seen is not NOT_OBSERVED:
+                    references.append(seen)
+                    continue
                 give_way()  # beside a JIT program: between its calls
                 references.append(self.inner(*s.args, **s.kwargs))
         return references
@@ -365,6 +372,8 @@ class GraphTuner:
                 if why:
                     self._skip(items[i], why)
                     pending.remove(i)
+        if baseline is None and self.ctx.live is not None:
+            baseline = self._eager_beside_program(baseline_backend)
         if (baseline is None or pending) and self._use_pool():
             baseline = self._run_in_pool(baseline, baseline_backend, items, pending, outcomes)
         else:
@@ -397,6 +406,16 @@ class GraphTuner:
             return None
         from_cache_files(outcome, self.ctx.cache.files(key, record))
         return outcome
+
+    def _eager_beside_program(self, backend: Backend) -> Outcome:
+        """Eager's outcome beside a program, nothing run: its figures are the program's own
+        calls (ProgramCalls.measure), it builds nothing, and a check would compare eager with
+        the references eager made. Elsewhere a worker (or this process) runs it nine times on
+        the samples; beside a program on a GPU those runs, each as long as one of the program's
+        calls, share the GPU with them (docs/jit.md)."""
+        outcome = Outcome(backend, is_baseline=True, build_s=0.0, deferred=True)
+        outcome.check, outcome.seconds = CheckResult(True), 0.0
+        return self._finish(outcome, self._key_of(backend, True))
 
     def _skip(self, item: Planned, reason: str) -> None:
         outcome = Outcome(item.backend, status="not tried", reason=reason)

@@ -24,7 +24,7 @@ from honed.backend.base import Backend, Sample
 from honed.calls import call_sample
 from honed.environment import fingerprint
 from honed.errors import InputError, TuneError
-from honed.module import Module, Variant, find_modules
+from honed.module import Module, Variant, find_modules, observed_output
 from honed.module import recording as recording_modules
 from honed.pipeline import guidance, machine, progress, signals
 from honed.pipeline.cache import open_for_tune
@@ -193,12 +193,17 @@ class Tuner:
         self.machine_section: dict[str, Any] = {}
 
     def start(
-        self, func: Callable[..., Any], samples: list[Any], sizes: list[int] | None = None
+        self,
+        func: Callable[..., Any],
+        samples: list[Any],
+        sizes: list[int] | None = None,
+        outputs: list[Any] | None = None,
     ) -> concurrent.futures.Future[TuneReport]:
         """Run the tune on a thread of its own and return at once (JIT tunes beside the program).
 
         The future's result is the TuneReport (or the tune's exception); ``cancel()`` stops it
-        early, the best candidate so far winning as when a time budget runs out.
+        early, the best candidate so far winning as when a time budget runs out. ``outputs``:
+        eager's output for each sample where the caller saw it (run's).
         """
         future: concurrent.futures.Future[TuneReport] = concurrent.futures.Future()
 
@@ -206,7 +211,7 @@ class Tuner:
             if not future.set_running_or_notify_cancel():
                 return
             try:
-                future.set_result(self.run(func, samples, list(sizes or [])))
+                future.set_result(self.run(func, samples, list(sizes or []), outputs))
             except BaseException as e:
                 future.set_exception(e)
 
@@ -227,13 +232,22 @@ class Tuner:
         if self.ctx is not None:
             self.ctx.stop(reason, abandon)
 
-    def run(self, func: Callable[..., Any], samples: list[Any], sizes: list[int]) -> TuneReport:
-        """Record, tune every graph, install; the pool is closed whatever happens."""
+    def run(
+        self,
+        func: Callable[..., Any],
+        samples: list[Any],
+        sizes: list[int],
+        outputs: list[Any] | None = None,
+    ) -> TuneReport:
+        """Record, tune every graph, install; the pool is closed whatever happens.
+        ``outputs``: eager's output for each sample (None where unknown) where the samples are
+        calls the caller ran eagerly (JIT: the program's); the check compares with them instead
+        of running eager again. Used only where recording does not run the model."""
         started = time.perf_counter()
         with signals.terminate_like_interrupt(), self.tracker, contextlib.ExitStack() as stack:
             stack.push(self._close_pool)
             self.tracker.phase("record")
-            modules = _record(func, samples, sizes, self.record_runs)
+            modules = _record(func, samples, sizes, self.record_runs, outputs)
             if not modules:
                 raise InputError(
                     "honed.tune: no honed.Module was called while running the dataset; wrap the "
@@ -391,11 +405,16 @@ def _resize_batch(sample: Any, batch: int) -> Any:
 
 
 def _record(
-    func: Callable[..., Any], samples: list[Any], sizes: list[int], runs: bool = True
+    func: Callable[..., Any],
+    samples: list[Any],
+    sizes: list[int],
+    runs: bool = True,
+    outputs: list[Any] | None = None,
 ) -> list[Module]:
     """The modules ``func`` calls on the samples, each with what it received. ``runs=False``
     with ``func`` a honed.Module holding no other: only its calls' signatures are noted, the
-    module not run (Tuner.record_runs)."""
+    module not run (Tuner.record_runs), and ``outputs`` (per sample, None where unknown) are
+    eager's outputs for them as the caller saw them."""
     known = find_modules(func)
     for m in known:
         m.reset()
@@ -406,8 +425,10 @@ def _record(
     )
     try:
         with torch.no_grad(), recording_modules(runs) as recorded:
-            for sample in samples:
-                _call(func, sample)
+            for i, sample in enumerate(samples):
+                seen = outputs[i] if outputs is not None and not runs else None
+                with observed_output(seen):
+                    _call(func, sample)
                 for b in sizes:
                     _call(func, _resize_batch(sample, b))
     except Exception as e:
