@@ -175,3 +175,50 @@ def test_beside_a_program_gpu_work_runs_on_a_stream_of_its_own() -> None:
     finally:
         honed.jit.disable_jit_tuning()
         honed.jit.reset()
+
+
+def test_without_a_program_or_on_the_cpu_runs_are_not_spaced() -> None:
+    honed.jit.reset()
+    courtesy.space_runs(False)
+    started = time.perf_counter()
+    for _ in range(20):  # no probe: CUDA is not touched, nothing waits
+        with courtesy.spaced_run(torch.device("cuda:0")):
+            pass
+    courtesy.space_runs(True)  # a worker beside a program, on the CPU: nothing to space
+    try:
+        for _ in range(20):
+            with courtesy.spaced_run(torch.device("cpu")):
+                pass
+    finally:
+        courtesy.space_runs(False)
+    assert time.perf_counter() - started < 20 * courtesy.MIN_GAP_S
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("where", ["worker", "program"])
+def test_beside_a_program_gpu_runs_leave_it_the_gpu_between_them(where: str) -> None:
+    """A check's runs on the GPU beside a program (a worker told so, or JIT's thread in the
+    program's process): each waits for the previous one's end plus twice its length."""
+    device = torch.device("cuda:0")
+    cycles = int(torch.cuda.get_device_properties(device).clock_rate * 1e3 * 0.01)  # ~10 ms
+    honed.jit.reset()
+    if where == "worker":
+        courtesy.space_runs(True)
+    else:
+        honed.jit.enable_jit_tuning()
+    try:
+        spans = []
+        for _ in range(3):
+            with courtesy.spaced_run(device):
+                started = time.perf_counter()
+                torch.cuda._sleep(cycles)
+            spans.append((started, time.perf_counter()))  # ended: synchronized by the block
+        for (s0, e0), (s1, _) in zip(spans, spans[1:], strict=False):
+            run = e0 - s0
+            assert run > 0.005  # the block waited for the GPU's work
+            gap = min(courtesy.MAX_GAP_S, courtesy.GAP_FACTOR * run)
+            assert s1 - e0 >= 0.9 * gap
+    finally:
+        courtesy.space_runs(False)
+        honed.jit.disable_jit_tuning()
+        honed.jit.reset()

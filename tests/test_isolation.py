@@ -188,6 +188,48 @@ def test_beside_a_calling_program_workers_build_and_check_and_its_calls_measure(
 
 
 @pytest.mark.parametrize("beside", [True, False])
+def test_beside_a_program_eager_runs_in_no_worker_and_the_workers_space_their_runs(
+    isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beside: bool
+) -> None:
+    """Beside a program eager is the program's own calls: no worker runs it on the samples
+    (each run a call's length of the program's GPU). The jobs sent say the tune is beside a
+    program, so the worker spaces its runs (courtesy.spaced_run)."""
+    from honed.pipeline.pool import WorkerPool
+    from honed.pipeline.tuner import Tuner
+
+    jobs: list[tuple[str, bool]] = []
+    submit = WorkerPool.submit
+
+    def spy(self: WorkerPool, job: Any) -> Any:
+        if job.kind == "evaluate":
+            jobs.append((job.label, job.request["beside_program"]))
+        return submit(self, job)
+
+    monkeypatch.setattr(WorkerPool, "submit", spy)
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    strategy = honed.MaxThroughputStrategy([Good()])
+    program = Program() if beside else None
+    injected = {"TorchEagerBackend": [2.0], "Good": [1.0]}  # a worker's figures, as the program's
+    with honed.config.patch(injected_latencies=injected):
+        report = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=program).run(
+            model, batches(4, 4), []
+        )
+    assert report.selected() == ["Good"]
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    if beside:
+        assert jobs == [("Good", True)]
+        assert program is not None and [label for label, _ in program.arms] == [
+            "TorchEagerBackend",
+            "Good",
+        ]
+        assert rows["TorchEagerBackend"].median_ms == pytest.approx(2.0, rel=0.01)
+    else:
+        assert sorted(jobs) == [("Good", False), ("TorchEagerBackend", False)]
+    assert rows["TorchEagerBackend"].status == "ok"
+
+
+@pytest.mark.parametrize("beside", [True, False])
 def test_a_tune_beside_a_program_waits_for_its_workers_without_an_openmp_team(
     isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beside: bool
 ) -> None:

@@ -160,6 +160,9 @@ class _Server:
             if self.context_error:
                 raise RuntimeError(self.context_error)
             request: dict[str, Any] = pickle.loads(frames[0], buffers=frames[1:])
+            from honed.pipeline.courtesy import space_runs
+
+            space_runs(bool(request.get("beside_program")))  # its model runs, spaced on the GPU
             if request["device"].startswith("cuda"):
                 import torch
 

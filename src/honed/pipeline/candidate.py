@@ -26,7 +26,7 @@ from honed.pipeline.correctness import (
     eager_tolerance,
     tolerance_for,
 )
-from honed.pipeline.courtesy import give_way
+from honed.pipeline.courtesy import give_way, spaced_run
 from honed.pipeline.machine import measuring_threads
 
 log = logging.getLogger("honed")
@@ -250,13 +250,14 @@ def evaluate(
             if not callable(fn):
                 return _fail(outcome, f"build returned {type(fn).__name__}, not a callable")
             first = samples[measure_at]
-            fn(*first.args, **first.kwargs)  # a JIT backend compiles here: build time
+            with spaced_run(graph.device):
+                fn(*first.args, **first.kwargs)  # a JIT backend compiles here: build time
             _sync(graph.device)
             outcome.build_s = time.perf_counter() - started
             stage = "check"
             enter("check")
             outcome.check = _check(
-                fn, samples, references, *_tolerances(backend, module, graph.device)
+                fn, samples, references, *_tolerances(backend, module, graph.device), graph.device
             )
         if not outcome.check.ok:
             outcome.status, outcome.reason = "rejected", outcome.check.reason
@@ -314,7 +315,7 @@ def check(
 ) -> CheckResult:
     """``fn``'s outputs on every sample against eager's, with the backend's tolerance."""
     with torch.no_grad():
-        return _check(fn, samples, references, *_tolerances(backend, module, device))
+        return _check(fn, samples, references, *_tolerances(backend, module, device), device)
 
 
 def _tolerances(
@@ -339,11 +340,13 @@ def _check(
     reduced: bool,
     tolerance: Tolerance | None = None,
     fp32: Tolerance = FP32,
+    device: torch.device | None = None,
 ) -> CheckResult:
     result = CheckResult(True)
     for sample, ref in zip(samples, references, strict=True):
         give_way()  # beside a JIT program: between its calls
-        out = fn(*sample.args, **sample.kwargs)
+        with spaced_run(device):  # and on its GPU, one run at a time
+            out = fn(*sample.args, **sample.kwargs)
         result = result.merge(compare(ref, out, reduced, tolerance, fp32))
         if not result.ok:
             break

@@ -12,6 +12,13 @@ the work go on, slowly. A thread gives way once per ``SLICE_S`` of its work, not
 JIT says what "inside a call" means (``watch``: whether a thread other than the asking one is
 inside an outermost module call); without a probe (no JIT) it returns at once, and the thread
 making the call never waits for itself.
+
+On a GPU the work that competes with the program's calls is the GPU's own: a check runs the
+candidate on every recorded sample, and runs queued back to back, in a worker's CUDA context
+(which the GPU time-slices with the program's) or on honed's stream here, hold the program's
+kernels back for as long as they last. ``spaced_run`` lets each such run finish, then leaves the
+GPU to the program for twice as long before the next, so that a call of the program overlaps
+about one run, not eight.
 """
 
 from __future__ import annotations
@@ -62,6 +69,46 @@ def give_way(limit_s: float = LIMIT_S) -> float:
             return now - start
 
 
+# A run's gap: GAP_FACTOR times its length, within these bounds (a run that compiled, a build's
+# first, is long on the host but not on the GPU).
+GAP_FACTOR = 2.0
+MIN_GAP_S = 0.005
+MAX_GAP_S = 0.05
+_SPACED = [False]  # a worker's job for a tune beside a program (space_runs)
+
+
+def space_runs(on: bool) -> None:
+    """Space this process's model runs (``spaced_run``) as beside a program, or not: a worker
+    process has no probe, and is told per job."""
+    _SPACED[0] = on
+
+
+@contextlib.contextmanager
+def spaced_run(device: Any) -> Iterator[None]:
+    """One run of a model on ``device`` (a check's, a build's first): beside a program on a
+    CUDA device, started once the previous run's gap has passed, and waited for at its end
+    (without the GIL) to set the next gap; elsewhere run as is. Never for a measurement: its
+    calls are timed back to back."""
+    if not (_SPACED[0] or _probe[0] is not None) or not _on_cuda(device):
+        yield
+        return
+    import torch
+
+    wait = getattr(_local, "next_run", 0.0) - time.perf_counter()
+    if wait > 0:
+        time.sleep(wait)
+    started = time.perf_counter()
+    yield
+    torch.cuda.current_stream(device).synchronize()
+    ended = time.perf_counter()
+    gap = min(MAX_GAP_S, max(MIN_GAP_S, GAP_FACTOR * (ended - started)))
+    _local.next_run = ended + gap
+
+
+def _on_cuda(device: Any) -> bool:
+    return device is not None and getattr(device, "type", str(device)).split(":")[0] == "cuda"
+
+
 _STREAMS: dict[Any, Any] = {}
 _STREAMS_LOCK = threading.Lock()
 
@@ -76,7 +123,7 @@ def own_stream(device: Any) -> Iterator[None]:
     the program's next kernels behind it. Elsewhere (no probe, the CPU) the block runs as is."""
     import torch
 
-    if _probe[0] is None or getattr(device, "type", str(device)).split(":")[0] != "cuda":
+    if _probe[0] is None or not _on_cuda(device):
         yield
         return
     device = torch.device(device)
@@ -90,4 +137,12 @@ def own_stream(device: Any) -> Iterator[None]:
     side.synchronize()  # its results are read on other streams next (waits without the GIL)
 
 
-__all__ = ["LIMIT_S", "beside_program", "give_way", "own_stream", "watch"]
+__all__ = [
+    "LIMIT_S",
+    "beside_program",
+    "give_way",
+    "own_stream",
+    "space_runs",
+    "spaced_run",
+    "watch",
+]

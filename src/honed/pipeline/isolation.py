@@ -203,11 +203,17 @@ class GraphJobs:
         measure_if: Callable[[], bool] | None = None,
     ) -> concurrent.futures.Future[JobResult]:
         """Submit ``backend``'s evaluation; raises NotIsolatable when it does not pickle.
-        ``measure_if``: asked at its turn to measure; False: built and checked only."""
+        ``measure_if``: asked at its turn to measure; False: built and checked only. Given (a
+        tune beside a program), the worker also spaces its runs (courtesy.spaced_run)."""
         _check_pickles(backend, backend.name)
         job = Job(
             kind="evaluate",
-            request={"backend": backend, "is_baseline": is_baseline},
+            # beside a program (measure_if): its runs leave the program's GPU room between them
+            request={
+                "backend": backend,
+                "is_baseline": is_baseline,
+                "beside_program": measure_if is not None,
+            },
             context=self.context,
             device=self.device,
             limits=self.limits(),

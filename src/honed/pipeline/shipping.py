@@ -35,6 +35,7 @@ from honed.pipeline.candidate import (
     interleave,
     measurement_record,
 )
+from honed.pipeline.courtesy import spaced_run
 
 log = logging.getLogger("honed")
 
@@ -191,7 +192,7 @@ def install_callable(
             torch.compiler.load_cache_artifacts(inductor)
         fn = _timed(lambda: backend.build_graph(module, samples, graph), timeout_s, backend)
     first = samples[measure_at]
-    with torch.no_grad():
+    with torch.no_grad(), spaced_run(graph.device):
         _timed(lambda: fn(*first.args, **first.kwargs), timeout_s, backend)
     return fn
 
