@@ -270,3 +270,22 @@ def test_a_tune_probes_the_gpu_once_and_beside_a_program_not_at_all(
         courtesy.watch(None)
     assert len(probes) == 2  # none beside the program
     assert beside["gpu"] == section["gpu"] and beside["gpu_driver"] == section["gpu_driver"]
+
+
+def test_own_processes_include_children_started_by_any_thread() -> None:
+    """The pool starts its workers from threads of its own: their children count as ours."""
+    import os
+    import threading
+
+    from honed.pipeline import machine
+
+    started: list[subprocess.Popen[bytes]] = []
+    thread = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "5"])))
+    thread.start()
+    thread.join()
+    try:
+        pids = machine._own_pids()
+        assert pids[0] == os.getpid() and started[0].pid in pids
+    finally:
+        started[0].kill()
+        started[0].wait()

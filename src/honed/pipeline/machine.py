@@ -14,7 +14,6 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,11 +59,17 @@ def _gpu_id(device: torch.device) -> str:
 
 
 def _own_pids() -> list[int]:
-    """This process and its children (the worker pool), which may hold GPU contexts of ours."""
+    """This process and its children (the worker pool), which may hold GPU contexts of ours.
+
+    A child is listed under the thread that started it, so every thread's list is read: a
+    torch process has dozens, and beside a JIT program the reading gives way to its calls."""
     pids = [os.getpid()]
-    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
-        with contextlib.suppress(OSError, ValueError):
-            pids += [int(p) for p in task.read_text().split()]
+    tasks = f"/proc/{os.getpid()}/task"
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(tasks):
+            courtesy.give_way()
+            with contextlib.suppress(OSError, ValueError), open(f"{tasks}/{tid}/children") as f:
+                pids += [int(p) for p in f.read().split()]
     return pids
 
 
