@@ -473,8 +473,10 @@ worker_nice: int = _flag("worker_nice", "HONED_WORKER_NICE", 0, _Number(0, 19, T
 # of a CUDA model's JIT tune stay off, with their hyperthreads, so the program's launching
 # thread keeps a core of its own while the workers compile on every other (honed.pipeline.
 # isolation.worker_cpus); 0 lets them use all. A CPU model's tune is left alone: its program
-# computes on every core, and its workers' kernels are built for the cores they see.
-jit_spare_cores: float = _flag("jit_spare_cores", "HONED_JIT_SPARE_CORES", 0.25, _Number(0, 1))
+# computes on every core, and its workers' kernels are built for the cores they see. Half: on a
+# 16-CPU GPU host the program's calls over 2x eager during a tune halved against a quarter,
+# and the tune took no longer (docs/jit.md).
+jit_spare_cores: float = _flag("jit_spare_cores", "HONED_JIT_SPARE_CORES", 0.5, _Number(0, 1))
 
 # The same for a tune's worker processes (JIT sets it from jit_spare_cores for its own).
 worker_spare_cores: float = _flag(
