@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -213,7 +214,7 @@ def test_beside_a_program_gpu_runs_leave_it_the_gpu_between_them(where: str) -> 
                 started = time.perf_counter()
                 torch.cuda._sleep(cycles)
             spans.append((started, time.perf_counter()))  # ended: synchronized by the block
-        for (s0, e0), (s1, _) in zip(spans, spans[1:], strict=False):
+        for (s0, e0), (s1, _) in itertools.pairwise(spans):
             run = e0 - s0
             assert run > 0.005  # the block waited for the GPU's work
             gap = min(courtesy.MAX_GAP_S, courtesy.GAP_FACTOR * run)
