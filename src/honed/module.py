@@ -50,7 +50,7 @@ class GraphRecording:
         self.signatures: list[_core.Signature] = []
         self.samples: list[Sample] = []
         # Per sample: eager's output for it where the caller saw it (JIT: the program's own
-        # call), else NOT_OBSERVED; the tune computes the rest (GraphTuner.references).
+        # call), else None; the tune computes the rest (GraphTuner.references).
         self.outputs: list[Any] = []
         self.shapes_seen: set[tuple[tuple[int, ...], ...]] = set()
         self.calls = 0
@@ -64,20 +64,12 @@ class GraphRecording:
         if len(self.samples) < cap or (new_shape and len(self.samples) < 2 * cap):
             self.signatures.append(sig)
             self.samples.append(sample)
-            self.outputs.append(NOT_OBSERVED if output is None else output)
+            self.outputs.append(output)
             self.shapes_seen.add(shapes)
 
     def observed_output(self, index: int) -> Any:
-        """Eager's observed output for sample ``index``, or NOT_OBSERVED."""
-        return self.outputs[index] if index < len(self.outputs) else NOT_OBSERVED
-
-
-class _NotObserved:
-    def __repr__(self) -> str:
-        return "NOT_OBSERVED"
-
-
-NOT_OBSERVED: Any = _NotObserved()
+        """Eager's observed output for sample ``index``, or None."""
+        return self.outputs[index] if index < len(self.outputs) else None
 
 
 # While a tune records (in this thread or context), the modules that recorded something, in
@@ -96,7 +88,7 @@ _RECORD_RUNS: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 # While a recording that does not run the module notes one call: eager's output for that call,
-# as the caller saw it (JIT records the program's calls and their outputs), else NOT_OBSERVED.
+# as the caller saw it (JIT records the program's calls and their outputs), else None.
 _OBSERVED_OUTPUT: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "honed_observed_output", default=None
 )

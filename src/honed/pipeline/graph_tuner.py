@@ -39,7 +39,7 @@ from honed.backend.base import Backend, Sample
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.environment import fingerprint
 from honed.errors import CachedPassDeclined, InputError, TuneCancelled
-from honed.module import NOT_OBSERVED, GraphRecording, Module, Variant
+from honed.module import GraphRecording, Module, Variant
 from honed.pipeline import buildlog
 from honed.pipeline import figures as fig
 from honed.pipeline.cache import TuneCache, inputs_fingerprint, model_fingerprint, source_text
@@ -216,7 +216,7 @@ class GraphTuner:
         with torch.no_grad(), own_stream(self.ctx.device):
             for i, s in enumerate(self.samples):
                 seen = self.recording.observed_output(i)
-                if seen is not NOT_OBSERVED:
+                if seen is not None:  # None: unknown, or a module that returns nothing
                     references.append(seen)
                     continue
                 give_way()  # beside a JIT program: between its calls
