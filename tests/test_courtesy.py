@@ -223,3 +223,74 @@ def test_beside_a_program_gpu_runs_leave_it_the_gpu_between_them(where: str) -> 
         courtesy.space_runs(False)
         honed.jit.disable_jit_tuning()
         honed.jit.reset()
+
+
+class _Timed(nn.Module):
+    """A GPU call of about ``cycles`` clock cycles; when each call was made and had ended."""
+
+    def __init__(self, cycles: int) -> None:
+        super().__init__()
+        self.cycles = cycles
+        self.spans: list[tuple[float, float]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
+        if not torch.cuda.is_current_stream_capturing():
+            torch.cuda._sleep(self.cycles)
+            torch.cuda.current_stream().synchronize()
+            self.spans.append((started, time.perf_counter()))
+        return x * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("beside", [True, False])
+def test_a_captures_warm_up_calls_are_spaced_only_beside_a_program(beside: bool) -> None:
+    """A CUDA graph's warm-up calls, queued back to back, held a program's next call up for all
+    of them at once: beside a program each starts after the previous one's gap."""
+    from honed.backend.cuda_graphs import CudaGraphed, CudaGraphsBackendConfig
+
+    device = torch.device("cuda:0")
+    cycles = int(torch.cuda.get_device_properties(device).clock_rate * 1e3 * 0.005)  # ~5 ms
+    model = _Timed(cycles)
+    honed.jit.reset()
+    if beside:
+        courtesy.space_runs(True)
+    try:
+        graphs = CudaGraphed(model, device, CudaGraphsBackendConfig(warmup_iters=3))
+        out = graphs(torch.ones(4, device=device))
+        assert bool((out == 2).all())
+        assert len(model.spans) == 3
+        gaps = [s1 - e0 for (_, e0), (s1, _) in itertools.pairwise(model.spans)]
+        if beside:
+            assert min(gaps) >= 0.9 * courtesy.MIN_GAP_S
+        else:
+            assert max(gaps) < courtesy.MIN_GAP_S
+    finally:
+        courtesy.space_runs(False)
+        honed.jit.reset()
+
+
+def test_a_job_queued_inside_a_programs_call_starts_once_the_call_has_ended() -> None:
+    """JIT queues a module's tune from inside its last recorded call: the job's first work (a
+    collection, one C call holding the GIL, then Python) waits for that call's end."""
+    from honed.jit import background
+
+    started: list[float] = []
+
+    class Queues(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            background.submit(lambda: started.append(time.perf_counter()))
+            time.sleep(0.01)  # the rest of the program's call
+            return x
+
+    honed.jit.reset()
+    honed.jit.enable_jit_tuning()
+    try:
+        Queues()(torch.zeros(1))
+        ended = time.perf_counter()
+        assert background.wait(5.0)
+    finally:
+        honed.jit.disable_jit_tuning()
+        honed.jit.reset()
+    assert len(started) == 1
+    assert started[0] >= ended - 0.001

@@ -124,6 +124,7 @@ class _Worker:
     def _loop(self) -> None:
         from honed.backend import _aoti_direct
         from honed.jit.patcher import paused
+        from honed.pipeline.courtesy import give_way
 
         while True:
             # The thread ends when the queue is empty and a new one takes the next job: a thread
@@ -138,11 +139,16 @@ class _Worker:
             try:
                 if self.exiting:
                     continue  # queued before the program ended: left undone
-                _spare_the_collector()
-                # JIT's calls of the modules run their originals; its packages load and run
-                # without the GIL, so the program's calls go on meanwhile.
-                with paused(), _prompt_gil(), _aoti_direct.unlocked_loads():
-                    job(*args)
+                with _prompt_gil():
+                    # A job is queued from inside the program's call (its last recorded one):
+                    # the job starts once that call has ended, and the collection below, one C
+                    # call holding the GIL, runs between the program's calls.
+                    give_way()
+                    _spare_the_collector()
+                    # JIT's calls of the modules run their originals; its packages load and run
+                    # without the GIL, so the program's calls go on meanwhile.
+                    with paused(), _aoti_direct.unlocked_loads():
+                        job(*args)
             except Exception:  # a job's failure is logged; the program and other jobs go on
                 log.warning("honed.jit: a background job failed", exc_info=True)
             finally:
