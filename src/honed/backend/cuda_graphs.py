@@ -277,6 +277,7 @@ class CudaGraphed:
             graph = torch.cuda.CUDAGraph()
             try:
                 with (
+                    courtesy.spaced_run(self.device),  # after the last warm-up call's gap
                     CAPTURING,
                     _workspaces_in_graph_pool(),
                     _graph_capture(graph, self._pool, self._stream),
@@ -305,7 +306,11 @@ class CudaGraphed:
         return captured
 
     def _warm_up(self, args: Any, kwargs: Any) -> list[torch.dtype | None] | None:
-        """Eager calls on the side stream; under autocast, also the dtypes eager returns."""
+        """Eager calls on the side stream; under autocast, also the dtypes eager returns.
+
+        Beside a program (a JIT install, or a worker's build for one) each call is spaced
+        (``courtesy.spaced_run``): queued back to back, the warm-up calls of a model slower than
+        the program's own held its next call up for all of them at once."""
         from torch.utils._pytree import tree_leaves
 
         stream = self._stream
@@ -313,12 +318,14 @@ class CudaGraphed:
         eager_dtypes = None
         with torch.cuda.stream(stream):
             if self.config.autocast_enabled:
-                eager_dtypes = [
-                    t.dtype if isinstance(t, torch.Tensor) else None
-                    for t in tree_leaves(self.module(*args, **kwargs))
-                ]
+                with courtesy.spaced_run(self.device):
+                    eager_dtypes = [
+                        t.dtype if isinstance(t, torch.Tensor) else None
+                        for t in tree_leaves(self.module(*args, **kwargs))
+                    ]
             for _ in range(self.config.warmup_iters):
-                self._run(*args, **kwargs)
+                with courtesy.spaced_run(self.device):
+                    self._run(*args, **kwargs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return eager_dtypes
 
