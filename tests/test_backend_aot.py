@@ -366,6 +366,40 @@ def test_the_package_holds_code_and_takes_the_module_weights(
         backend.load_payload(files, nn.Linear(3, 3), _profile(1, 1, 8, ("batch", "")))
 
 
+def test_the_modules_own_weights_are_handed_over_as_they_are_and_the_package_copies_them(
+    mlp: nn.Module, dynamic_fn: AotCompiled
+) -> None:
+    """A weight with the layout compiled for goes to the package without a copy of ours first
+    (a copy as large as the module, in a JIT program's process); one that is a view of a larger
+    block is laid out anew. The package keeps copies: the module's weights changed afterwards
+    leave the loaded variant as it was loaded."""
+    from honed.backend import _aoti_constants
+
+    backend = TorchInductorAotBackend()
+    files = backend.export_payload(dynamic_fn)
+    listing = json.loads(files[CONSTANTS_JSON])["constants"]
+    other = _copy(mlp)
+    with torch.no_grad():  # fc2's weight: the first rows of a larger block
+        block = torch.randn(8, 32)
+        block[:4] = other.fc2.weight
+        other.fc2.weight = nn.Parameter(block[:4])
+    own = other.state_dict()
+    handed = _aoti_constants.tensors(files, other, CPU)
+    assert handed is not None
+    shared = {c["key"] for c in listing if handed[c["fqn"]].data_ptr() == own[c["key"]].data_ptr()}
+    assert "fc1.weight" in shared
+    assert "fc2.weight" in {c["key"] for c in listing} - shared
+    torch.testing.assert_close(handed["inner.fc2.weight"], own["fc2.weight"])
+    loaded = backend.load_payload(files, other, _profile(1, 1, 8, ("batch", "")))
+    x = batches(5, seed=6)[0]
+    with torch.no_grad():
+        expected = other(x)
+        torch.testing.assert_close(loaded(x), expected)
+        for p in other.parameters():
+            p.add_(1.0)
+        torch.testing.assert_close(loaded(x), expected)
+
+
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="needs binutils' readelf")
 def test_the_wrapper_links_the_shared_cxx_runtime(dynamic_fn: AotCompiled, tmp_path: Path) -> None:
     """A wrapper.so with a private static libstdc++ can segfault on load: two C++ runtimes in one

@@ -128,6 +128,7 @@ def tensors(
 
         stored = load(files[CONSTANTS_FILE])
     weights = module.state_dict()
+    target = torch.empty(0, device=device).device  # with its index
     out: dict[str, torch.Tensor] = {}
     for c in listing["constants"]:
         give_way()
@@ -142,12 +143,33 @@ def tensors(
                 f"from the {c['source']} entry {c['key']!r}, found {got}; the artifact does not "
                 "belong to this module: save it again"
             )
+        if _handed_as_is(t, dtype, c["stride"], target):
+            out[c["fqn"]] = t
+            continue
         laid_out = torch.empty_strided(c["shape"], c["stride"], dtype=dtype, device=device)
         laid_out.copy_(t)
         out[c["fqn"]] = laid_out
     return out
 
 
+def _handed_as_is(
+    t: torch.Tensor, dtype: torch.dtype, stride: list[int], device: torch.device
+) -> bool:
+    """Whether ``t`` can be handed to the package itself: ``give`` has the package copy each
+    constant into a buffer of its own, from the constant's address for its storage's length.
+    A tensor with the dtype, strides and device compiled for that is all of its storage needs
+    no copy of ours first: for a module's unchanged weights (the fp32 candidates) an extra copy
+    was as large as the module, made in the program's process beside its calls."""
+    return (
+        t.dtype == dtype
+        and t.device == device
+        and list(t.stride()) == list(stride)
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.nbytes
+    )
+
+
 def give(loader: Any, constants: dict[str, torch.Tensor]) -> None:
-    """Hand the package its constants (every one, checked by the package)."""
+    """Hand the package its constants (every one, checked by the package), which it copies
+    into a buffer of its own (not user-managed: ``tensors`` may hand over the module's own)."""
     loader.load_constants(constants, False, True, False)
