@@ -335,3 +335,17 @@ def test_a_gpu_tensor_hashes_as_its_cpu_copy_does_across_pieces() -> None:
     assert _digest([late]) == _hashlib_digest([torch.full((1 << 20,), 3.0)])
     model = TinyMLP()
     assert cache.model_fingerprint(model.cuda()) == cache.model_fingerprint(model.cpu())
+
+
+def test_the_weights_fingerprint_gives_way_between_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside a JIT program the fingerprint's Python, tensor by tensor, waits for the program's
+    call to end (courtesy.give_way) between tensors, not only between modules."""
+    from honed.pipeline import cache
+
+    model = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(3)))
+    before = cache.model_fingerprint(model)
+    asked = []
+    monkeypatch.setattr(cache, "give_way", lambda: asked.append(1) or 0.0)
+    assert cache.model_fingerprint(model) == before
+    modules, tensors = len(list(model.modules())), len(model.state_dict())
+    assert len(asked) >= modules + tensors

@@ -215,6 +215,7 @@ def model_fingerprint(module: torch.nn.Module) -> str:
         give_way()
         h.update(source_text(type(sub).forward).encode())
     for name, t in module.state_dict().items():
+        give_way()  # a few hundred tensors' details in Python, beside a program's call
         h.update(name.encode())
         h.tensor(t)
     return h.hexdigest()
