@@ -176,6 +176,7 @@ PROGRAM = textwrap.dedent(
     gc.callbacks.append(on_gc)
     with torch.no_grad():
         start = time.perf_counter()
+        tuned["loop_started_unix"] = time.time()  # the host's samples (parent) line up with it
         while len(times) < calls or time.perf_counter() - start < seconds:
             arm()
             c0 = time.thread_time()
@@ -329,7 +330,11 @@ def run_program(
         artifact,
     ]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    host = HostSampler()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    finally:
+        host.stop()
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         # The whole stderr beside the JSON: JIT's report at exit follows the program's traceback.
@@ -346,11 +351,72 @@ def run_program(
         )
     data = json.loads(out.read_text())
     data["wall_s"] = wall
+    data["host"] = host.since(data.get("loop_started_unix"))
     stacks = out.with_name(out.name + ".stacks")
     if stacks.exists():
         data["slow_calls"] = slow_call_stacks(stacks.read_text())
     data["stderr"] = proc.stderr
     return data
+
+
+class HostSampler:
+    """The whole machine's CPU time, from /proc/stat, every ``PERIOD_S`` while a run goes on:
+    the share of its CPUs busy and the share stolen (a virtual machine's CPUs given to other
+    guests by the hypervisor; a thread's CPU time then includes time it did not run). A call
+    slow "on the program's CPU" while much was stolen was slowed by the host, not by honed."""
+
+    PERIOD_S = 0.1
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: list[tuple[float, list[int]]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            try:
+                with open("/proc/stat") as f:
+                    fields = [int(x) for x in f.readline().split()[1:]]
+            except (OSError, ValueError):
+                return
+            self.samples.append((time.time(), fields))
+            self._done.wait(self.PERIOD_S)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def since(self, t0: float | None) -> list[list[float]]:
+        """[start s (from ``t0``), end s, busy share, stolen share] per period."""
+        import itertools
+
+        rows = []
+        base = t0 if t0 is not None else (self.samples[0][0] if self.samples else 0.0)
+        for (a, fa), (b, fb) in itertools.pairwise(self.samples):
+            d = [y - x for x, y in zip(fa, fb, strict=True)]
+            total = sum(d[:8]) or 1  # user nice system idle iowait irq softirq steal
+            idle = d[3] + d[4]
+            steal = d[7] if len(d) > 7 else 0
+            rows.append(
+                [
+                    round(a - base, 3),
+                    round(b - base, 3),
+                    round(1 - idle / total, 3),
+                    round(steal / total, 4),
+                ]
+            )
+        return rows
+
+
+def _host_at(host: list[list[float]], t: float) -> list[float] | None:
+    """[busy share, stolen share] of the host's period around ``t`` (s), None without one."""
+    for a, b, busy, steal in host:
+        if a <= t < b:
+            return [busy, steal]
+    return None
 
 
 def slow_call_stacks(text: str) -> list[dict[str, Any]]:
@@ -433,7 +499,14 @@ def against_one_liner(
 
 
 # What the eager run reports of its own slow calls: what JIT's runs are held against.
-_OWN_SLOW_CALLS = ("slowest_after_first_ms", "over_2x", "over_2x_in_gc", "slowest_outside_gc_ms")
+_OWN_SLOW_CALLS = (
+    "slowest_after_first_ms",
+    "over_2x",
+    "over_2x_in_gc",
+    "slowest_outside_gc_ms",
+    "host_busy_median",
+    "host_stolen_max",
+)
 
 
 def _in_gc(call: list[float], collections: list[list[float]]) -> float:
@@ -518,6 +591,18 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
             [i, *(round(x, 3) for x in c)] for i, c in enumerate(calls) if i and c[1] > 2 * eager_ms
         ][:400]
         out["over_2x_by_cause"] = _by_cause(slow, eager_ms)
+        host = data.get("host") or []
+        if host:
+            # the whole loop's host figures, and at each call over 2x: [index, busy, stolen]
+            inside = [h for h in host if 0 <= h[0] <= out["loop_s"]]
+            if inside:
+                out["host_busy_median"] = statistics.median(h[2] for h in inside)
+                out["host_stolen_max"] = max(h[3] for h in inside)
+            out["over_2x_host"] = [
+                [i, *(_host_at(host, c[0]) or [None, None])]
+                for i, c in enumerate(calls)
+                if i and c[1] > 2 * eager_ms
+            ][:400]
         outside = [c[1] for c in calls[1:] if not _gc_made_slow(c, collections, eager_ms)]
         out["slowest_outside_gc_ms"] = round(max(outside), 3) if outside else None
         out["collections"] = {  # generation: [how many, longest ms]
@@ -787,6 +872,12 @@ def main() -> None:
         f"  eager alone: slowest after the first {e['slowest_after_first_ms']:.2f} ms, "
         f"{e['over_2x']} call(s) over 2x its median ({e['over_2x_in_gc']} in Python's garbage "
         f"collection); slowest outside it {e['slowest_outside_gc_ms']} ms"
+        + (
+            f"; the host {e['host_busy_median']:.0%} busy, at most {e['host_stolen_max']:.1%} "
+            "stolen"
+            if "host_busy_median" in e
+            else ""
+        )
     )
     for tag in ("cold", "warm"):
         r = result[tag]
@@ -811,6 +902,13 @@ def main() -> None:
             print(
                 "  by what held them up: "
                 + "; ".join(f"{k} {v}" for k, v in r["over_2x_by_cause"].items())
+            )
+        if "host_busy_median" in r:
+            stolen = [h[2] for h in r.get("over_2x_host", []) if h[2] is not None]
+            print(
+                f"  the host: median {r['host_busy_median']:.0%} of its CPUs busy, at most "
+                f"{r['host_stolen_max']:.1%} stolen in a {HostSampler.PERIOD_S:g} s period"
+                + (f"; at the calls over 2x at most {max(stolen):.1%} stolen" if stolen else "")
             )
         for c in r.get("slow_calls", [])[:8]:
             doing = (

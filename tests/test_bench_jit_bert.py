@@ -84,3 +84,27 @@ def test_a_run_that_may_fail_reports_its_last_error(
     assert failed["failed"] == "RuntimeError: the pool broke" and failed["failed_after_s"] >= 0
     with pytest.raises(SystemExit, match="oneliner run failed"):
         jit_bert.run_program(args, tmp_path, "oneliner", {}, 1.0, "oneliner")
+
+
+def test_the_hosts_busy_and_stolen_shares_line_up_with_the_calls_over_2x() -> None:
+    """/proc/stat's counters between samples give each period's busy and stolen shares, in the
+    loop's seconds; each call over 2x eager's median is reported with its period's figures."""
+    sampler = jit_bert.HostSampler()
+    sampler.stop()
+    # user nice system idle iowait irq softirq steal
+    sampler.samples = [
+        (100.0, [0, 0, 0, 0, 0, 0, 0, 0]),
+        (100.5, [50, 0, 0, 50, 0, 0, 0, 0]),  # half busy, nothing stolen
+        (101.0, [80, 0, 0, 70, 0, 0, 0, 50]),  # 30 + 50 of 100 busy, 50 stolen
+    ]
+    host = sampler.since(100.0)
+    assert host == [[0.0, 0.5, 0.5, 0.0], [0.5, 1.0, 0.8, 0.5]]
+    data = {
+        "calls": [[0.0, 100.0, 100.0, 100.0], [0.1, 5.0, 5.0, 5.0], [0.7, 20.0, 20.0, 19.0]],
+        "wall_s": 1.0,
+        "host": host,
+        "stderr": "",
+    }
+    out = jit_bert.summarize(data, eager_ms=5.0)
+    assert out["over_2x_host"] == [[2, 0.8, 0.5]]
+    assert out["host_stolen_max"] == 0.5
