@@ -66,6 +66,30 @@ def test_work_waits_for_the_programs_call_to_end() -> None:
             honed.jit.reset()
 
 
+def test_a_waiting_thread_is_woken_by_the_calls_end_and_does_not_poll() -> None:
+    """While it waits, the thread does not look again and again (each look takes the GIL back
+    from the program's call): it asks whether a call runs once, and once more when woken."""
+    honed.jit.reset()
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):  # nothing is tuned
+        honed.jit.enable_jit_tuning()
+        jit_probe = courtesy._probe[0]
+        assert jit_probe is not None
+        asked = []
+
+        def counting() -> bool:
+            asked.append(1)
+            return jit_probe()
+
+        courtesy.watch(counting)
+        try:
+            waited, call = _give_way_during_a_call(Slow(0.3), limit_s=5.0)
+            assert 0.2 < waited <= call + 0.05, (waited, call)
+            assert len(asked) <= 4, len(asked)
+        finally:
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()
+
+
 def test_without_jit_nothing_waits() -> None:
     honed.jit.reset()
     waited, call = _give_way_during_a_call(Slow(0.3), limit_s=5.0)

@@ -88,6 +88,7 @@ def _calls(
             _IN_CALL[0] = True
             model(**inputs)
             _IN_CALL[0] = False
+            courtesy.call_ended()
             _sync(device)
             out.append((time.perf_counter() - start) * 1e3)
 

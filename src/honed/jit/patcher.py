@@ -74,6 +74,7 @@ _EAGER, _SKIPPED = State.EAGER, State.SKIPPED
 _is_compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
 _monotonic = time.monotonic
+_call_ended = courtesy.call_ended
 
 
 def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -129,6 +130,7 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if outermost:
             st.in_call = 0
             st.call_ended = _monotonic()
+            _call_ended()  # wakes JIT's work waiting for this call's end
 
 
 def _discover(module: torch.nn.Module) -> Node:

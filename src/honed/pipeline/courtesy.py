@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-_STEP_S = 0.0002  # how often a waiting thread looks again
 LIMIT_S = 0.02  # the longest one give_way waits
 # How long a thread works on between waits: pieces of work far shorter than a call (a small
 # tensor's hash) would otherwise each wait for a call's end, and a program always inside a call
@@ -39,11 +38,27 @@ SLICE_S = 0.002
 _local = threading.local()
 
 _probe: list[Callable[[], bool] | None] = [None]
+# Counts the program's calls that ended while a thread waited in give_way, and wakes it. A
+# waiting thread that looked again every fraction of a millisecond took the GIL back each time,
+# and each time the program's call had to hand it over (the switch interval), dozens of times a
+# call.
+_ENDED = threading.Condition()
+_ends = [0]
+_waiting = [0]
 
 
 def watch(busy: Callable[[], bool] | None) -> None:
     """Set (or clear, None) the probe: is another thread than the caller inside a call now?"""
     _probe[0] = busy
+
+
+def call_ended() -> None:
+    """The program's call just ended (JIT calls this at the end of each outermost call):
+    wakes the threads waiting in give_way. Nothing to do, and nearly free, when none waits."""
+    if _waiting[0]:
+        with _ENDED:
+            _ends[0] += 1
+            _ENDED.notify_all()
 
 
 def beside_program() -> bool:
@@ -61,12 +76,21 @@ def give_way(limit_s: float = LIMIT_S) -> float:
     if now - getattr(_local, "resumed", 0.0) < SLICE_S or not busy():
         return 0.0
     start = now
-    while True:
-        time.sleep(_STEP_S)
-        now = time.perf_counter()
-        if now - start >= limit_s or not busy():
-            _local.resumed = now
-            return now - start
+    with _ENDED:
+        _waiting[0] += 1
+    try:
+        while True:
+            with _ENDED:
+                seen = _ends[0]
+            now = time.perf_counter()
+            if now - start >= limit_s or not busy():  # after reading the count: no end is missed
+                _local.resumed = now
+                return now - start
+            with _ENDED:
+                _ENDED.wait_for(lambda seen=seen: _ends[0] != seen, limit_s - (now - start))
+    finally:
+        with _ENDED:
+            _waiting[0] -= 1
 
 
 # A run's gap: GAP_FACTOR times its length, within these bounds (a run that compiled, a build's
@@ -140,6 +164,7 @@ def own_stream(device: Any) -> Iterator[None]:
 __all__ = [
     "LIMIT_S",
     "beside_program",
+    "call_ended",
     "give_way",
     "own_stream",
     "space_runs",
