@@ -431,3 +431,35 @@ def test_a_cuda_top_module_prepares_the_hashing_copies_in_its_first_call() -> No
     assert staging.is_pinned() and stream.device == device
     assert list(machine._PROBED) == [machine._gpu_id(device)]
     assert isolation._cores.cache_info().currsize == 1
+
+
+_FIRST_CALL_IMPORTS = """
+import json, sys, torch
+import honed.jit
+names = sys.argv[1:]
+before = [n for n in names if n in sys.modules]
+honed.jit.enable_jit_tuning()
+with honed.jit.config.patch(min_samples=1000), torch.no_grad():  # no tune starts
+    torch.nn.Linear(4, 4)(torch.randn(2, 4))
+print(json.dumps({"before": before, "after": [n for n in names if n in sys.modules]}))
+"""
+
+
+def test_the_first_call_imports_the_candidates_modules_so_no_later_call_waits_for_it() -> None:
+    """JIT's thread imported a dozen of honed's backend modules while the program's calls went
+    on, holding them up: the program's first call, JIT's start-up anyway, imports them."""
+    listed = honed.jit.config.tune_strategy().backends(torch.device("cpu"))
+    names = sorted({type(b).__module__ for b in listed} | {"honed.jit.strategy"})
+    assert "honed.backend.torch_inductor_aot" in names
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_CALL_IMPORTS, *names],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("HONED_")},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["before"] == []
+    assert seen["after"] == names

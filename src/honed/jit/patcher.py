@@ -173,14 +173,20 @@ def _prepare_start(module: torch.nn.Module) -> None:
     the key ids a cached payload's signature is checked against (OpenSSL's key decoding); for a
     GPU model, the side stream and pinned staging that hash its weights for the cache key, the
     GPU's details through NVML (a tune's machine check), and the CPUs its workers may use (the
-    cores' topology from sysfs). Each is also derived where it is needed, should this fail."""
+    cores' topology from sysfs); and the modules of the candidates its tune will list (a dozen
+    of honed's backend modules, whose import on JIT's thread beside a call held it up). Each is
+    also derived where it is needed, should this fail."""
     from honed import trust
     from honed.pipeline import isolation, machine
     from honed.pipeline.cache import prepare_copies
 
     first = next(module.parameters(), None)
     on_gpu = first is not None and first.is_cuda
-    steps: list[tuple[str, Callable[[], Any]]] = [("the trusted keys", trust.known_key_ids)]
+    device = first.device if first is not None else torch.device("cpu")
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("the trusted keys", trust.known_key_ids),
+        ("its candidates' modules", lambda: config.tune_strategy().backends(device)),
+    ]
     if on_gpu:
         assert first is not None
         steps += [
