@@ -87,7 +87,8 @@ def give_way(limit_s: float = LIMIT_S) -> float:
                 _local.resumed = now
                 return now - start
             with _ENDED:
-                _ENDED.wait_for(lambda seen=seen: _ends[0] != seen, limit_s - (now - start))
+                if _ends[0] == seen:  # else a call ended meanwhile: look again now
+                    _ENDED.wait(limit_s - (now - start))
     finally:
         with _ENDED:
             _waiting[0] -= 1
