@@ -185,7 +185,7 @@ def _prepare_start(module: torch.nn.Module) -> None:
     device = first.device if first is not None else torch.device("cpu")
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("the trusted keys", trust.known_key_ids),
-        ("its candidates' modules", lambda: config.tune_strategy().backends(device)),
+        ("its candidates' modules", lambda: _import_candidates(device)),
     ]
     if on_gpu:
         assert first is not None
@@ -199,6 +199,15 @@ def _prepare_start(module: torch.nn.Module) -> None:
             step()
         except Exception as e:
             log.debug("honed: JIT could not prepare %s at its start: %s", what, e)
+
+
+def _import_candidates(device: torch.device) -> None:
+    """The modules of honed's default candidates and JIT's strategy, imported (honed's own
+    list: a strategy of the user's is not called before its tune)."""
+    from honed.backend._defaults import default_candidates
+    from honed.jit import strategy  # noqa: F401  (imported for its import's sake)
+
+    default_candidates(device, None)
 
 
 def _sample(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
