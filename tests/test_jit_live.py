@@ -622,7 +622,9 @@ class TwoInputs(nn.Module):
 
 class StrictSpelling(Backend):
     """Takes its inputs as the recorded samples spell them (positionally), as an AOTInductor
-    package does, and fails otherwise."""
+    package does, and fails otherwise; counts the calls it answered."""
+
+    answered = 0
 
     def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
         assert isinstance(module, TwoInputs)
@@ -632,6 +634,7 @@ class StrictSpelling(Backend):
                 raise TypeError(f"called with keywords {sorted(kwargs)}")
             x, y = args
             time.sleep(0.0005)
+            StrictSpelling.answered += 1
             return module.fc(x) + y
 
         return run
@@ -650,11 +653,16 @@ def test_the_programs_calls_reach_each_candidate_spelled_as_recorded(
     x, y = torch.randn(4, 16), torch.randn(4, 64)
     with torch.no_grad():
         want = torch.nn.functional.linear(x, model.fc.weight, model.fc.bias) + y
+    StrictSpelling.answered = 0
     with honed.jit.config.patch(backends=[StrictSpelling()]):
         root = _call_until_tuned(_Keywords(model, y), x, want)
-    assert root.backend == "StrictSpelling", "\n".join(honed.jit.history())
-    rows = {c.name: c for c in root.report.graphs[0].candidates}
-    assert rows["StrictSpelling"].measured_on == ON_PROGRAM
+    # Its own code answered the program's calls it measured (one raising would have been
+    # answered by eager, and logged). Which variant the figures then select depends on how
+    # steady a 0.5 ms sleep is on the machine: on a loaded 2-core one, not steady enough to
+    # decide, and eager stays; tests/test_jit_live's other tests judge the selection.
+    row = {c.name: c for c in root.report.graphs[0].candidates}["StrictSpelling"]
+    assert row.status == "ok" and row.measured_on == ON_PROGRAM, row
+    assert StrictSpelling.answered >= len(row.samples_ms) >= 20
     assert not [r for r in caplog.records if "raised" in r.getMessage()]
 
 
