@@ -10,8 +10,9 @@ call ends, for ``limit_s`` at most, so that a program that is always inside a ca
 the work go on, slowly. A thread gives way once per ``SLICE_S`` of its work, not per piece.
 
 JIT says what "inside a call" means (``watch``: whether a thread other than the asking one is
-inside an outermost module call); without a probe (no JIT) it returns at once, and the thread
-making the call never waits for itself.
+inside an outermost module call) and when a call ends (``call_ended``, which wakes the waiting
+threads); without a probe (no JIT) it returns at once, and the thread making the call never
+waits for itself.
 
 On a GPU the work that competes with the program's calls is the GPU's own: a check runs the
 candidate on every recorded sample, and runs queued back to back, in a worker's CUDA context
@@ -48,7 +49,9 @@ _waiting = [0]
 
 
 def watch(busy: Callable[[], bool] | None) -> None:
-    """Set (or clear, None) the probe: is another thread than the caller inside a call now?"""
+    """Set (or clear, None) the probe: is another thread than the caller inside a call now?
+    Whoever sets it also calls ``call_ended`` as each call ends: a thread in give_way sleeps
+    until then (``limit_s`` at most)."""
     _probe[0] = busy
 
 
