@@ -436,18 +436,24 @@ def test_a_cuda_top_module_prepares_the_hashing_copies_in_its_first_call() -> No
 _FIRST_CALL_IMPORTS = """
 import json, sys, torch
 import honed.jit
+from honed.pipeline import openmp
 names = sys.argv[1:]
 before = [n for n in names if n in sys.modules]
+found = [openmp.runtime.cache_info().currsize]
 honed.jit.enable_jit_tuning()
 with honed.jit.config.patch(min_samples=1000), torch.no_grad():  # no tune starts
     torch.nn.Linear(4, 4)(torch.randn(2, 4))
-print(json.dumps({"before": before, "after": [n for n in names if n in sys.modules]}))
+found.append(openmp.runtime.cache_info().currsize)
+print(json.dumps({"before": before, "after": [n for n in names if n in sys.modules],
+                  "runtime_found": found}))
 """
 
 
 def test_the_first_call_imports_the_candidates_modules_so_no_later_call_waits_for_it() -> None:
     """JIT's thread imported a dozen of honed's backend modules while the program's calls went
-    on, holding them up: the program's first call, JIT's start-up anyway, imports them."""
+    on, holding them up: the program's first call, JIT's start-up anyway, imports them. It also
+    finds the OpenMP runtime (the process's memory map read through), which the first call
+    JIT worked beside looked for on the program's thread."""
     listed = honed.jit.config.tune_strategy().backends(torch.device("cpu"))
     names = sorted({type(b).__module__ for b in listed} | {"honed.jit.strategy"})
     assert "honed.backend.torch_inductor_aot" in names
@@ -463,3 +469,4 @@ def test_the_first_call_imports_the_candidates_modules_so_no_later_call_waits_fo
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["before"] == []
     assert seen["after"] == names
+    assert seen["runtime_found"] == [0, 1]

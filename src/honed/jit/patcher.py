@@ -173,11 +173,15 @@ def _prepare_start(module: torch.nn.Module) -> None:
     the key ids a cached payload's signature is checked against (OpenSSL's key decoding); for a
     GPU model, the side stream and pinned staging that hash its weights for the cache key, the
     GPU's details through NVML (a tune's machine check), and the CPUs its workers may use (the
-    cores' topology from sysfs); and the modules of the candidates its tune will list (a dozen
-    of honed's backend modules, whose import on JIT's thread beside a call held it up). Each is
-    also derived where it is needed, should this fail."""
+    cores' topology from sysfs); the modules of the candidates its tune will list (a dozen of
+    honed's backend modules, whose import on JIT's thread beside a call held it up); and the
+    OpenMP runtime the program's calls lend a core from while JIT works (honed.jit.cores),
+    found through torch's parallel settings and this process's memory map, which a CUDA
+    process's libraries make thousands of lines long: found in the first call JIT works
+    beside, on the program's thread, it doubled that call. Each is also derived where it is
+    needed, should this fail."""
     from honed import trust
-    from honed.pipeline import isolation, machine
+    from honed.pipeline import isolation, machine, openmp
     from honed.pipeline.cache import prepare_copies
 
     first = next(module.parameters(), None)
@@ -186,6 +190,7 @@ def _prepare_start(module: torch.nn.Module) -> None:
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("the trusted keys", trust.known_key_ids),
         ("its candidates' modules", lambda: _import_candidates(device)),
+        ("the OpenMP runtime", openmp.runtime),
     ]
     if on_gpu:
         assert first is not None
