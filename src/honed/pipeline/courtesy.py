@@ -39,13 +39,11 @@ SLICE_S = 0.002
 _local = threading.local()
 
 _probe: list[Callable[[], bool] | None] = [None]
-# Counts the program's calls that ended while a thread waited in give_way, and wakes it. A
-# waiting thread that looked again every fraction of a millisecond took the GIL back each time,
-# and each time the program's call had to hand it over (the switch interval), dozens of times a
-# call.
+# Wakes the threads waiting in give_way when one of the program's calls ends. A waiting thread
+# that looked again every fraction of a millisecond took the GIL back each time, and each time
+# the program's call had to hand it over (the switch interval), dozens of times a call.
 _ENDED = threading.Condition()
-_ends = [0]
-_waiting = [0]
+_waiting = [0]  # threads in give_way: the program's thread takes the lock only while some wait
 
 
 def watch(busy: Callable[[], bool] | None) -> None:
@@ -60,7 +58,6 @@ def call_ended() -> None:
     wakes the threads waiting in give_way. Nothing to do, and nearly free, when none waits."""
     if _waiting[0]:
         with _ENDED:
-            _ends[0] += 1
             _ENDED.notify_all()
 
 
@@ -79,21 +76,18 @@ def give_way(limit_s: float = LIMIT_S) -> float:
     if now - getattr(_local, "resumed", 0.0) < SLICE_S or not busy():
         return 0.0
     start = now
+    # The look and the wait under one lock: a call that ends in between notifies only once the
+    # wait has released it, so no end is missed.
     with _ENDED:
         _waiting[0] += 1
-    try:
-        while True:
-            with _ENDED:
-                seen = _ends[0]
-            now = time.perf_counter()
-            if now - start >= limit_s or not busy():  # after reading the count: no end is missed
-                _local.resumed = now
-                return now - start
-            with _ENDED:
-                if _ends[0] == seen:  # else a call ended meanwhile: look again now
-                    _ENDED.wait(limit_s - (now - start))
-    finally:
-        with _ENDED:
+        try:
+            while True:
+                now = time.perf_counter()
+                if now - start >= limit_s or not busy():
+                    _local.resumed = now
+                    return now - start
+                _ENDED.wait(limit_s - (now - start))
+        finally:
             _waiting[0] -= 1
 
 
