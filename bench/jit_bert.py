@@ -58,7 +58,7 @@ from typing import Any
 # The program under test: honed appears nowhere in it.
 PROGRAM = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     import torch
 
     small, device, calls, seconds, out, mode = (
@@ -84,6 +84,34 @@ PROGRAM = textwrap.dedent(
         def inputs(ids):
             return dict(input=ids)
     model = model.eval().to(device)
+    if device.startswith("cuda") and os.environ.get("JIT_BERT_BLOCKING_SYNC") == "1":
+        # the context waits for the GPU asleep: a call's thread CPU time is then only what ran
+        # on the CPU (BERT's mask check waits for the GPU inside each call, spinning by default)
+        import ctypes
+        torch.cuda.synchronize()
+        assert ctypes.CDLL("libcuda.so.1").cuCtxSetFlags(4) == 0  # CU_CTX_SCHED_BLOCKING_SYNC
+    marks = []
+    if os.environ.get("JIT_BERT_MARKS"):
+        # named functions of honed's, each call's span and thread, so a slow call can be put
+        # beside what honed's threads were doing in this process (a diagnostic)
+        import functools, importlib, threading
+        def marked(item, fn):
+            @functools.wraps(fn)
+            def wrapper(*a, **k):
+                began = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    marks.append((item, threading.current_thread().name, began,
+                                  time.perf_counter()))
+            return wrapper
+        for item in os.environ["JIT_BERT_MARKS"].split(","):
+            where, _, qualname = item.partition(":")
+            owner = importlib.import_module(where)
+            *path, attr = qualname.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            setattr(owner, attr, marked(qualname, getattr(owner, attr)))
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -191,6 +219,7 @@ PROGRAM = textwrap.dedent(
             times.append((t0 - start, (t1 - t0) * 1e3, (tl - t0) * 1e3, (cl - c0) * 1e3))
     gc.callbacks.remove(on_gc)
     tuned["collections"] = collections
+    tuned["marks"] = [[m[0], m[1], round(m[2] - start, 4), round(m[3] - start, 4)] for m in marks]
     if watch_ms > 0:
         dumps.flush()  # the last calls' lines, before the program's end
     routes = {}
@@ -293,6 +322,37 @@ PROGRAM = textwrap.dedent(
     ]
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
+)
+
+
+# What --marks default times: JIT's work in the program's process, by step.
+DEFAULT_MARKS = ",".join(
+    (
+        "honed.pipeline.graph_tuner:GraphTuner._install",
+        "honed.pipeline.graph_tuner:install_outcome",
+        "honed.pipeline.graph_tuner:check",
+        "honed.backend.cuda_graphs:CudaGraphed._warm_up",
+        "honed.backend.cuda_graphs:CudaGraphed._capture",
+        "honed.backend._aoti_direct:open_package",
+        "honed.backend._aoti_direct:DirectLoader.load_constants",
+        "honed.pipeline.pool:_Slot._start",
+        "honed.pipeline.pool:_Slot._wait_ready",
+        "honed.pipeline.sharing:dumps",
+        "honed.jit.tuner:_check",
+        "honed.jit.tuner:_tune",
+        "honed.jit.tuner:_install",
+        "honed.jit.tuner:_cached_pass",
+        "honed.jit.tuner:_new_tuner",
+        "honed.pipeline.tuner:_record",
+        "honed.pipeline.tuner:open_for_tune",
+        "honed.pipeline.machine:start_of_tune",
+        "honed.pipeline.guidance:at_tune_start",
+        "honed.pipeline.graph_tuner:GraphTuner._profile",
+        "honed.pipeline.graph_tuner:GraphTuner._cache_key_parts",
+        "honed.pipeline.graph_tuner:plan",
+        "honed.pipeline.isolation:GraphJobs.__init__",
+        "honed.pipeline.sharing:Shared.blob",
+    )
 )
 
 
@@ -592,6 +652,14 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         ][:400]
         out["over_2x_by_cause"] = _by_cause(slow, eager_ms)
         host = data.get("host") or []
+        marks = data.get("marks") or []
+        if marks:  # which of honed's marked functions ran during each call over 2x
+            out["over_2x_marks"] = {
+                str(i): sorted({m[0] for m in marks if m[2] < c[0] + c[1] / 1e3 and m[3] > c[0]})
+                for i, c in enumerate(calls)
+                if i and c[1] > 2 * eager_ms
+            }
+            out["marks"] = marks[:2000]
         if host:
             # the whole loop's host figures, and at each call over 2x: [index, busy, stolen]
             inside = [h for h in host if 0 <= h[0] <= out["loop_s"]]
@@ -740,6 +808,18 @@ def main() -> None:
         "processes in turns; warm JIT over AOT is then also judged across processes",
     )
     parser.add_argument(
+        "--blocking-sync",
+        action="store_true",
+        help="every run's CUDA context waits for the GPU asleep instead of spinning, so that a "
+        "call's thread CPU time counts no wait for the GPU (a diagnostic: it changes the program)",
+    )
+    parser.add_argument(
+        "--marks",
+        default="",
+        help="honed functions to time in the JIT runs, module:Qualified.name, comma-separated "
+        "(or 'default'): the JSON lists their spans and which ran during each call over 2x",
+    )
+    parser.add_argument(
         "--no-aot",
         dest="aot",
         action="store_false",
@@ -758,6 +838,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="honed-jit-bert-") as tmp:
         workdir = Path(tmp)
         base = {k: v for k, v in os.environ.items() if not k.startswith("HONED_")}
+        if args.blocking_sync:
+            base["JIT_BERT_BLOCKING_SYNC"] = "1"
+        marks = DEFAULT_MARKS if args.marks == "default" else args.marks
         base["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor")
         (workdir / "tmp").mkdir()
         base["TMPDIR"] = str(workdir / "tmp")  # Inductor's precompiled headers: cold too
@@ -779,6 +862,8 @@ def main() -> None:
             jit_env[name] = value
         eager = run_program(args, workdir, "eager", base, seconds)
         eager_ms = statistics.median([c[1] for c in eager["calls"][1:]])
+        if marks:
+            jit_env["JIT_BERT_MARKS"] = marks
         cold_env = dict(jit_env, HONED_JIT_WAIT="1") if args.cold_wait else jit_env
         cold = run_program(args, workdir, "cold", cold_env, cold_s)
         warm = run_program(args, workdir, "warm", jit_env, seconds)
@@ -834,6 +919,7 @@ def main() -> None:
         "cold_waited": bool(args.cold_wait),
         "aoti_loader": args.loader or "default",
         "jit_env": args.jit_env,
+        "blocking_sync": bool(args.blocking_sync),
         "eager": {
             "median_ms": round(eager_ms, 4),
             "calls": len(eager["calls"]),

@@ -108,3 +108,39 @@ def test_the_hosts_busy_and_stolen_shares_line_up_with_the_calls_over_2x() -> No
     out = jit_bert.summarize(data, eager_ms=5.0)
     assert out["over_2x_host"] == [[2, 0.8, 0.5]]
     assert out["host_stolen_max"] == 0.5
+
+
+def test_each_call_over_2x_names_the_marked_functions_that_ran_during_it() -> None:
+    """--marks: a marked function's span [start, end] in the loop's seconds is put beside each
+    call over 2x it overlaps; a span that ended before the call began, or began after it
+    ended, is not."""
+    calls = [[0.0, 50.0, 50.0, 50.0], [0.1, 1.0, 1.0, 1.0], [0.2, 9.0, 9.0, 9.0]]
+    calls.append([0.3, 4.0, 4.0, 4.0])
+    data = {
+        "calls": calls,
+        "wall_s": 1.0,
+        "stderr": "",
+        "marks": [
+            ["before", "honed-tune", 0.10, 0.19],  # ended before call 2 began
+            ["inside", "honed-tune", 0.201, 0.202],
+            ["across", "honed-jit", 0.15, 0.35],
+            ["after", "honed-tune", 0.2095, 0.301],  # began after call 2 ended (0.209)
+        ],
+    }
+    out = jit_bert.summarize(data, eager_ms=1.0)
+    assert out["over_2x_marks"] == {"2": ["across", "inside"], "3": ["across", "after"]}
+    assert out["marks"] == data["marks"]
+
+
+def test_the_default_marks_name_honeds_functions_as_they_are() -> None:
+    """--marks default names module:Qualified.name of honed's own functions; a rename in honed
+    must show here, not as a failed device run."""
+    import importlib
+
+    for item in jit_bert.DEFAULT_MARKS.split(","):
+        where, sep, qualname = item.partition(":")
+        assert sep and where.startswith("honed."), item
+        owner: Any = importlib.import_module(where)
+        for part in qualname.split("."):
+            owner = getattr(owner, part)
+        assert callable(owner), item

@@ -12,6 +12,9 @@ Three measurements, none of them running honed's tuning:
 3. ``busy``: the BERT loop, unpinned, with a busy process at JIT's worker niceness on every CPU
    JIT's workers may use (``honed.pipeline.isolation.worker_cpus``): its median and its thread's
    CPU time per call against the loop alone. A build's compilers keep those CPUs busy.
+4. ``others``: the loop beside processes on those CPUs that stream memory copies (one, and half
+   as many as the CPUs), and beside one process keeping the GPU busy with short kernels: what
+   sharing the memory bus or the GPU, not a CPU, does to the program's calls.
 
     python bench/profile/host_probe.py [--device cuda] [--small] [--seconds 15] [--json FILE]
 """
@@ -39,6 +42,23 @@ _SPIN = (
     "os.nice(int(sys.argv[2]))\n"
     "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
     "while True: pass\n"
+)
+
+# A busy process of another kind: "memory" streams 64 MiB copies (the memory bus and the shared
+# cache, as a compiler's or a package's large writes); "gpu" keeps the GPU busy with short
+# kernels from a CUDA context of its own (as a worker's compile-time benchmarks or its check).
+_OTHER = (
+    "import os, sys, torch\n"
+    "os.nice(int(sys.argv[2]))\n"
+    "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+    "torch.set_num_threads(1)\n"
+    "if sys.argv[3] == 'memory':\n"
+    "    a, b = torch.ones(16 << 20), torch.empty(16 << 20)\n"
+    "    while True: b.copy_(a)\n"
+    "x = torch.ones(2048, 2048, device='cuda')\n"
+    "while True:\n"
+    "    for _ in range(20): x @ x\n"
+    "    torch.cuda.synchronize()\n"
 )
 
 
@@ -90,6 +110,14 @@ def _summary(calls: list[tuple[float, float, float]], reference_ms: float | None
 def _spinners(cpus: list[int], nice: int) -> list[subprocess.Popen[bytes]]:
     procs = [subprocess.Popen([sys.executable, "-c", _SPIN, str(c), str(nice)]) for c in cpus]
     time.sleep(0.4)  # their interpreters started and spinning
+    return procs
+
+
+def _others(cpus: list[int], nice: int, kind: str) -> list[subprocess.Popen[bytes]]:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _OTHER, str(c), str(nice), kind]) for c in cpus
+    ]
+    time.sleep(8.0)  # torch imported, CUDA initialised, the loops running
     return procs
 
 
@@ -165,6 +193,19 @@ def main() -> None:
         _stop(procs)
     busy["busy_cpus"] = cpus
     print(f"busy: {json.dumps(busy)}", flush=True)
+    others: dict[str, Any] = {}
+    kinds = ["memory"] + (["gpu"] if args.device.startswith("cuda") else [])
+    for kind, n in [(k, n) for k in kinds for n in (1, len(cpus) // 2)]:
+        if n < 1 or (kind == "gpu" and n > 1):
+            continue  # one process of GPU work is a worker's share
+        procs = _others(cpus[:n], config.jit_worker_nice, kind)
+        try:
+            others[f"{kind} x{n}"] = _summary(
+                _loop(model, inputs, args.device, args.seconds / 2)["calls"], alone["median_ms"]
+            )
+        finally:
+            _stop(procs)
+        print(f"{kind} x{n}: {json.dumps(others[f'{kind} x{n}'])}", flush=True)
     again = _summary(
         _loop(model, inputs, args.device, args.seconds / 2)["calls"], alone["median_ms"]
     )
@@ -175,6 +216,7 @@ def main() -> None:
         "alone": alone,
         "pairs": pairs,
         "busy": busy,
+        "others": others,
         "alone_again": again,
     }
     if args.json:
