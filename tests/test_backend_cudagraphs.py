@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -228,14 +229,20 @@ class TestOnCuda:
 
         model = _cuda_mlp()
         block = 64 << 20
+        # Earlier tests' graphs and packages, collected now rather than during the build (their
+        # pools' memory would come back cached whether or not the capture freed the cache).
+        gc.collect()
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
         del_me = torch.empty(block, dtype=torch.uint8, device="cuda")
         del del_me  # a free block the caching allocator keeps
         assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() >= block
         courtesy.watch((lambda: False) if beside else None)
+        gc.disable()
         try:
             fn = _build(model, _x(4))
         finally:
+            gc.enable()
             courtesy.watch(None)
         cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
         assert (cached >= block) is beside
