@@ -153,8 +153,9 @@ def _program(until: threading.Event, calls: list[tuple[float, float, float]]) ->
 
 def _dumps(blob: Path) -> dict[str, Any]:
     """The program's module pickled for a worker three times on a thread of this process (the
-    graph-break check's worker and a tune's two), the last kept in ``blob`` for "ipc"."""
-    from honed.pipeline import courtesy, sharing
+    graph-break check's worker and a tune's two), the last kept in ``blob`` for "ipc" (the
+    other two are never loaded: torch keeps their shares counted until this process ends)."""
+    from honed.pipeline import sharing
 
     out: dict[str, Any] = {}
 
