@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -205,6 +206,7 @@ PROGRAM = textwrap.dedent(
     with torch.no_grad():
         start = time.perf_counter()
         tuned["loop_started_unix"] = time.time()  # the host's samples (parent) line up with it
+        tuned["loop_started_perf"] = start  # and the workers' marks (one monotonic clock)
         while len(times) < calls or time.perf_counter() - start < seconds:
             arm()
             c0 = time.thread_time()
@@ -356,6 +358,83 @@ DEFAULT_MARKS = ",".join(
 )
 
 
+# What --marks default times in JIT's worker processes (each name where its callers look it up).
+DEFAULT_WORKER_MARKS = ",".join(
+    (
+        "honed.pipeline.sharing:loads",
+        "honed.pipeline.graph_breaks:explain_job",
+        "honed.pipeline.shipping:evaluate_for_caller",
+        "honed.pipeline.candidate:_check",
+        "honed.backend.torch_inductor_aot:TorchInductorAotBackend.build_graph",
+        "honed.backend.torch_inductor_aot:converted",
+        "honed.backend.torch_inductor_aot:export_program",
+        "honed.backend.torch_inductor_aot:_compile",
+        "honed.backend._aoti_env:load_package",
+        "honed.backend._aoti_constants:give",
+        "honed.backend.torch_inductor_aot:AotCompiled.capture",
+        "honed.backend.cuda_graphs:CudaGraphed._warm_up",
+        "honed.backend.cuda_graphs:CudaGraphed._capture",
+    )
+)
+
+# A worker's marks: sitecustomize, found first on the workers' PYTHONPATH, wraps the named
+# functions in each JIT worker process (python -m honed.pipeline._worker) only; each call's span
+# goes to a file per process, which the benchmark reads after the run.
+WORKER_SITE = textwrap.dedent(
+    """
+    import os, sys
+
+    def _mark_worker():
+        spec = os.environ.get("JIT_BERT_WORKER_MARKS")
+        folder = os.environ.get("JIT_BERT_MARKS_DIR")
+        if not spec or not folder or sys.orig_argv[1:3] != ["-m", "honed.pipeline._worker"]:
+            return
+        import functools, importlib, threading, time
+        path = os.path.join(folder, f"{os.getpid()}.txt")
+        def marked(item, fn):
+            @functools.wraps(fn)
+            def wrapper(*a, **k):
+                began = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    with open(path, "a") as f:
+                        f.write(f"{item}\\t{threading.current_thread().name}\\t{began}\\t"
+                                f"{time.perf_counter()}\\n")
+            return wrapper
+        for item in spec.split(","):
+            where, _, qualname = item.partition(":")
+            owner = importlib.import_module(where)
+            *path_, attr = qualname.split(".")
+            for part in path_:
+                owner = getattr(owner, part)
+            setattr(owner, attr, marked(qualname, getattr(owner, attr)))
+
+    _mark_worker()
+    """
+)
+
+
+def worker_marks(folder: Path, loop_started: float | None) -> list[list[Any]]:
+    """The workers' marks in ``folder``, as the program's: [name, "worker PID THREAD", start s,
+    end s] in the loop's seconds."""
+    if loop_started is None or not folder.is_dir():
+        return []
+    out = []
+    for path in sorted(folder.glob("*.txt")):
+        for line in path.read_text().splitlines():
+            name, thread, began, ended = line.split("\t")
+            out.append(
+                [
+                    name,
+                    f"worker {path.stem} {thread}",
+                    round(float(began) - loop_started, 4),
+                    round(float(ended) - loop_started, 4),
+                ]
+            )
+    return out
+
+
 def run_program(
     args: argparse.Namespace,
     workdir: Path,
@@ -389,6 +468,10 @@ def run_program(
         compile_mode,
         artifact,
     ]
+    marks_dir = Path(env["JIT_BERT_MARKS_DIR"]) if env.get("JIT_BERT_MARKS_DIR") else None
+    if marks_dir is not None:  # this run's workers' marks only
+        shutil.rmtree(marks_dir, ignore_errors=True)
+        marks_dir.mkdir(parents=True)
     started = time.perf_counter()
     host = HostSampler()
     try:
@@ -412,6 +495,10 @@ def run_program(
     data = json.loads(out.read_text())
     data["wall_s"] = wall
     data["host"] = host.since(data.get("loop_started_unix"))
+    if marks_dir is not None:
+        data["marks"] = data.get("marks", []) + worker_marks(
+            marks_dir, data.get("loop_started_perf")
+        )
     stacks = out.with_name(out.name + ".stacks")
     if stacks.exists():
         data["slow_calls"] = slow_call_stacks(stacks.read_text())
@@ -864,6 +951,15 @@ def main() -> None:
         eager_ms = statistics.median([c[1] for c in eager["calls"][1:]])
         if marks:
             jit_env["JIT_BERT_MARKS"] = marks
+        if args.marks == "default":  # the workers' steps too
+            site = workdir / "worker-site"
+            site.mkdir()
+            (site / "sitecustomize.py").write_text(WORKER_SITE)
+            jit_env["PYTHONPATH"] = os.pathsep.join(
+                [str(site)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+            )
+            jit_env["JIT_BERT_WORKER_MARKS"] = DEFAULT_WORKER_MARKS
+            jit_env["JIT_BERT_MARKS_DIR"] = str(workdir / "worker-marks")
         cold_env = dict(jit_env, HONED_JIT_WAIT="1") if args.cold_wait else jit_env
         cold = run_program(args, workdir, "cold", cold_env, cold_s)
         warm = run_program(args, workdir, "warm", jit_env, seconds)

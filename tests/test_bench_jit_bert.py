@@ -6,6 +6,7 @@ here: warm JIT over AOT across processes, JIT over the one-liner, and a run that
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -137,10 +138,45 @@ def test_the_default_marks_name_honeds_functions_as_they_are() -> None:
     must show here, not as a failed device run."""
     import importlib
 
-    for item in jit_bert.DEFAULT_MARKS.split(","):
+    for item in (jit_bert.DEFAULT_MARKS + "," + jit_bert.DEFAULT_WORKER_MARKS).split(","):
         where, sep, qualname = item.partition(":")
         assert sep and where.startswith("honed."), item
         owner: Any = importlib.import_module(where)
         for part in qualname.split("."):
             owner = getattr(owner, part)
         assert callable(owner), item
+
+
+def test_a_workers_marks_are_read_in_the_loops_seconds(tmp_path: Path) -> None:
+    """Each worker writes its marks (monotonic clock) to a file of its own; they are read back
+    in the program's loop seconds, named by process and thread."""
+    (tmp_path / "123.txt").write_text("loads\tMainThread\t100.5\t100.75\n")
+    (tmp_path / "456.txt").write_text("_compile\tMainThread\t101.0\t103.0\n")
+    assert jit_bert.worker_marks(tmp_path, 100.0) == [
+        ["loads", "worker 123 MainThread", 0.5, 0.75],
+        ["_compile", "worker 456 MainThread", 1.0, 3.0],
+    ]
+    assert jit_bert.worker_marks(tmp_path, None) == []
+    assert jit_bert.worker_marks(tmp_path / "none", 100.0) == []
+
+
+def test_the_workers_sitecustomize_marks_only_a_jit_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sitecustomize written for --marks default is valid Python, and does nothing in a
+    process that is not `python -m honed.pipeline._worker` (the program, Inductor's helpers)."""
+    code = compile(jit_bert.WORKER_SITE, "sitecustomize.py", "exec")
+    monkeypatch.setenv("JIT_BERT_WORKER_MARKS", "honed.pipeline.sharing:loads")
+    monkeypatch.setenv("JIT_BERT_MARKS_DIR", str(tmp_path))
+    from honed.pipeline import sharing
+
+    before = sharing.loads
+    exec(code, {})  # this process is pytest: nothing is wrapped
+    assert sharing.loads is before
+    monkeypatch.setattr(sys, "orig_argv", [sys.executable, "-m", "honed.pipeline._worker"])
+    monkeypatch.setattr(sharing, "loads", before)  # put back after the test
+    exec(code, {})
+    assert sharing.loads is not before and sharing.loads.__wrapped__ is before
+    assert sharing.loads([pickle.dumps(7)]) == 7
+    (line,) = next(tmp_path.glob("*.txt")).read_text().splitlines()
+    assert line.split("\t")[:2] == ["loads", "MainThread"]
