@@ -379,7 +379,8 @@ DEFAULT_WORKER_MARKS = ",".join(
 
 # A worker's marks: sitecustomize, found first on the workers' PYTHONPATH, wraps the named
 # functions in each JIT worker process (python -m honed.pipeline._worker) only; each call's span
-# goes to a file per process, which the benchmark reads after the run.
+# goes to a file per process, which the benchmark reads after the run. It shadows any other
+# sitecustomize for the JIT runs' processes (a diagnostic run only).
 WORKER_SITE = textwrap.dedent(
     """
     import os, sys
