@@ -388,7 +388,10 @@ def test_a_jit_tune_runs_the_model_here_once_per_sample(tmp_path: Path) -> None:
     # the two samples' copies at the headroom batch (8): two references; the samples' own
     # are what the program's calls returned
     program = threading.main_thread().name
-    assert len([t for t in model.threads if t != program]) == 2, model.threads
+    assert len([t for t in model.threads if t != program]) == 2, (
+        model.threads,
+        honed.jit.history(),  # where the candidates were built, checked and measured
+    )
 
 
 def test_listing_jits_candidates_imports_none_of_their_libraries() -> None:
