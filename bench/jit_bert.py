@@ -56,12 +56,39 @@ import time
 from pathlib import Path
 from typing import Any
 
+# --marks: each named function (module:Qualified.name, where its callers look it up) wrapped to
+# report each call's span and thread; shared by the program and the workers' sitecustomize.
+MARKING = textwrap.dedent(
+    """
+    import functools, importlib, threading
+
+    def marked(item, fn, note):
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            began = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                note(item, threading.current_thread().name, began, time.perf_counter())
+        return wrapper
+
+    def mark_all(spec, note):
+        for item in spec.split(","):
+            where, _, qualname = item.partition(":")
+            owner = importlib.import_module(where)
+            *path, attr = qualname.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            setattr(owner, attr, marked(qualname, getattr(owner, attr), note))
+    """
+)
+
 # The program under test: honed appears nowhere in it.
 PROGRAM = textwrap.dedent(
     """
     import json, os, sys, time
     import torch
-
+    __MARKING__
     small, device, calls, seconds, out, mode = (
         sys.argv[1] == "1", sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5],
         sys.argv[6])
@@ -95,24 +122,7 @@ PROGRAM = textwrap.dedent(
     if os.environ.get("JIT_BERT_MARKS"):
         # named functions of honed's, each call's span and thread, so a slow call can be put
         # beside what honed's threads were doing in this process (a diagnostic)
-        import functools, importlib, threading
-        def marked(item, fn):
-            @functools.wraps(fn)
-            def wrapper(*a, **k):
-                began = time.perf_counter()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    marks.append((item, threading.current_thread().name, began,
-                                  time.perf_counter()))
-            return wrapper
-        for item in os.environ["JIT_BERT_MARKS"].split(","):
-            where, _, qualname = item.partition(":")
-            owner = importlib.import_module(where)
-            *path, attr = qualname.split(".")
-            for part in path:
-                owner = getattr(owner, part)
-            setattr(owner, attr, marked(qualname, getattr(owner, attr)))
+        mark_all(os.environ["JIT_BERT_MARKS"], lambda *span: marks.append(span))
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -324,7 +334,7 @@ PROGRAM = textwrap.dedent(
     ]
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
-)
+).replace("__MARKING__\n", MARKING)
 
 
 # What --marks default times: JIT's work in the program's process, by step.
@@ -383,37 +393,24 @@ DEFAULT_WORKER_MARKS = ",".join(
 # sitecustomize for the JIT runs' processes (a diagnostic run only).
 WORKER_SITE = textwrap.dedent(
     """
-    import os, sys
-
+    import os, sys, time
+    __MARKING__
     def _mark_worker():
         spec = os.environ.get("JIT_BERT_WORKER_MARKS")
         folder = os.environ.get("JIT_BERT_MARKS_DIR")
         if not spec or not folder or sys.orig_argv[1:3] != ["-m", "honed.pipeline._worker"]:
             return
-        import functools, importlib, threading, time
         path = os.path.join(folder, f"{os.getpid()}.txt")
-        def marked(item, fn):
-            @functools.wraps(fn)
-            def wrapper(*a, **k):
-                began = time.perf_counter()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    with open(path, "a") as f:
-                        f.write(f"{item}\\t{threading.current_thread().name}\\t{began}\\t"
-                                f"{time.perf_counter()}\\n")
-            return wrapper
-        for item in spec.split(","):
-            where, _, qualname = item.partition(":")
-            owner = importlib.import_module(where)
-            *path_, attr = qualname.split(".")
-            for part in path_:
-                owner = getattr(owner, part)
-            setattr(owner, attr, marked(qualname, getattr(owner, attr)))
+
+        def note(item, thread, began, ended):
+            with open(path, "a") as f:
+                f.write(f"{item}\\t{thread}\\t{began}\\t{ended}\\n")
+
+        mark_all(spec, note)
 
     _mark_worker()
     """
-)
+).replace("__MARKING__\n", MARKING)
 
 
 def worker_marks(folder: Path, loop_started: float | None) -> list[list[Any]]:
