@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from honed.pipeline import courtesy  # JIT's probe, set around "dumps"
+
 STEPS = (
     "start",
     "context",
@@ -121,8 +123,6 @@ for line in sys.stdin:
     say(step, start)
 """
 
-
-from honed.pipeline import courtesy  # noqa: E402  (JIT's probe, set around "dumps")
 
 _IN_CALL = [False]
 _MODEL: list[Any] = []  # the program's model, for the "dumps" step
