@@ -550,6 +550,35 @@ def test_the_check_compares_candidates_with_what_the_programs_calls_returned(
     assert honed.jit.roots()[0].state is State.EAGER
 
 
+@pytest.mark.parametrize("model_type", [Slow, WrongOutputs])
+def test_a_tunes_status_changes_only_after_its_module_is_settled(
+    beside: Path, monkeypatch: pytest.MonkeyPatch, model_type: type[Slow]
+) -> None:
+    """A program that waits for tunes() to leave "running" finds the module installed (Slow)
+    or eager (WrongOutputs), not still recording."""
+    from honed.jit.background import TuneRecord
+
+    seen: list[tuple[str, list[State]]] = []
+    plain = TuneRecord.__setattr__
+
+    def watch(record: TuneRecord, name: str, value: Any) -> None:
+        if name == "status" and value != "running" and record.__dict__.get(name) == "running":
+            seen.append((value, [root.state for root in honed.jit.roots()]))
+        plain(record, name, value)
+
+    monkeypatch.setattr(TuneRecord, "__setattr__", watch)
+    torch.manual_seed(0)
+    model = model_type().eval()
+    x = batches(4, seed=1)[0]
+    deadline = time.monotonic() + 120
+    with torch.no_grad():
+        while not (honed.jit.tunes() and honed.jit.tunes()[0].status != "running"):
+            model(x)
+            assert time.monotonic() < deadline, honed.jit.history()
+    want = State.TUNED if model_type is Slow else State.EAGER
+    assert seen == [("installed" if want is State.TUNED else "eager", [want])], seen
+
+
 class CompilesToo(Backend):
     """Installs like torch.compile (its first call in the program's process would compile)."""
 

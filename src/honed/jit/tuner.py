@@ -160,10 +160,11 @@ def _skip(node: Node, why: str) -> None:
     add_step(f"Skipping {node.short()}: {why}", logging.DEBUG)
 
 
-def _eager(node: Node, why: str) -> None:
+def _eager(node: Node, why: str, children: bool = True) -> None:
     node.state, node.reason = State.EAGER, why
     node.samples, node.outputs = [], []
-    _try_children(node)
+    if children:
+        _try_children(node)
 
 
 def _try_children(node: Node) -> None:
@@ -372,17 +373,21 @@ def _tune(
     node.tuned_keys = {_core.signature(a, k).graph_key for a, k in dataset}
     add_step(f"Tuning {node.short()} took {took:.2f}s")
     _account(node, report, took, import_s)
+    # The record's status is written last: one other than "running" says the node is settled.
     if not wrapper.is_tuned:
-        record.status = "eager"
         decisions = "; ".join(g.decision for g in report.graphs)
         add_step(f"No variant selected for {node.short()} ({decisions})", logging.WARNING)
+        settled = node.state is State.TUNED
+        if not settled:
+            _eager(node, "no variant selected", children=False)
+        record.status = "eager"
         add_step(record.line())
-        if node.state is not State.TUNED:
-            _eager(node, "no variant selected")
+        if not settled:
+            _try_children(node)
         return
     backend = _backends(wrapper)
-    record.status, record.selected = "installed", backend
     _install(node, wrapper, backend, report)
+    record.status, record.selected = "installed", backend
     add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
     add_step(record.line())
     if not on_program:  # else the program's calls chose already
@@ -581,8 +586,8 @@ def _cached_pass(
         "cache",
         took,
     )
-    background.add_record(record)
     _install(node, wrapper, backend, report)
+    background.add_record(record)
     add_step(
         f"Installed {backend} for {node.short()} from the cached decision in {took:.2f}s; "
         f"tuning goes on with {len(left)} candidate(s) not tried before: {', '.join(left)}"
@@ -615,29 +620,28 @@ def _tried_so_far(tuner: Any) -> dict[str, str]:
 
 def _cancelled(node: Node, record: TuneRecord, why: str, took: float) -> None:
     """The tune was abandoned (the program is ending): nothing installed, no child tried."""
-    record.took_s, record.status, record.error = took, "cancelled", why
-    add_step(record.line(), logging.WARNING)
     if node.state is not State.TUNED:
         node.state, node.reason = State.EAGER, "tune cancelled"
+    record.took_s, record.status, record.error = took, "cancelled", why
+    add_step(record.line(), logging.WARNING)
 
 
 def _failed(node: Node, record: TuneRecord, e: Exception, took: float) -> None:
-    record.took_s, record.status = took, "failed"
-    record.error = f"{type(e).__name__}: {e}"
     log.debug("honed.jit: the tune of %s failed", node.short(), exc_info=e)
+    retune = node.state is State.TUNED  # a re-tune failed: the earlier variants stay
+    if retune:
+        node.new_samples = []
+    else:
+        _eager(node, f"tune failed: {type(e).__name__}", children=False)
+    record.took_s, record.error = took, f"{type(e).__name__}: {e}"
+    record.status = "failed"
     add_step(
         f"Tuning {node.short()} failed after {took:.2f}s ({type(e).__name__}: {e}); "
-        + (
-            "its earlier variants stay"
-            if node.state is State.TUNED
-            else "running it eager and trying its children"
-        ),
+        + ("its earlier variants stay" if retune else "running it eager and trying its children"),
         logging.WARNING,
     )
-    if node.state is State.TUNED:  # a re-tune failed: the earlier variants stay
-        node.new_samples = []
-        return
-    _eager(node, f"tune failed: {type(e).__name__}")
+    if not retune:
+        _try_children(node)
 
 
 def headroom_sizes(dataset: list[Any]) -> list[int]:
