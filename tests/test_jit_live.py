@@ -711,6 +711,8 @@ def test_a_program_that_stops_calling_has_its_candidates_measured_in_the_tune(
     """The candidates were built while the program called, then it stopped: the tune measures
     them itself instead of waiting for calls that do not come (the injected figures: eager
     wins)."""
+    from honed.pipeline.graph_tuner import ON_IDLE_PROGRAM
+
     monkeypatch.setattr(live, "_STALL_S", 0.5)
     torch.manual_seed(0)
     model = Slow().eval()
@@ -726,9 +728,11 @@ def test_a_program_that_stops_calling_has_its_candidates_measured_in_the_tune(
     assert honed.jit.wait(120)  # no more calls
     assert root.state is State.TUNED and root.backend == "TorchEagerBackend"
     (graph,) = root.report.graphs
-    assert [(c.status, c.measured_on) for c in graph.candidates] == [("ok", "")] * 2
+    assert [(c.status, c.measured_on) for c in graph.candidates] == [("ok", ON_IDLE_PROGRAM)] * 2
     assert {c.name: c.median_ms for c in graph.candidates} == {
         "TorchEagerBackend": 1.0,
         "ShortSleep": 3.0,
     }
     assert graph.decision.endswith("measured in this process, the program having stopped calling")
+    (record,) = honed.jit.tunes()  # the history says so too, not "worker measurement"
+    assert record.evidence == "in-process measurement, the program having stopped calling"

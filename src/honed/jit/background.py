@@ -49,7 +49,9 @@ class TuneRecord:
         evidence: what the choice rests on: "the program's calls" (candidates measured on the
             program's own calls, in turns, while it was calling), "worker measurement"
             (candidates measured in the worker pool while the program was idle or waiting),
-            "in-process measurement" (isolation "none"), or "cache" (an earlier run's
+            "in-process measurement, the program having stopped calling" (built while it
+            called, measured by the tune once its calls stopped), "in-process measurement"
+            (isolation "none"), or "cache" (an earlier run's
             measurements, nothing built or measured now).
         took_s: seconds from the start of the job to the install.
         calls_meanwhile: the module's calls while the job ran; ``ran_meanwhile`` what answered

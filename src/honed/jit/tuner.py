@@ -355,7 +355,7 @@ def _tune(
     record.took_s = took
     rows = [c for g in report.graphs for c in g.candidates]
     record.tried = _tried(rows)
-    from honed.pipeline.graph_tuner import ON_PROGRAM
+    from honed.pipeline.graph_tuner import ON_IDLE_PROGRAM, ON_PROGRAM
 
     on_program = any(c.measured_on == ON_PROGRAM for c in rows)
     tried = [c for c in rows if c.status != "not tried"]
@@ -364,6 +364,8 @@ def _tune(
         if tried and all(c.cached for c in tried)
         else "the program's calls"
         if on_program
+        else "in-process measurement, the program having stopped calling"
+        if any(c.measured_on == ON_IDLE_PROGRAM for c in rows)
         else "worker measurement"
         if isolation == "process"
         else "in-process measurement"
@@ -699,7 +701,9 @@ def outside_profile(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], w
     """
     same_graph = _core.signature(args, kwargs).graph_key in node.tuned_keys
     retune = config.retune_on_new_shapes and node.retunes < MAX_RETUNES
-    if why not in node.outside_seen:
+    # While a re-tune runs, the misses it may cover were said when it started; what it leaves
+    # uncovered is said again after it (outside_seen starts afresh with each re-tune).
+    if why not in node.outside_seen and not (retune and node.busy):
         node.outside_seen.add(why)
         then = "running them eager"
         if retune:

@@ -76,6 +76,8 @@ TARGETS = ("python", "cpp")
 
 # Where the figures of candidates measured on the program's calls come from (CandidateReport).
 ON_PROGRAM = "the program's calls"
+# ... and of those measured by the tune itself once the program stopped calling.
+ON_IDLE_PROGRAM = "this process, the program having stopped calling"
 # A candidate measured on the program's calls needs this many of them to count.
 _MIN_PROGRAM_CALLS = 20
 # Rounds of the program's calls at most, while a candidate's figures from them are unstable (a
@@ -757,7 +759,7 @@ class GraphTuner:
                 break
             noisy += 1
         if figures is None:  # the program is idle now: each measured here, as a worker would
-            how = "measured in this process, the program having stopped calling"
+            how = f"measured in {ON_IDLE_PROGRAM}"
             self.tracker.phase("measure")
             measurements = []
             for o, fn in zip(arms, fns, strict=True):
@@ -777,7 +779,7 @@ class GraphTuner:
                 o.status = "not tried"
                 o.reason = f"fewer than {_MIN_PROGRAM_CALLS} of the program's calls ran it"
                 continue
-            o.measurement, o.device = m, ON_PROGRAM if figures is not None else ""
+            o.measurement, o.device = m, ON_PROGRAM if figures is not None else ON_IDLE_PROGRAM
             if self.ctx.cache is not None and o.cache_key:
                 self.ctx.cache.put(o.cache_key, o.to_record(), to_cache_files(o))
         return how
