@@ -220,20 +220,23 @@ def test_jit_tunes_measure_with_the_jit_stability_tolerance(jit: honed.jit.JitCo
         assert Gated.tolerances == [0.4, 0.05]
 
 
-def test_warm_restart_installs_the_cached_winner_without_building() -> None:
-    inputs = batches(2, 4, 4)
+@pytest.mark.parametrize("seed", [0, 7], ids=["the same calls", "other values"])
+def test_warm_restart_installs_the_cached_winner_without_building(seed: int) -> None:
+    """The script again, its first calls of the same shapes as last time, with the same values
+    or others (a program's data differ from run to run): the decision is the cache's."""
     torch.manual_seed(0)
     first = TinyMLP().eval()  # kept alive: JIT drops the tune of a module the program dropped
-    run(first, inputs)
+    run(first, batches(2, 4, 4))
     finish()
     assert honed.jit.roots()[0].state is State.TUNED and Gated.builds == 1
     loads = Gated.loads
-    # the same script again: a new model with the same weights, the same calls
+    # the same script again: a new model with the same weights
     honed.jit.reset()
     honed.jit.enable_jit_tuning()
     Gated.gate = threading.Event()  # closed: a build now would block until the test ends
     torch.manual_seed(0)
     model = TinyMLP().eval()
+    inputs = batches(2, 4, 4, seed=seed)
     got = run(model, inputs)
     assert honed.jit.wait(GATE_TIMEOUT_S)  # nothing waits on the gate: no build
     root = honed.jit.roots()[0]
@@ -242,6 +245,44 @@ def test_warm_restart_installs_the_cached_winner_without_building() -> None:
     (record,) = honed.jit.tunes()
     assert record.evidence == "cache" and record.status == "installed"
     assert "selected Gated on cache" in record.line()
+    assert_close(got + run(model, inputs), eager(model, inputs + inputs))
+
+
+class WrongOnLoad(Gated):
+    """Gated whose stored payload, loaded again, answers off by one."""
+
+    def load_payload(
+        self, files: dict[str, bytes], module: nn.Module, graph: GraphInfo
+    ) -> Callable[..., Any]:
+        right = super().load_payload(files, module, graph)
+        return lambda *args, **kwargs: right(*args, **kwargs) + 1
+
+
+def test_a_cached_winner_is_checked_against_eager_on_the_restarts_own_calls(
+    jit: honed.jit.JitConfig,
+) -> None:
+    """The cache decides by shapes, so what it installs must answer as eager does on this
+    run's calls: a winner that does not is rejected there, and eager is chosen."""
+    jit.backends = [WrongOnLoad()]
+    faster = {"TorchEagerBackend": [2.0], "WrongOnLoad": [1.0]}
+    with honed.config.patch(injected_latencies=faster):
+        torch.manual_seed(0)
+        first = TinyMLP().eval()
+        run(first, batches(2, 4, 4))
+        finish()
+        assert honed.jit.roots()[0].backend == "WrongOnLoad"
+        honed.jit.reset()
+        honed.jit.enable_jit_tuning()
+        torch.manual_seed(0)
+        model = TinyMLP().eval()
+        inputs = batches(2, 4, 4, seed=7)
+        got = run(model, inputs)
+        finish()
+    root = honed.jit.roots()[0]
+    assert root.backend == "TorchEagerBackend" and Gated.loads == 1, honed.jit.history()
+    (record,) = honed.jit.tunes()
+    assert record.selected == "TorchEagerBackend", record
+    assert record.tried["WrongOnLoad"].startswith("rejected"), record
     assert_close(got + run(model, inputs), eager(model, inputs + inputs))
 
 

@@ -524,8 +524,10 @@ def _new_tuner(
     workers: _Workers | None = None,
 ) -> Any:
     """JIT's Tuner: a restart replays the cached decision instead of measuring beside calls
-    (reuse_unstable); ``cached``: the cached-only pass; ``live``: the program's calls
-    (_program_calls); ``workers``: the first tune's pool (_Workers)."""
+    (reuse_unstable), also when the program's first calls got other values than last time
+    (inputs_by_value: the install's check runs on this run's calls); ``cached``: the
+    cached-only pass; ``live``: the program's calls (_program_calls); ``workers``: the first
+    tune's pool (_Workers)."""
     return _jit_tuner(
         strategy=strategy,
         device=config.device,
@@ -533,6 +535,7 @@ def _new_tuner(
         isolation=_flags.isolation,
         time_budget_s=budget,
         reuse_unstable=True,
+        inputs_by_value=False,
         cached_only=cached,
         fingerprints=fingerprints,
         live=live,

@@ -221,17 +221,26 @@ def model_fingerprint(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def inputs_fingerprint(samples: list[Any]) -> str:
-    """SHA-256 of the recorded samples (structure, shapes, dtypes and values)."""
+def inputs_fingerprint(samples: list[Any], values: bool = True) -> str:
+    """SHA-256 of the recorded samples (structure, shapes, dtypes and values).
+
+    values: False leaves the tensors' values out (their strides and devices go in instead): a
+    JIT program's calls differ from run to run, and the outcomes cached for a tune of the same
+    shapes still decide, each install being checked against eager on the samples of the day.
+    """
     h = Digest()
     for sample in samples:
         leaves, spec = torch.utils._pytree.tree_flatten((sample.args, sample.kwargs))
         h.update(str(spec).encode())
         for leaf in leaves:
-            if isinstance(leaf, torch.Tensor):
+            if not isinstance(leaf, torch.Tensor):
+                h.update(repr(leaf).encode())
+            elif values:
                 h.tensor(leaf)
             else:
-                h.update(repr(leaf).encode())
+                h.update(
+                    f"{tuple(leaf.shape)}:{leaf.stride()}:{leaf.dtype}:{leaf.device.type}".encode()
+                )
     return h.hexdigest()
 
 

@@ -131,6 +131,8 @@ class TuneContext:
     stopped: str = ""  # why the tune stopped trying candidates early (Tuner.cancel)
     abandoned: bool = False  # Tuner.cancel(abandon=True): nothing is selected or installed
     reuse_unstable: bool = False  # cached outcomes count even when their figures were unstable
+    # False: the cache keys the samples by structure, shapes and dtypes, not values (JIT)
+    inputs_by_value: bool = True
     # Decide from cached outcomes alone, candidates without one not tried; a graph with an
     # uncached eager, no cached candidate or nothing uncached raises CachedPassDeclined.
     cached_only: bool = False
@@ -840,7 +842,7 @@ class GraphTuner:
     def _cache_key_parts(self) -> dict[str, Any]:
         return {
             "model": self.ctx.model_fingerprint(self.inner),
-            "inputs": inputs_fingerprint(self.samples),
+            "inputs": inputs_fingerprint(self.samples, values=self.ctx.inputs_by_value),
             "profile": self.profile.to_json(),
             "measure_at": self.measure_at,
             "environment": fingerprint(self.ctx.device),

@@ -160,6 +160,7 @@ class Tuner:
         time_budget_s: float | None = None,
         tracker: progress.Tracker | None = None,
         reuse_unstable: bool = False,
+        inputs_by_value: bool = True,
         cached_only: bool = False,
         fingerprints: dict[int, str] | None = None,
         live: ProgramCalls | None = None,
@@ -173,6 +174,7 @@ class Tuner:
         self.live = live
         self.given_pool = pool
         self.reuse_unstable = reuse_unstable
+        self.inputs_by_value = inputs_by_value
         self.cached_only = cached_only
         # Model fingerprints (a hash of the weights) by id(module), shared with another tune of
         # the same modules in the same moment (JIT's cached pass and the tune after it).
@@ -301,6 +303,7 @@ class Tuner:
             if self.isolation == "process"
             else None,
             reuse_unstable=self.reuse_unstable,
+            inputs_by_value=self.inputs_by_value,
             cached_only=self.cached_only,
             fingerprints=self.fingerprints,
             live=self.live,
