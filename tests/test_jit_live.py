@@ -550,23 +550,45 @@ def test_the_check_compares_candidates_with_what_the_programs_calls_returned(
     assert honed.jit.roots()[0].state is State.EAGER
 
 
+def _held_elsewhere(lock: Any) -> bool:
+    """Whether another thread holds ``lock`` (asked from a thread of its own)."""
+    free: list[bool] = []
+    asker = threading.Thread(target=lambda: free.append(lock.acquire(blocking=False)))
+    asker.start()
+    asker.join()
+    if free[0]:
+        lock.release()
+    return not free[0]
+
+
 @pytest.mark.parametrize("model_type", [Slow, WrongOutputs])
-def test_a_tunes_status_changes_only_after_its_module_is_settled(
+def test_a_tunes_outcome_is_seen_whole(
     beside: Path, monkeypatch: pytest.MonkeyPatch, model_type: type[Slow]
 ) -> None:
     """A program that waits for tunes() to leave "running" finds the module installed (Slow)
-    or eager (WrongOutputs), not still recording."""
+    or eager (WrongOutputs), not still recording; one that waits for the module's state finds
+    the record written: both are written under the lock records() takes."""
+    from honed.jit import background
     from honed.jit.background import TuneRecord
+    from honed.jit.hierarchy import Node
 
-    seen: list[tuple[str, list[State]]] = []
-    plain = TuneRecord.__setattr__
+    seen: list[tuple[str, list[State], bool]] = []
+    settled: list[tuple[State, bool]] = []
+    plain_record, plain_node = TuneRecord.__setattr__, Node.__setattr__
 
-    def watch(record: TuneRecord, name: str, value: Any) -> None:
+    def watch_record(record: TuneRecord, name: str, value: Any) -> None:
         if name == "status" and value != "running" and record.__dict__.get(name) == "running":
-            seen.append((value, [root.state for root in honed.jit.roots()]))
-        plain(record, name, value)
+            states = [root.state for root in honed.jit.roots()]
+            seen.append((value, states, _held_elsewhere(background._SETTLING)))
+        plain_record(record, name, value)
 
-    monkeypatch.setattr(TuneRecord, "__setattr__", watch)
+    def watch_node(node: Node, name: str, value: Any) -> None:
+        if name == "state" and value in (State.TUNED, State.EAGER) and node.level == 0:
+            settled.append((value, _held_elsewhere(background._SETTLING)))
+        plain_node(node, name, value)
+
+    monkeypatch.setattr(TuneRecord, "__setattr__", watch_record)
+    monkeypatch.setattr(Node, "__setattr__", watch_node)
     torch.manual_seed(0)
     model = model_type().eval()
     x = batches(4, seed=1)[0]
@@ -576,7 +598,8 @@ def test_a_tunes_status_changes_only_after_its_module_is_settled(
             model(x)
             assert time.monotonic() < deadline, honed.jit.history()
     want = State.TUNED if model_type is Slow else State.EAGER
-    assert seen == [("installed" if want is State.TUNED else "eager", [want])], seen
+    assert seen == [("installed" if want is State.TUNED else "eager", [want], True)], seen
+    assert settled == [(want, True)], settled
 
 
 class CompilesToo(Backend):

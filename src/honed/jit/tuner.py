@@ -375,21 +375,22 @@ def _tune(
     node.tuned_keys = {_core.signature(a, k).graph_key for a, k in dataset}
     add_step(f"Tuning {node.short()} took {took:.2f}s")
     _account(node, report, took, import_s)
-    # The record's status is written last: one other than "running" says the node is settled.
     if not wrapper.is_tuned:
         decisions = "; ".join(g.decision for g in report.graphs)
         add_step(f"No variant selected for {node.short()} ({decisions})", logging.WARNING)
         settled = node.state is State.TUNED
-        if not settled:
-            _eager(node, "no variant selected", children=False)
-        record.status = "eager"
+        with background.settling():
+            if not settled:
+                _eager(node, "no variant selected", children=False)
+            record.status = "eager"
         add_step(record.line())
         if not settled:
             _try_children(node)
         return
     backend = _backends(wrapper)
-    _install(node, wrapper, backend, report)
-    record.status, record.selected = "installed", backend
+    with background.settling():
+        _install(node, wrapper, backend, report)
+        record.status, record.selected = "installed", backend
     add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
     add_step(record.line())
     if not on_program:  # else the program's calls chose already
@@ -451,12 +452,13 @@ def _start_trial(
             record.evidence += "; the program's calls did not decide against it"
             return
         arm = next(a for a in arms if a.label == verdict.adopted)
-        record.selected, record.evidence = arm.label, "the program's calls"
-        if arm.wrapper is None:
-            node.tuned, node.backend, node.state = None, None, State.EAGER
-            node.reason = "eager was faster on the program's calls"
-        else:
-            _install(node, arm.wrapper, arm.label, report)
+        with background.settling():
+            record.selected, record.evidence = arm.label, "the program's calls"
+            if arm.wrapper is None:
+                node.tuned, node.backend, node.state = None, None, State.EAGER
+                node.reason = "eager was faster on the program's calls"
+            else:
+                _install(node, arm.wrapper, arm.label, report)
 
     names = ", ".join(a.label for a in arms)
     add_step(f"Live trial for {node.short()}: {pick} against {names} on the program's calls")
@@ -591,8 +593,9 @@ def _cached_pass(
         "cache",
         took,
     )
-    _install(node, wrapper, backend, report)
-    background.add_record(record)
+    with background.settling():
+        _install(node, wrapper, backend, report)
+        background.add_record(record)
     add_step(
         f"Installed {backend} for {node.short()} from the cached decision in {took:.2f}s; "
         f"tuning goes on with {len(left)} candidate(s) not tried before: {', '.join(left)}"
@@ -625,21 +628,23 @@ def _tried_so_far(tuner: Any) -> dict[str, str]:
 
 def _cancelled(node: Node, record: TuneRecord, why: str, took: float) -> None:
     """The tune was abandoned (the program is ending): nothing installed, no child tried."""
-    if node.state is not State.TUNED:
-        node.state, node.reason = State.EAGER, "tune cancelled"
-    record.took_s, record.status, record.error = took, "cancelled", why
+    with background.settling():
+        if node.state is not State.TUNED:
+            node.state, node.reason = State.EAGER, "tune cancelled"
+        record.took_s, record.status, record.error = took, "cancelled", why
     add_step(record.line(), logging.WARNING)
 
 
 def _failed(node: Node, record: TuneRecord, e: Exception, took: float) -> None:
     log.debug("honed.jit: the tune of %s failed", node.short(), exc_info=e)
     retune = node.state is State.TUNED  # a re-tune failed: the earlier variants stay
-    if retune:
-        node.new_samples = []
-    else:
-        _eager(node, f"tune failed: {type(e).__name__}", children=False)
-    record.took_s, record.error = took, f"{type(e).__name__}: {e}"
-    record.status = "failed"
+    with background.settling():
+        if retune:
+            node.new_samples = []
+        else:
+            _eager(node, f"tune failed: {type(e).__name__}", children=False)
+        record.took_s, record.error = took, f"{type(e).__name__}: {e}"
+        record.status = "failed"
     add_step(
         f"Tuning {node.short()} failed after {took:.2f}s ({type(e).__name__}: {e}); "
         + ("its earlier variants stay" if retune else "running it eager and trying its children"),
