@@ -5,8 +5,9 @@ random weights (no download), and calls it on batch 8, sequence 128, at least ``
 and for at least ``--seconds`` seconds, timing every call (CUDA synchronised). It runs in fresh
 processes: without honed (the eager reference), then with HONED_JIT=1 on empty honed and
 Inductor caches (cold: JIT tunes beside the loop), then again on those caches (warm: the cached
-winner is installed from its payload), then tuned the AOT way (below). Printed and written to
-``--out`` (JSON):
+winner is installed from its payload; ``--warm-seed N``: on other input ids of the same
+shapes, as a restarted program's data would be), then tuned the AOT way (below). Printed and
+written to ``--out`` (JSON):
 
 - eager: the median call (after the first);
 - each JIT run: the first call, the slowest call after the first (and its ratio to eager's
@@ -123,7 +124,7 @@ PROGRAM = textwrap.dedent(
         # named functions of honed's, each call's span and thread, so a slow call can be put
         # beside what honed's threads were doing in this process (a diagnostic)
         mark_all(os.environ["JIT_BERT_MARKS"], lambda *span: marks.append(span))
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(int(os.environ.get("JIT_BERT_IDS_SEED", "1")))
     ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     tuned = {}
@@ -905,6 +906,13 @@ def main() -> None:
         "(or 'default'): the JSON lists their spans and which ran during each call over 2x",
     )
     parser.add_argument(
+        "--warm-seed",
+        type=int,
+        default=1,
+        help="the seed of the warm run's input ids (the other runs': 1): another value gives "
+        "it other data of the same shapes, as a restarted program's calls would carry",
+    )
+    parser.add_argument(
         "--no-aot",
         dest="aot",
         action="store_false",
@@ -960,7 +968,8 @@ def main() -> None:
             jit_env["JIT_BERT_MARKS_DIR"] = str(workdir / "worker-marks")
         cold_env = dict(jit_env, HONED_JIT_WAIT="1") if args.cold_wait else jit_env
         cold = run_program(args, workdir, "cold", cold_env, cold_s)
-        warm = run_program(args, workdir, "warm", jit_env, seconds)
+        warm_env = dict(jit_env, JIT_BERT_IDS_SEED=str(args.warm_seed))
+        warm = run_program(args, workdir, "warm", warm_env, seconds)
         one_liner = None
         if args.one_liner:  # between the warm runs, as the AOT run: drift shows in both ratios
             one_env = dict(base, TORCHINDUCTOR_CACHE_DIR=str(workdir / "oneliner-inductor"))
@@ -1014,6 +1023,7 @@ def main() -> None:
         "aoti_loader": args.loader or "default",
         "jit_env": args.jit_env,
         "blocking_sync": bool(args.blocking_sync),
+        "warm_ids_seed": args.warm_seed,
         "eager": {
             "median_ms": round(eager_ms, 4),
             "calls": len(eager["calls"]),
