@@ -360,6 +360,28 @@ def test_jit_adopts_the_runner_up_that_the_programs_calls_show_faster(jit: None)
     assert any("SkipsTheSleep adopted" in line for line in trial_lines), trial_lines
 
 
+def test_the_tune_and_its_trial_run_eager_only_for_its_check(jit: None) -> None:
+    """Eager picked (the misled figures) is installed as it is, checked once on each recorded
+    sample against what the program's call returned, and the trial's rival is checked against
+    those outputs too: nothing else runs the model off the program's thread (the candidates
+    are built and measured in workers)."""
+    torch.manual_seed(0)
+    model = CountsCallers().eval()
+    with torch.no_grad(), honed.config.patch(isolation="process"):
+        for x in batches(4, 4, seed=1):
+            model(x)  # the second call runs the tune (wait=True)
+        root = honed.jit.roots()[0]
+        assert root.backend == "TorchEagerBackend" and root.trial is not None
+        x = batches(4, seed=2)[0]
+        deadline = time.monotonic() + 120
+        while root.trial is not None:
+            model(x)
+            assert time.monotonic() < deadline, "the trial never ended"
+    assert root.backend == "SkipsTheSleep", honed.jit.history()
+    assert set(model.callers) == {threading.current_thread().name, "honed-tune"}, model.callers
+    assert model.callers["honed-tune"] == 2, model.callers  # eager's check, once per sample
+
+
 def test_the_trials_rivals_are_listed_for_the_tuned_graph(
     jit: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -370,25 +370,32 @@ class Direct(honed.backend.Backend):
         return lambda x: torch.nn.functional.linear(x, module.proj.weight, module.proj.bias)
 
 
-def test_a_jit_tune_runs_the_model_here_once_per_sample(tmp_path: Path) -> None:
+@pytest.mark.parametrize("winner", ["Direct", "TorchEagerBackend"])
+def test_a_jit_tune_runs_the_model_here_once_per_sample(tmp_path: Path, winner: str) -> None:
     """JIT's samples are the program's own calls: its tune notes their signatures without
     running the model again, the pass over the cache runs it not at all, and eager's outputs
     for the checks are the program's own for its calls, computed in the program's process
-    only for the copies at the headroom batch (workers build)."""
+    only for the copies at the headroom batch (workers build). Eager winning needs no install
+    (no warm run); its check runs it on each sample, against those outputs (a module that
+    does not answer as its calls did is caught there)."""
     torch.manual_seed(0)
     model = CountsCalls().eval()
+    faster = {winner: [1.0], ({"Direct", "TorchEagerBackend"} - {winner}).pop(): [2.0]}
     with (
         honed.jit.config.patch(dry_run=False, backends=[Direct()]),
-        honed.config.patch(cache_enabled=True, jit_worker_nice=0),
+        honed.config.patch(cache_enabled=True, jit_worker_nice=0, injected_latencies=faster),
     ):
         run(model, batches(2, 4))
         assert honed.jit.roots()[0].state is State.TUNED, honed.jit.history()
+        assert honed.jit.wait(120)  # the live trial's rival installed too
     (record,) = honed.jit.tunes()
     assert record.status == "installed" and record.batch_sizes == [2, 4, 8]
+    assert honed.jit.roots()[0].backend == winner, honed.jit.history()
     # the two samples' copies at the headroom batch (8): two references; the samples' own
-    # are what the program's calls returned
+    # are what the program's calls returned; and eager's check, where it won
     program = threading.main_thread().name
-    assert len([t for t in model.threads if t != program]) == 2, (
+    checks = 4 if winner == "TorchEagerBackend" else 0
+    assert len([t for t in model.threads if t != program]) == 2 + checks, (
         model.threads,
         honed.jit.history(),  # where the candidates were built, checked and measured
     )

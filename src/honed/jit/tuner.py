@@ -394,7 +394,7 @@ def _tune(
     add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
     add_step(record.line())
     if not on_program:  # else the program's calls chose already
-        _start_trial(node, wrapper, report, dataset, sizes, strategy, fingerprints, record)
+        _start_trial(node, wrapper, report, dataset, sizes, strategy, fingerprints, record, outputs)
 
 
 _CUDA_RIVALS_WITHIN = 2.0
@@ -409,10 +409,12 @@ def _start_trial(
     strategy: Any,
     fingerprints: dict[int, str],
     record: TuneRecord,
+    outputs: list[Any] | None = None,
 ) -> None:
     """Let the pick and its best rivals take turns on the program's calls (live.py), timed with
     the host clock on the CPU and with CUDA events on CUDA; each rival is installed from the
-    tuning cache first, so nothing is rebuilt."""
+    tuning cache first, so nothing is rebuilt, and checked against the program's own outputs
+    (``outputs``, as the tune was: eager does not run again on the recorded samples)."""
     from honed.jit import live
 
     if not config.live_choice or not _flags.cache_enabled or node.module is None:
@@ -437,7 +439,7 @@ def _start_trial(
     # were off by more than that, so every runner-up may be tried.
     within = _CUDA_RIVALS_WITHIN if device.type == "cuda" else None
     for row in live.rivals(report, within=within):
-        arm = _rival_arm(node, row, by_name, dataset, sizes, fingerprints)
+        arm = _rival_arm(node, row, by_name, dataset, sizes, fingerprints, outputs)
         if arm is not None:
             arms.append(arm)
     if not arms:
@@ -473,6 +475,7 @@ def _rival_arm(
     dataset: list[Any],
     sizes: list[int],
     fingerprints: dict[int, str],
+    outputs: list[Any] | None = None,
 ) -> Any:
     """A rival of the trial: eager as it is, another candidate installed through a tune of it
     alone (its outcome is in the cache); None when it cannot be had."""
@@ -493,7 +496,7 @@ def _rival_arm(
     if not background.set_current(tuner):
         return None
     try:
-        tuner.start(other, dataset, sizes).result()
+        tuner.start(other, dataset, sizes, outputs).result()
     except Exception as e:  # this rival sits the trial out
         add_step(f"No live trial of {row.name} for {node.short()}: {e}", logging.DEBUG)
         return None

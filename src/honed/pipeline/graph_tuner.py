@@ -821,7 +821,16 @@ class GraphTuner:
         references = self.references  # on honed's stream too, where it is beside a program
         try:
             with own_stream(self.ctx.device):
-                fn = install_outcome(chosen, self.inner, self.samples, self.info, self.measure_at)
+                # Eager itself (the default TorchEagerBackend builds the module as it is) needs
+                # no install nor warm run; its check still tells a module that does not answer
+                # as the program's calls did (JIT's references) from one that does.
+                fn = (
+                    self.inner
+                    if chosen.is_baseline
+                    else install_outcome(
+                        chosen, self.inner, self.samples, self.info, self.measure_at
+                    )
+                )
                 result = check(
                     fn, self.samples, references, chosen.backend, self.inner, self.info.device
                 )
