@@ -556,17 +556,22 @@ class WrongOutputs(Slow):
         return out + 1 if self.calls <= 8 else out
 
 
-def test_the_check_compares_candidates_with_what_the_programs_calls_returned(
-    beside: Path,
-) -> None:
+def _call_until_a_tune_ends(model_type: type[Slow]) -> None:
+    """A fresh ``model_type`` (seeded) called until JIT's first tune has left "running"."""
     torch.manual_seed(0)
-    model = WrongOutputs().eval()
+    model = model_type().eval()
     x = batches(4, seed=1)[0]
     deadline = time.monotonic() + 120
     with torch.no_grad():
         while not (honed.jit.tunes() and honed.jit.tunes()[0].status != "running"):
             model(x)
             assert time.monotonic() < deadline, honed.jit.history()
+
+
+def test_the_check_compares_candidates_with_what_the_programs_calls_returned(
+    beside: Path,
+) -> None:
+    _call_until_a_tune_ends(WrongOutputs)
     (record,) = honed.jit.tunes()
     assert record.status == "eager" and record.tried["ShortSleep"] == "rejected", record
     assert honed.jit.roots()[0].state is State.EAGER
@@ -611,14 +616,7 @@ def test_a_tunes_outcome_is_seen_whole(
 
     monkeypatch.setattr(TuneRecord, "__setattr__", watch_record)
     monkeypatch.setattr(Node, "__setattr__", watch_node)
-    torch.manual_seed(0)
-    model = model_type().eval()
-    x = batches(4, seed=1)[0]
-    deadline = time.monotonic() + 120
-    with torch.no_grad():
-        while not (honed.jit.tunes() and honed.jit.tunes()[0].status != "running"):
-            model(x)
-            assert time.monotonic() < deadline, honed.jit.history()
+    _call_until_a_tune_ends(model_type)
     want = State.TUNED if model_type is Slow else State.EAGER
     assert seen == [("installed" if want is State.TUNED else "eager", [want], True)], seen
     assert settled == [(want, True)], settled
