@@ -106,6 +106,7 @@ class _Worker:
         self.jobs: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.Queue()
         self.lock = threading.Condition()
         self.pending = 0
+        self.waiters = 0  # threads of the program in wait()
         self.thread: threading.Thread | None = None
         self.current: Any = None  # the running honed.pipeline.tuner.Tuner, for cancel at exit
         self.records: list[TuneRecord] = []
@@ -242,7 +243,18 @@ def wait(timeout_s: float | None = None) -> bool:
     """
     if in_background():
         return True
-    return _WORKER.wait(timeout_s)
+    with _WORKER.lock:
+        _WORKER.waiters += 1
+    try:
+        return _WORKER.wait(timeout_s)
+    finally:
+        with _WORKER.lock:
+            _WORKER.waiters -= 1
+
+
+def waited_on() -> bool:
+    """Whether a thread of the program is in ``wait()`` now (it makes no call meanwhile)."""
+    return _WORKER.waiters > 0
 
 
 def busy() -> bool:

@@ -337,7 +337,8 @@ def _shapes(args: Any, kwargs: Any) -> tuple[Any, ...]:
 
 
 # A worker may measure once the program's latest call ended this long ago (ProgramCalls.idle);
-# a measurement on the program's calls gives up once they stopped for _STALL_S.
+# a measurement on the program's calls gives up once they stopped for _STALL_S, or for _IDLE_S
+# while a thread of the program waits for JIT (honed.jit.wait: it makes no call meanwhile).
 _IDLE_S = 0.5
 _STALL_S = 5.0
 
@@ -346,7 +347,7 @@ class ProgramCalls:
     """A tune's view of the program it runs beside (honed.pipeline.graph_tuner.ProgramCalls):
     ``node``'s calls. ``quiet(s)``: whether the program is in no call and ended none during the
     last ``s`` seconds (honed.jit.patcher.program_idle); ``stopped()``: whether the tune should
-    give up (the program ends)."""
+    give up (the program ends); ``waiting()``: whether the program waits for JIT."""
 
     def __init__(
         self,
@@ -354,11 +355,13 @@ class ProgramCalls:
         device_type: str,
         quiet: Callable[[float], bool],
         stopped: Callable[[], bool],
+        waiting: Callable[[], bool] = lambda: False,
     ) -> None:
         self.node = node
         self.device_type = device_type
         self.quiet = quiet
         self.stopped = stopped
+        self.waiting = waiting
 
     def idle(self) -> bool:
         """The program is in no call and ended none during the last _IDLE_S."""
@@ -397,7 +400,7 @@ class ProgramCalls:
                     return None
                 if node.call_count != calls:
                     calls, moved = node.call_count, time.monotonic()
-                elif time.monotonic() - moved > _STALL_S:
+                elif time.monotonic() - moved > (_IDLE_S if self.waiting() else _STALL_S):
                     return None
         finally:
             node.trial = None

@@ -517,7 +517,9 @@ def _program_calls(node: Node, dataset: list[Any]) -> Any:
     device = _device_of(node.module, dataset[0])
     if device.split(":")[0] not in ("cpu", "cuda"):
         return None
-    return live.ProgramCalls(node, device.split(":")[0], program_idle, background.exiting)
+    return live.ProgramCalls(
+        node, device.split(":")[0], program_idle, background.exiting, background.waited_on
+    )
 
 
 def _new_tuner(
