@@ -612,12 +612,12 @@ def test_a_tunes_outcome_is_seen_whole(
     def watch_record(record: TuneRecord, name: str, value: Any) -> None:
         if name == "status" and value != "running" and record.__dict__.get(name) == "running":
             states = [root.state for root in honed.jit.roots()]
-            seen.append((value, states, _held_elsewhere(background._SETTLING)))
+            seen.append((value, states, _held_elsewhere(background.settling)))
         plain_record(record, name, value)
 
     def watch_node(node: Node, name: str, value: Any) -> None:
         if name == "state" and value in (State.TUNED, State.EAGER) and node.level == 0:
-            settled.append((value, _held_elsewhere(background._SETTLING)))
+            settled.append((value, _held_elsewhere(background.settling)))
         plain_node(node, name, value)
 
     monkeypatch.setattr(TuneRecord, "__setattr__", watch_record)

@@ -272,20 +272,14 @@ def set_current(tuner: Any) -> bool:
 
 
 # Held while a tune's outcome is written: the module's new state (installed, eager) and its
-# record's. records() takes it too, so a program that saw either one sees both.
-_SETTLING = threading.RLock()  # reentrant: a log handler on JIT's thread may read records()
-
-
-@contextlib.contextmanager
-def settling() -> Iterator[None]:
-    """Write a tune's outcome: the module's state and its record's, seen together."""
-    with _SETTLING:
-        yield
+# record's. records() takes it too, so a program that saw either one sees both. Reentrant: a
+# log handler on JIT's thread may read records().
+settling = threading.RLock()
 
 
 def records() -> list[TuneRecord]:
     """Every JIT tune of this process, oldest first (copies of the records)."""
-    with _SETTLING:
+    with settling:
         return [dataclasses.replace(r) for r in _WORKER.records]
 
 

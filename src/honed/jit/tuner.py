@@ -378,17 +378,17 @@ def _tune(
     if not wrapper.is_tuned:
         decisions = "; ".join(g.decision for g in report.graphs)
         add_step(f"No variant selected for {node.short()} ({decisions})", logging.WARNING)
-        settled = node.state is State.TUNED
-        with background.settling():
-            if not settled:
+        retune = node.state is State.TUNED  # the earlier variants stay
+        with background.settling:
+            if not retune:
                 _eager(node, "no variant selected", children=False)
             record.status = "eager"
         add_step(record.line())
-        if not settled:
+        if not retune:
             _try_children(node)
         return
     backend = _backends(wrapper)
-    with background.settling():
+    with background.settling:
         _install(node, wrapper, backend, report)
         record.status, record.selected = "installed", backend
     add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
@@ -454,7 +454,7 @@ def _start_trial(
             record.evidence += "; the program's calls did not decide against it"
             return
         arm = next(a for a in arms if a.label == verdict.adopted)
-        with background.settling():
+        with background.settling:
             record.selected, record.evidence = arm.label, "the program's calls"
             if arm.wrapper is None:
                 node.tuned, node.backend, node.state = None, None, State.EAGER
@@ -598,7 +598,7 @@ def _cached_pass(
         "cache",
         took,
     )
-    with background.settling():
+    with background.settling:
         _install(node, wrapper, backend, report)
         background.add_record(record)
     add_step(
@@ -633,7 +633,7 @@ def _tried_so_far(tuner: Any) -> dict[str, str]:
 
 def _cancelled(node: Node, record: TuneRecord, why: str, took: float) -> None:
     """The tune was abandoned (the program is ending): nothing installed, no child tried."""
-    with background.settling():
+    with background.settling:
         if node.state is not State.TUNED:
             node.state, node.reason = State.EAGER, "tune cancelled"
         record.took_s, record.status, record.error = took, "cancelled", why
@@ -643,7 +643,7 @@ def _cancelled(node: Node, record: TuneRecord, why: str, took: float) -> None:
 def _failed(node: Node, record: TuneRecord, e: Exception, took: float) -> None:
     log.debug("honed.jit: the tune of %s failed", node.short(), exc_info=e)
     retune = node.state is State.TUNED  # a re-tune failed: the earlier variants stay
-    with background.settling():
+    with background.settling:
         if retune:
             node.new_samples = []
         else:
