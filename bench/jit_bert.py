@@ -333,6 +333,12 @@ PROGRAM = textwrap.dedent(
     tuned["phases"] = [
         [round(e.at - start, 3), e.candidate, e.phase] for e in getattr(progress, "RECENT", [])
     ]
+    jit = sys.modules.get("honed.jit")  # under HONED_JIT: each candidate's outcome and why
+    tuned["candidates"] = [
+        [c.name, c.status, c.reason]
+        for r in (jit.roots() if jit else []) if r.report is not None
+        for g in r.report.graphs for c in g.candidates
+    ]
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
 ).replace("__MARKING__\n", MARKING)
@@ -805,6 +811,7 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         s.strip() for s in lines if s.strip().startswith(("Tuned ", "Tuning ")) and "beside" in s
     ]
     out["hierarchy"] = [s for s in lines if "├─" in s][:3]
+    out["candidates"] = data.get("candidates", [])
     out["stderr_tail"] = lines[-40:]  # what JIT said, for a run whose tune shows nothing
     if "slow_calls" in data:
         out["slow_calls"] = data["slow_calls"]
@@ -903,7 +910,8 @@ def main() -> None:
         "--marks",
         default="",
         help="honed functions to time in the JIT runs, module:Qualified.name, comma-separated "
-        "(or 'default'): the JSON lists their spans and which ran during each call over 2x",
+        "('default' among them: a set of JIT's steps, the workers' too): the JSON lists their spans "
+        "and which ran during each call over 2x",
     )
     parser.add_argument(
         "--warm-seed",
@@ -933,7 +941,9 @@ def main() -> None:
         base = {k: v for k, v in os.environ.items() if not k.startswith("HONED_")}
         if args.blocking_sync:
             base["JIT_BERT_BLOCKING_SYNC"] = "1"
-        marks = DEFAULT_MARKS if args.marks == "default" else args.marks
+        named = [m for m in (args.marks or "").split(",") if m]
+        with_defaults = "default" in named  # the defaults, and the workers' steps too
+        marks = ",".join(DEFAULT_MARKS if m == "default" else m for m in named)
         base["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor")
         (workdir / "tmp").mkdir()
         base["TMPDIR"] = str(workdir / "tmp")  # Inductor's precompiled headers: cold too
@@ -957,7 +967,7 @@ def main() -> None:
         eager_ms = statistics.median([c[1] for c in eager["calls"][1:]])
         if marks:
             jit_env["JIT_BERT_MARKS"] = marks
-        if args.marks == "default":  # the workers' steps too
+        if with_defaults:
             site = workdir / "worker-site"
             site.mkdir()
             (site / "sitecustomize.py").write_text(WORKER_SITE)

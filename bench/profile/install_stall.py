@@ -1,0 +1,242 @@
+"""bench/profile/install_stall.py: which step of a JIT install holds the program's calls up.
+
+A JIT tune installs each finalist in the program's process, beside its calls: the AOTInductor
+package opened (its library loaded, its container made), the constants laid out and handed over,
+its first run (each kernel loaded at its first launch), the CUDA-graph capture (warm-up runs,
+capture, instantiation) and the check against eager. This profile builds the BERT-base packages
+JIT builds (fp32 and bf16 weights, CUDA graphs) in a child process, then, in a process whose main
+thread calls BERT eager in a loop (each call synchronized and timed, as bench/jit_bert.py's
+program; honed's courtesy probe set as JIT sets it), installs each package step by step on
+another thread, ``--gap`` seconds apart, ``--reps`` times (the first install in the process
+first). Printed per step: how long it took, and the program's calls that overlapped it (how
+many, how many over twice the median of the loop alone, the slowest).
+
+    python bench/profile/install_stall.py [--reps 3] [--gap 0.4] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import pickle
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from honed.pipeline import correctness, courtesy
+
+_IN_CALL = [False]
+PRECISIONS = ("fp32", "bf16")
+
+
+def _model(device: str) -> tuple[Any, dict[str, Any]]:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig()
+    model = BertModel(cfg).eval().to(device)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg.vocab_size, (8, 128), generator=g).to(device)
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _backend(precision: str) -> Any:
+    from honed.backend.torch_inductor_aot import (
+        TorchInductorAotBackend,
+        TorchInductorAotBackendConfig,
+    )
+
+    return TorchInductorAotBackend(
+        TorchInductorAotBackendConfig(precision=precision, cuda_graphs=True)
+    )
+
+
+def _build(precision: str, path: str) -> None:
+    """In a child process: the package JIT builds, its payload pickled to ``path``."""
+    from honed.backend.base import Sample
+
+    model, inputs = _model("cuda")
+    backend = _backend(precision)
+    fn = backend.build(model, [Sample((), inputs)])
+    Path(path).write_bytes(pickle.dumps(backend.export_payload(fn)))
+
+
+def _calls(model: Any, inputs: dict[str, Any], until: threading.Event, out: list[Any]) -> None:
+    with torch.no_grad():
+        while not until.is_set():
+            start = time.perf_counter()
+            _IN_CALL[0] = True
+            model(**inputs)
+            _IN_CALL[0] = False
+            courtesy.call_ended()
+            torch.cuda.synchronize()
+            out.append((start, (time.perf_counter() - start) * 1e3))
+
+
+def _install(
+    files: dict[str, bytes],
+    precision: str,
+    model: Any,
+    inputs: dict[str, Any],
+    ref: Any,
+    gap: float,
+    spans: list[Any],
+    rep: int,
+) -> None:
+    """One install, step by step, each step's span noted; ``gap`` s between steps."""
+    from honed.backend import _aoti_constants, _aoti_env
+    from honed.backend._calling import Calling
+    from honed.backend.torch_inductor_aot import PAYLOAD_CALLING, PAYLOAD_PACKAGE, AotCompiled
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    state: dict[str, Any] = {}
+
+    def step(name: str, work: Any) -> None:
+        time.sleep(gap)
+        start = time.perf_counter()
+        with torch.no_grad(), courtesy.own_stream(device):
+            work()
+        spans.append((f"{precision} {name}", rep, start, time.perf_counter()))
+
+    def open_() -> None:
+        state["runner"] = _aoti_env.load_package(files[PAYLOAD_PACKAGE], "cuda", True)
+
+    def constants() -> None:
+        state["constants"] = _aoti_constants.tensors(files, model, device)
+
+    def give() -> None:
+        _aoti_constants.give(state["runner"].loader, state["constants"])
+        calling = Calling.from_json(files[PAYLOAD_CALLING].decode(), None)
+        kept = {n: files[n] for n in _aoti_constants.FILES if n in files}
+        state["fn"] = AotCompiled(
+            state["runner"], files[PAYLOAD_PACKAGE], calling, True, kept, device
+        )
+        state["flat"] = state["fn"].flatten((), inputs)
+
+    def plain_run() -> None:
+        state["fn"]._plain_run(list(state["flat"]))
+
+    def capture() -> None:
+        state["out"] = state["fn"](**inputs)
+
+    def check() -> None:
+        result = correctness.compare(ref, state["fn"](**inputs), precision != "fp32")
+        assert result.ok, result.reason
+
+    step("open", open_)
+    step("constants", constants)
+    step("give", give)
+    step("first run", plain_run)
+    step("second run", plain_run)
+    step("capture", capture)
+    step("replay", lambda: state["fn"](**inputs))
+    step("check", check)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--gap", type=float, default=0.4, help="seconds between steps")
+    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    ap.add_argument("--json", default="")
+    ap.add_argument("--keep", default="", help="a folder for the built packages, reused if there")
+    ap.add_argument(
+        "--loader",
+        choices=("direct", "torch"),
+        default="direct",
+        help="honed's GIL-free loader, as JIT loads packages (default), or torch's",
+    )
+    args = ap.parse_args()
+    folder = Path(args.keep or tempfile.mkdtemp(prefix="honed-install-stall-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    payloads = {}
+    spawn = multiprocessing.get_context("spawn")
+    started = time.perf_counter()
+    builders = {}
+    for p in args.precisions:
+        if (folder / f"{p}.pkl").exists():
+            continue  # built by an earlier run into --keep
+        builders[p] = spawn.Process(target=_build, args=(p, str(folder / f"{p}.pkl")))
+        builders[p].start()
+    for p, child in builders.items():
+        child.join()
+        assert child.exitcode == 0, f"building the {p} package failed"
+    for p in args.precisions:
+        payloads[p] = pickle.loads((folder / f"{p}.pkl").read_bytes())
+    print(f"built {', '.join(payloads)} in {time.perf_counter() - started:.1f} s", flush=True)
+
+    from honed.backend import _aoti_direct
+
+    _aoti_direct.beside_a_program(args.loader == "direct")  # as JIT's start sets it
+    import torch._inductor
+
+    model, inputs = _model("cuda")
+    with torch.no_grad():
+        ref = model(**inputs)
+    calls: list[Any] = []
+    stop = threading.Event()
+    program = threading.Thread(target=_calls, args=(model, inputs, stop, calls))
+    program.start()
+    time.sleep(3.0)
+    alone = [ms for _, ms in calls[len(calls) // 3 :]]
+    median = statistics.median(alone)
+    print(
+        f"loader: {args.loader}; alone: {len(alone)} calls, median {median:.3f} ms, "
+        f"slowest {max(alone):.3f} ms"
+    )
+    spans: list[Any] = []
+    courtesy.watch(lambda: _IN_CALL[0])
+    try:
+        for rep in range(args.reps):
+            for p in args.precisions:
+                _install(payloads[p], p, model, inputs, ref, args.gap, spans, rep)
+        time.sleep(args.gap)
+    finally:
+        courtesy.watch(None)
+        stop.set()
+        program.join()
+    rows: dict[str, Any] = {}
+    for name, _rep, start, end in spans:
+        hit = [ms for s, ms in calls if s < end and s + ms / 1e3 > start]
+        row = rows.setdefault(name, {"step_ms": [], "calls": 0, "over_2x": 0, "slowest_ms": []})
+        row["step_ms"].append(round((end - start) * 1e3, 2))
+        row["calls"] += len(hit)
+        row["over_2x"] += sum(ms > 2 * median for ms in hit)
+        row["slowest_ms"].append(round(max(hit), 2) if hit else None)
+    busy = [(s, e) for _, _, s, e in spans]
+    between = [
+        ms
+        for s, ms in calls
+        if s > busy[0][0] and not any(s < e and s + ms / 1e3 > b for b, e in busy)
+    ]
+    print(f"{'step':<22}{'took ms (per rep)':<34}{'calls':>6}{'>2x':>5}  slowest ms (per rep)")
+    for name, row in rows.items():
+        print(
+            f"{name:<22}{row['step_ms']!s:<34}{row['calls']:>6}{row['over_2x']:>5}  "
+            f"{row['slowest_ms']}"
+        )
+    print(
+        f"between steps: {len(between)} calls, {sum(ms > 2 * median for ms in between)} over 2x,"
+        f" slowest {max(between):.2f} ms"
+    )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "alone_median_ms": median,
+                    "steps": rows,
+                    "between_over_2x": sum(ms > 2 * median for ms in between),
+                },
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
