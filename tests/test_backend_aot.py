@@ -527,6 +527,43 @@ def test_dynamic_profile_on_cuda_matches_eager_and_round_trips() -> None:
             torch.testing.assert_close(loaded(x), model(x))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_constants_laid_out_beside_a_busy_program_outlive_the_packages_copies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The package copies its constants on the legacy default stream (cudaMemcpy returns before
+    a device-to-device copy runs). Beside a program whose calls keep that stream busy, the bf16
+    constants laid out on honed's own stream must not be handed out again, and overwritten by
+    honed's next allocations there, before those copies ran."""
+    from honed.pipeline import courtesy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).cuda().eval()
+    x = torch.randn(8, 256, device="cuda")
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    graph = GraphInfo(cuda)
+    backend = TorchInductorAotBackend(TorchInductorAotBackendConfig(precision="bf16"))
+    files = backend.export_payload(backend.build_graph(model, _samples(x), graph))
+    monkeypatch.setattr(courtesy, "_probe", [lambda: False])  # beside a program: honed's stream
+    with torch.no_grad():
+        want = model(x)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1_000_000_000)  # the program's stream busy for a while
+        with courtesy.own_stream(cuda):
+            loaded = backend.load_payload(files, model, graph)
+            litter = [
+                torch.full_like(p, float("nan"), dtype=torch.bfloat16)
+                for p in model.parameters()
+                for _ in range(3)
+            ]
+        torch.cuda.synchronize()
+        out = loaded(x)
+    del litter
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.05)
+
+
 def test_a_loader_crash_in_the_probe_becomes_an_error(
     dynamic_fn: AotCompiled, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -171,5 +171,17 @@ def _handed_as_is(
 
 def give(loader: Any, constants: dict[str, torch.Tensor]) -> None:
     """Hand the package its constants (every one, checked by the package), which it copies
-    into a buffer of its own (not user-managed: ``tensors`` may hand over the module's own)."""
+    into a buffer of its own (not user-managed: ``tensors`` may hand over the module's own).
+
+    The package copies a CUDA constant with ``cudaMemcpy``, which for device memory returns
+    before the copy runs and queues it on the legacy default stream: in a JIT program's process
+    the program's own stream, behind its queued calls. The constants laid out for the package
+    are made on honed's stream (courtesy.own_stream) and freed once handed over; noted as used
+    on the legacy stream, the allocator hands their memory out again only once the copies
+    queued there have run. Without that, honed's next allocations (the package's warm-up) could
+    overwrite them before the copies read them, and the package answered garbage (docs/jit.md).
+    """
     loader.load_constants(constants, False, True, False)
+    for t in constants.values():
+        if t.is_cuda:
+            t.record_stream(torch.cuda.default_stream(t.device))
