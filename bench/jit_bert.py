@@ -910,8 +910,8 @@ def main() -> None:
         "--marks",
         default="",
         help="honed functions to time in the JIT runs, module:Qualified.name, comma-separated "
-        "('default' among them: a set of JIT's steps, the workers' too): the JSON lists their spans "
-        "and which ran during each call over 2x",
+        "('default' among them: a set of JIT's steps, the workers' too): the JSON lists their "
+        "spans and which ran during each call over 2x",
     )
     parser.add_argument(
         "--warm-seed",
