@@ -127,9 +127,13 @@ class Program:
 
     def __init__(self) -> None:
         self.arms: list[tuple[str, Any]] = []
+        self.promoted: list[tuple[str, Any]] = []
 
     def idle(self) -> bool:
         return False
+
+    def promote(self, label: str, arm: Any, sample: Sample) -> None:
+        self.promoted.append((label, arm))
 
     def measure(self, arms: list[tuple[str, Any]], sample: Sample) -> list[list[float]]:
         self.arms = arms
@@ -185,6 +189,75 @@ def test_beside_a_calling_program_workers_build_and_check_and_its_calls_measure(
     assert rows["CompilesOnFirstCall"].reason == left_out.reason
     assert program.arms == []  # nothing was measured again
     assert report.selected() == ["Good"]
+
+
+def _in_the_tunes_process() -> bool:
+    return os.environ.get("HONED_TEST_TUNE_PID") == str(os.getpid())
+
+
+class BuiltLast(Backend):
+    """Good, its worker's build a second and a half long: the others are built before it."""
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        if not _in_the_tunes_process():
+            time.sleep(1.5)
+        return module
+
+
+class _OffHere:
+    """``module``, answering off by one in the tune's process (and right in a worker)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.module(*args, **kwargs)
+        return out + 1.0 if _in_the_tunes_process() else out
+
+
+class WrongHere(Backend):
+    """Right in its worker, wrong once installed in the tune's process."""
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return _OffHere(module)
+
+
+def test_beside_a_program_a_candidate_built_while_others_build_is_promoted_at_once(
+    isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate whose build ends while others still build is installed and checked at once
+    and offered to the program's calls (ProgramCalls.promote): they may run it meanwhile. One
+    that fails its check here is not offered; the last one built is measured with the rest."""
+    from honed.pipeline.graph_tuner import GraphTuner
+    from honed.pipeline.tuner import Tuner
+
+    monkeypatch.setenv("HONED_TEST_TUNE_PID", str(os.getpid()))
+    installs: list[str] = []
+    install = GraphTuner._install
+
+    def counted(self: GraphTuner, outcome: Any) -> str:
+        installs.append(outcome.backend.name)
+        return install(self, outcome)
+
+    monkeypatch.setattr(GraphTuner, "_install", counted)
+    torch.manual_seed(0)
+    model = honed.Module(TinyMLP().eval(), "m")
+    strategy = honed.MaxThroughputStrategy([Good(), WrongHere(), BuiltLast()])
+    program = Program()
+    report = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=program).run(
+        model, batches(4, 4), []
+    )
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    assert [label for label, _ in program.promoted] == ["Good"]
+    ((_, arm),) = program.promoted
+    x = batches(4, seed=1)[0]
+    torch.testing.assert_close(arm(x), model.module(x))  # installed here, from the worker
+    assert rows["WrongHere"].status == "rejected"
+    assert "checked in this process before installing" in rows["WrongHere"].reason
+    # Good was installed once (when promoted) and measured with the last one built.
+    assert sorted(installs) == ["BuiltLast", "Good", "WrongHere"]
+    assert [label for label, _ in program.arms] == ["TorchEagerBackend", "Good", "BuiltLast"]
+    assert rows["Good"].status == rows["BuiltLast"].status == "ok"
 
 
 @pytest.mark.parametrize("beside", [True, False])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -304,17 +305,19 @@ class SkipsTheSleep(Backend):
 
 
 @contextlib.contextmanager
-def _live_jit(cache: Path, backend: Backend, wait: bool) -> Iterator[None]:
-    """JIT on, live choice on, ``backend`` its only candidate besides eager. The tune's own
-    measurement (in-process, or a worker's) is injected to favour eager: what a busy machine's
-    figures can say. The program's calls say otherwise."""
+def _live_jit(
+    cache: Path, backend: Backend, wait: bool, also: tuple[Backend, ...] = ()
+) -> Iterator[None]:
+    """JIT on, live choice on, ``backend`` (and ``also``) its only candidates besides eager.
+    The tune's own measurement (in-process, or a worker's) is injected to favour eager: what a
+    busy machine's figures can say. The program's calls say otherwise."""
     honed.jit.reset()
     honed.jit.config.reset()
-    misled = {"TorchEagerBackend": [1.0], backend.name: [3.0]}
+    misled = {"TorchEagerBackend": [1.0], **{b.name: [3.0] for b in (backend, *also)}}
     with (
         honed.config.patch(injected_latencies=misled, jit_live_choice=True),
         honed.jit.config.patch(
-            backends=[backend],
+            backends=[backend, *also],
             min_parameters=100,
             detect_graph_breaks=False,
             cache_dir=str(cache),
@@ -581,6 +584,98 @@ def test_the_check_compares_candidates_with_what_the_programs_calls_returned(
     (record,) = honed.jit.tunes()
     assert record.status == "eager" and record.tried["ShortSleep"] == "rejected", record
     assert honed.jit.roots()[0].state is State.EAGER
+
+
+ANSWERED: list[str] = []  # which variant answered each call, in the program's process
+
+
+def _answered(name: str) -> None:
+    """Noted in ANSWERED: a function of the module's, so that a variant shipped from a worker
+    (its closure pickled by value) notes it here too."""
+    ANSWERED.append(name)
+
+
+class BuiltFirst(Backend):
+    """Sleeps 0.5 ms instead of 4, and says it answered."""
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        assert isinstance(module, Slow)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            _answered("BuiltFirst")
+            time.sleep(0.0005)
+            return module.body(x)
+
+        return run
+
+
+class BuiltOnCue(Backend):
+    """Skips the sleep, and says it answered; its build in a worker waits for the file the
+    test names (HONED_TEST_GATE), so the other candidate is built and promoted before it (a
+    higher build cost: a single worker builds it second)."""
+
+    build_cost = 3
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        assert isinstance(module, Slow)
+        gate = Path(os.environ["HONED_TEST_GATE"])
+        deadline = time.monotonic() + 60
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            _answered("BuiltOnCue")
+            return module.body(x)
+
+        return run
+
+
+@pytest.mark.parametrize("isolation", ["process", "none"])
+def test_a_candidate_built_first_answers_the_calls_while_the_rest_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolation: str
+) -> None:
+    """The first candidate built (in a worker, or on the tune's thread) wins its trial against
+    eager on the program's calls and answers them while the other builds; the tune then
+    measures both with eager, installs the faster, and the promoted one stops answering."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("HONED_TEST_GATE", str(gate))
+    model, x, want = _slow_call()
+    deadline = time.monotonic() + 120
+    with (
+        _live_jit(tmp_path / "jit-cache", BuiltFirst(), wait=False, also=(BuiltOnCue(),)),
+        honed.jit.config.patch(stability_tolerance=1.0),  # as the beside fixture, for sleeps
+        honed.config.patch(isolation=isolation),
+        torch.no_grad(),
+    ):
+        while not [line for line in honed.jit.history() if "while the tune goes on" in line]:
+            torch.testing.assert_close(model(x), want)
+            assert time.monotonic() < deadline, "\n".join(honed.jit.history())
+        ANSWERED.clear()
+        for _ in range(50):
+            torch.testing.assert_close(model(x), want)
+        assert ANSWERED == ["BuiltFirst"] * 50  # the other is still building
+        (root,) = honed.jit.roots()
+        assert root.state is State.RECORDING and isinstance(root.trial, live.Route)
+        (record,) = honed.jit.tunes()
+        assert record.status == "running"
+        gate.touch()
+        root = _call_until_tuned(model, x, want)
+        assert root.backend == "BuiltOnCue", "\n".join(honed.jit.history())
+        (record,) = honed.jit.tunes()
+        assert record.evidence == "the program's calls"
+        assert "ran eager until call " in record.line() and ", then BuiltFirst," in record.line()
+        rows = {c.name: c for c in root.report.graphs[0].candidates}
+        assert {n for n, r in rows.items() if r.status == "ok"} == {
+            "TorchEagerBackend",
+            "BuiltFirst",
+            "BuiltOnCue",
+        }
+        ANSWERED.clear()
+        torch.testing.assert_close(model(x), want)
+        assert ANSWERED == ["BuiltOnCue"] and root.trial is None
+        # the candidates' installs ran the model's layers on honed's threads: none of those
+        # calls made a layer one of the program's modules
+        assert honed.jit.roots() == [root]
 
 
 def _held_elsewhere(lock: Any) -> bool:

@@ -36,6 +36,7 @@ from typing import Any
 
 from honed import _core
 from honed import config as _flags
+from honed.jit.history import add as add_step
 from honed.module import MISS
 from honed.pipeline.openmp import release_team
 
@@ -343,11 +344,30 @@ _IDLE_S = 0.5
 _STALL_S = 5.0
 
 
+class Route:
+    """A tune's best variant so far (ProgramCalls.promote): it answers the module's calls that
+    ``takes`` while the tune goes on; the patcher runs the others eager (MISS)."""
+
+    def __init__(self, label: str, wrapper: Any, takes: Callable[[Any, Any], bool]) -> None:
+        self.label = label
+        self.wrapper = wrapper
+        self.takes = takes
+
+    def call(self, module: Any, eager: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        if not self.takes(args, kwargs):
+            return MISS
+        return self.wrapper.dispatch(args, kwargs)
+
+
 class ProgramCalls:
     """A tune's view of the program it runs beside (honed.pipeline.graph_tuner.ProgramCalls):
     ``node``'s calls. ``quiet(s)``: whether the program is in no call and ended none during the
     last ``s`` seconds (honed.jit.patcher.program_idle); ``stopped()``: whether the tune should
-    give up (the program ends); ``waiting()``: whether the program waits for JIT."""
+    give up (the program ends); ``waiting()``: whether the program waits for JIT.
+
+    ``route``: the variant promoted so far (``promote``), which answers the calls between the
+    tune's measurements until ``end_route``; ``routed`` lists each promotion as (label, the
+    module's call count then)."""
 
     def __init__(
         self,
@@ -362,6 +382,8 @@ class ProgramCalls:
         self.quiet = quiet
         self.stopped = stopped
         self.waiting = waiting
+        self.route: Route | None = None
+        self.routed: list[tuple[str, int]] = []
 
     def idle(self) -> bool:
         """The program is in no call and ended none during the last _IDLE_S."""
@@ -372,11 +394,56 @@ class ProgramCalls:
         to the module's signature; each call is bound alike before it is compared), in turns (a
         Trial that only measures), as graph_tuner.Turns of the rounds every arm finished; None
         when the program stopped calling or ends first."""
-        from honed.calls import CallBinder
         from honed.pipeline.graph_tuner import Turns
 
+        takes = self._taker(sample)
+        if takes is None:  # the program dropped the module
+            return None
+        turns = [Arm(label, wrapper, takes=takes) for label, wrapper in arms]
+        if self._run(turns[0], turns[1:], judge=False) is None:
+            return None
+        rounds = rounds_of(turns)
+        return [Turns(*turns_of(arm, rounds)) for arm in turns]
+
+    def promote(self, label: str, wrapper: Any, sample: Any) -> None:
+        """Judge ``wrapper`` (a honed.Module with one checked candidate installed) against what
+        answers the calls now (eager, or the variant promoted before) on the program's calls
+        with ``sample``'s shapes, by the live trial's rule; where it wins, it answers those
+        calls from now until ``end_route``. The history says which way it went."""
+        takes = self._taker(sample)
+        if takes is None:
+            return
+        now = self.route
+        pick = Arm(now.label if now else "eager", now.wrapper if now else None, takes=takes)
+        rival = Arm(label, wrapper, takes=takes)
+        verdict = self._run(pick, [rival], judge=True)
+        if not isinstance(verdict, Verdict):  # the program stopped calling, or ends
+            return
+        node = self.node
+        if verdict.adopted != label:
+            add_step(f"{label} does not answer {node.short()}'s calls yet: {verdict.describe()}")
+            return
+        self.route = Route(label, wrapper, takes)
+        node.trial = self.route
+        self.routed.append((label, node.call_count))
+        add_step(
+            f"{label} answers {node.short()}'s calls while the tune goes on: {verdict.describe()}"
+        )
+
+    def end_route(self) -> None:
+        """The tune is over: the promoted variant stops answering (its outcome is installed,
+        or eager answers again)."""
+        route, self.route = self.route, None
+        if route is not None and self.node.trial is route:
+            self.node.trial = None
+
+    def _taker(self, sample: Any) -> Callable[[Any, Any], bool] | None:
+        """Which calls a trial or route takes: those bound like ``sample`` with its shapes;
+        None when the program dropped the module."""
+        from honed.calls import CallBinder
+
         module = self.node.module
-        if module is None:  # the program dropped it
+        if module is None:
             return None
         key = _shapes(sample.args, sample.kwargs)
         binder = CallBinder(module.forward)
@@ -384,13 +451,25 @@ class ProgramCalls:
         def takes(args: Any, kwargs: Any) -> bool:
             return _shapes(*binder.bind(args, kwargs)) == key
 
-        turns = [Arm(label, wrapper, takes=takes) for label, wrapper in arms]
+        return takes
+
+    def _run(self, pick: Arm, rivals: list[Arm], judge: bool) -> Verdict | bool | None:
+        """Route the module's calls through a Trial of ``pick`` and ``rivals`` until it is
+        done: its verdict (``judge``; True for one that only measures), or None when the
+        program stopped calling or ends first. The promoted variant, if any, answers the calls
+        again after."""
+        given: list[Verdict | None] = []
+        finished = threading.Event()
+
+        def done(verdict: Verdict | None) -> None:  # on the program's thread: assignments only
+            given.append(verdict)
+            finished.set()
+
+        timer = CudaEvents() if self.device_type == "cuda" else None
+        trial = Trial(pick, rivals, 1.0, done, timer=timer, judge=judge)
         # this thread installed and checked the arms: its OpenMP team would slow the calls
         # measured (honed.pipeline.openmp)
         release_team()
-        finished = threading.Event()
-        timer = CudaEvents() if self.device_type == "cuda" else None
-        trial = Trial(turns[0], turns[1:], 1.0, lambda _: finished.set(), timer=timer, judge=False)
         node = self.node
         node.trial = trial
         try:
@@ -403,6 +482,5 @@ class ProgramCalls:
                 elif time.monotonic() - moved > (_IDLE_S if self.waiting() else _STALL_S):
                     return None
         finally:
-            node.trial = None
-        rounds = rounds_of(turns)
-        return [Turns(*turns_of(arm, rounds)) for arm in turns]
+            node.trial = self.route
+        return given[0] if judge else True

@@ -39,6 +39,15 @@ log = logging.getLogger("honed.jit")
 _ORIGINAL_CALL: Callable[..., Any] = torch.nn.Module.__call__
 
 
+class _PerThread(threading.local):
+    """A thread's JIT state. honed's own threads (named "honed-...": a tune's, a pool's, one a
+    user's backend builds on) start bypassing the patch: a module they call is never one of the
+    program's."""
+
+    def __init__(self) -> None:
+        self.bypass = 1 if threading.current_thread().name.startswith("honed-") else 0
+
+
 class _Jit:
     """Process-wide JIT state: which modules were seen, and what is running now."""
 
@@ -50,7 +59,7 @@ class _Jit:
         self.stack: list[Node] = []  # the discovered modules whose forward is running
         self.in_call = 0  # the thread inside an outermost module call now (0: none)
         self.call_ended = 0.0  # time.monotonic() at the end of the latest outermost call
-        self._local = threading.local()
+        self._local = _PerThread()
         self.opted_in: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # decorator's models
         self.grad_warned: set[int] = set()
         self.report_registered = False
@@ -250,7 +259,8 @@ def _detach(value: Any) -> Any:
 
 def _route(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A TUNED module's call: through its honed.Module (eager for shapes it was not tuned for);
-    during a live trial (honed.jit.live), of a tuned module or of one being tuned, through it."""
+    the calls a live trial or a tune's promoted variant takes (honed.jit.live), of a tuned
+    module or of one being tuned, through them."""
     module = node.module
     if torch.is_grad_enabled():
         if id(node) not in STATE.grad_warned:
@@ -263,17 +273,17 @@ def _route(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return _ORIGINAL_CALL(module, *args, **kwargs)
     STATE.bypass += 1
     try:
-        trial = node.trial
-        if trial is not None:
-            out = trial.call(module, _ORIGINAL_CALL, args, kwargs)
-        else:
-            out = node.tuned.dispatch(args, kwargs)
+        trial = node.trial  # a tune's trial or promoted variant: the calls it takes
+        out = MISS if trial is None else trial.call(module, _ORIGINAL_CALL, args, kwargs)
+        tuned = node.tuned  # None in a first tune: nothing is tuned yet
+        if out is MISS and tuned is not None:
+            out = tuned.dispatch(args, kwargs)
+            if out is MISS:
+                from honed.jit.tuner import outside_profile
+
+                outside_profile(node, args, kwargs, tuned.miss_reason(args, kwargs))
         if out is not MISS:
             return out
-        if node.tuned is not None:  # not in a first tune's trial: nothing is tuned yet
-            from honed.jit.tuner import outside_profile
-
-            outside_profile(node, args, kwargs, node.tuned.miss_reason(args, kwargs))
         return _ORIGINAL_CALL(module, *args, **kwargs)  # eager: never a crash or a wrong answer
     finally:
         STATE.bypass -= 1

@@ -325,9 +325,8 @@ def _tune(
     importlib.import_module("torch._dynamo")  # every compile needs it: counts as rebuild time
     import_s = time.perf_counter() - started
     isolation = _flags.isolation
-    tuner = _new_tuner(
-        strategy, fingerprints, budget, False, _program_calls(node, dataset), workers
-    )
+    calls = _program_calls(node, dataset)
+    tuner = _new_tuner(strategy, fingerprints, budget, False, calls, workers)
     node.tuner = tuner
     record.progress = lambda: (node.call_count - calls_before, _tried_so_far(tuner))
     if not background.set_current(tuner):
@@ -335,66 +334,76 @@ def _tune(
         return
     error: Exception | None = None
     try:
-        future = tuner.start(wrapper, dataset, sizes, outputs)
-        release_team()  # this thread waits now: its OpenMP team would slow the program's calls
-        report = future.result()
-    except Exception as e:  # the tune failing is JIT's cue to try the children
-        error = e
-    finally:
-        background.set_current(None)
-        record.progress = None
-        record.calls_meanwhile = node.call_count - calls_before
-        record.tried = _tried_so_far(tuner)
-    if isinstance(error, TuneCancelled):
-        _cancelled(node, record, tuner.cancel_reason or str(error), time.perf_counter() - started)
-        return
-    if error is not None:
-        _failed(node, record, error, time.perf_counter() - started)
-        return
-    took = time.perf_counter() - started
-    record.took_s = took
-    rows = [c for g in report.graphs for c in g.candidates]
-    record.tried = _tried(rows)
-    from honed.pipeline.graph_tuner import ON_IDLE_PROGRAM, ON_PROGRAM
+        try:
+            future = tuner.start(wrapper, dataset, sizes, outputs)
+            release_team()  # this thread waits now: its OpenMP team would slow the program's calls
+            report = future.result()
+        except Exception as e:  # the tune failing is JIT's cue to try the children
+            error = e
+        finally:
+            background.set_current(None)
+            record.progress = None
+            record.calls_meanwhile = node.call_count - calls_before
+            record.tried = _tried_so_far(tuner)
+            if calls is not None and calls.routed:
+                label, at = calls.routed[-1]
+                record.ran_meanwhile += f" until call {at}, then {label},"
+        if isinstance(error, TuneCancelled):
+            took = time.perf_counter() - started
+            _cancelled(node, record, tuner.cancel_reason or str(error), took)
+            return
+        if error is not None:
+            _failed(node, record, error, time.perf_counter() - started)
+            return
+        took = time.perf_counter() - started
+        record.took_s = took
+        rows = [c for g in report.graphs for c in g.candidates]
+        record.tried = _tried(rows)
+        from honed.pipeline.graph_tuner import ON_IDLE_PROGRAM, ON_PROGRAM
 
-    on_program = any(c.measured_on == ON_PROGRAM for c in rows)
-    tried = [c for c in rows if c.status != "not tried"]
-    record.evidence = (
-        "cache"
-        if tried and all(c.cached for c in tried)
-        else "the program's calls"
-        if on_program
-        else "in-process measurement, the program having stopped calling"
-        if any(c.measured_on == ON_IDLE_PROGRAM for c in rows)
-        else "worker measurement"
-        if isolation == "process"
-        else "in-process measurement"
-    )
-    node.samples, node.outputs, node.new_samples = [], [], []
-    node.tuned_samples = dataset if config.retune_on_new_shapes else []
-    node.tuned_keys = {_core.signature(a, k).graph_key for a, k in dataset}
-    add_step(f"Tuning {node.short()} took {took:.2f}s")
-    _account(node, report, took, import_s)
-    if not wrapper.is_tuned:
-        decisions = "; ".join(g.decision for g in report.graphs)
-        add_step(f"No variant selected for {node.short()} ({decisions})", logging.WARNING)
-        retune = node.state is State.TUNED  # the earlier variants stay
-        with background.settling:
+        on_program = any(c.measured_on == ON_PROGRAM for c in rows)
+        tried = [c for c in rows if c.status != "not tried"]
+        record.evidence = (
+            "cache"
+            if tried and all(c.cached for c in tried)
+            else "the program's calls"
+            if on_program
+            else "in-process measurement, the program having stopped calling"
+            if any(c.measured_on == ON_IDLE_PROGRAM for c in rows)
+            else "worker measurement"
+            if isolation == "process"
+            else "in-process measurement"
+        )
+        node.samples, node.outputs, node.new_samples = [], [], []
+        node.tuned_samples = dataset if config.retune_on_new_shapes else []
+        node.tuned_keys = {_core.signature(a, k).graph_key for a, k in dataset}
+        add_step(f"Tuning {node.short()} took {took:.2f}s")
+        _account(node, report, took, import_s)
+        if not wrapper.is_tuned:
+            decisions = "; ".join(g.decision for g in report.graphs)
+            add_step(f"No variant selected for {node.short()} ({decisions})", logging.WARNING)
+            retune = node.state is State.TUNED  # the earlier variants stay
+            with background.settling:
+                if not retune:
+                    _eager(node, "no variant selected", children=False)
+                record.status = "eager"
+            add_step(record.line())
             if not retune:
-                _eager(node, "no variant selected", children=False)
-            record.status = "eager"
+                _try_children(node)
+            return
+        backend = _backends(wrapper)
+        with background.settling:
+            _install(node, wrapper, backend, report)
+            record.status, record.selected = "installed", backend
+        add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
         add_step(record.line())
-        if not retune:
-            _try_children(node)
-        return
-    backend = _backends(wrapper)
-    with background.settling:
-        _install(node, wrapper, backend, report)
-        record.status, record.selected = "installed", backend
-    add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
-    add_step(record.line())
-    if not on_program:  # else the program's calls chose already
-        _start_trial(node, wrapper, report, dataset, sizes, strategy, fingerprints, record, outputs)
+        if not on_program:  # else the program's calls chose already
+            _start_trial(
+                node, wrapper, report, dataset, sizes, strategy, fingerprints, record, outputs
+            )
+    finally:
+        if calls is not None:  # the promoted variant answers until the outcome is in place
+            calls.end_route()
 
 
 _CUDA_RIVALS_WITHIN = 2.0

@@ -101,6 +101,12 @@ class ProgramCalls(Protocol):
         calling before they were measured."""
         ...
 
+    def promote(self, label: str, arm: Module, sample: Sample) -> None:
+        """Judge ``arm`` (one checked candidate installed) against what answers the program's
+        calls with ``sample``'s shapes now, on those calls; where it wins, it answers them
+        while the tune goes on."""
+        ...
+
 
 @dataclasses.dataclass
 class Turns:
@@ -479,13 +485,19 @@ class GraphTuner:
         self, items: list[Planned], pending: list[int], outcomes: dict[int, Outcome]
     ) -> None:
         last = self._last(items, pending)
-        self._evaluate_each(items, [i for i in pending if i not in last], outcomes)
+        self._evaluate_each(items, [i for i in pending if i not in last], outcomes, bool(last))
         if last:
             self._evaluate_each(items, self._still_wanted(items, last, outcomes), outcomes)
 
     def _evaluate_each(
-        self, items: list[Planned], which: list[int], outcomes: dict[int, Outcome]
+        self,
+        items: list[Planned],
+        which: list[int],
+        outcomes: dict[int, Outcome],
+        more: bool = False,
     ) -> None:
+        """Evaluate ``which`` here in turn; each but the last (unless ``more`` follow) is
+        promoted beside a program as it passes (_promote)."""
         for i in which:
             item = items[i]
             if self.ctx.out_of_time():
@@ -496,6 +508,8 @@ class GraphTuner:
                 self._skip(item, why)
                 continue
             outcomes[i] = self._evaluate_here(item.backend, False)
+            if i != which[-1] or more:
+                self._promote(outcomes[i])
 
     def _last(self, items: list[Planned], pending: list[int]) -> list[int]:
         """Beside a calling program, the pending candidates whose install compiles in its
@@ -620,6 +634,8 @@ class GraphTuner:
                 results[i] = self._pool_outcome(backend, is_baseline, _result_of(future))
                 if results[i].status == "not tried":
                     self.not_tried.append(results.pop(i))
+                elif running or held or last:
+                    self._promote(results[i])
                 held = self._release_held(items, held, {**outcomes, **results}, submit)
             if self.ctx.out_of_time():
                 for future, (_, _, is_baseline) in running.items():
@@ -785,6 +801,39 @@ class GraphTuner:
             if self.ctx.cache is not None and o.cache_key:
                 self.ctx.cache.put(o.cache_key, o.to_record(), to_cache_files(o))
         return how
+
+    def _promote(self, outcome: Outcome) -> None:
+        """Beside a calling program (JIT), a candidate built while others still build: installed
+        here and checked against eager now, then judged on the program's calls against what
+        answers them (eager, or a candidate promoted before); a faster one answers them until
+        the tune ends (ProgramCalls.promote). The program then runs at its speed while the rest
+        build and install, and their installs' stalls fall on calls that much shorter. One
+        whose install compiles here (torch.compile) waits for the end, as there
+        (_measure_on_program)."""
+        live = self.ctx.live
+        if (
+            live is None
+            or self.ctx.device.type not in PROMOTES_ON
+            or outcome.is_baseline
+            or outcome.status != "ok"
+            or not outcome.deferred
+            or _compiles_here(outcome.backend)
+            or self.ctx.out_of_time()
+        ):
+            return
+        self.tracker.candidate(outcome.backend.name)
+        if not (outcome.fn is not None and outcome.checked_here):  # built in a worker
+            self.tracker.phase("install")
+            started = time.perf_counter()
+            problem = self._install(outcome)
+            if problem:
+                log.warning("honed: %s: %s %s", self.module.name, outcome.backend.name, problem)
+                return
+            outcome.install_s = time.perf_counter() - started
+        arm = self._arm(outcome)
+        assert arm is not None
+        self.tracker.phase("on the program's calls")
+        live.promote(outcome.backend.name, arm, self.samples[self.measure_at])
 
     def _arm(self, outcome: Outcome) -> Module | None:
         """``outcome``'s installed callable as a honed.Module of its own (calls bound to the
@@ -974,6 +1023,13 @@ def capped(samples: list[float], cap: int = 2000) -> list[float]:
     """At most ``cap`` samples, taken evenly across the run (the report's distribution plots)."""
     stride = -(-len(samples) // cap)
     return samples[::stride] if stride > 1 else samples
+
+
+# Device types whose tunes promote a candidate beside the program (GraphTuner._promote). Not
+# CUDA until a run on a GPU shows a package installed beside a promoted variant's CUDA graphs
+# passing its check: the one such run before _aoti_constants.give waited for the package's
+# constant copies had its bf16 package answer garbage (docs/jit.md).
+PROMOTES_ON = ("cpu",)
 
 
 def _compiles_here(backend: Backend) -> bool:
