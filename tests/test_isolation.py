@@ -125,8 +125,9 @@ class Program:
     """What a JIT tune runs beside (graph_tuner.ProgramCalls), always calling: its calls take
     2 ms on eager and 1 ms on any variant built from the tune."""
 
-    def __init__(self) -> None:
+    def __init__(self, promotes: bool = False) -> None:
         self.arms: list[tuple[str, Any]] = []
+        self.promotes = promotes  # offered candidates as they pass (honed.jit.config.promote)
         self.promoted: list[tuple[str, Any]] = []
 
     def idle(self) -> bool:
@@ -222,12 +223,15 @@ class WrongHere(Backend):
         return _OffHere(module)
 
 
+@pytest.mark.parametrize("promotes", [True, False])
 def test_beside_a_program_a_candidate_built_while_others_build_is_promoted_at_once(
-    isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, promotes: bool
 ) -> None:
     """A candidate whose build ends while others still build is installed and checked at once
     and offered to the program's calls (ProgramCalls.promote): they may run it meanwhile. One
-    that fails its check here is not offered; the last one built is measured with the rest."""
+    that fails its check here is not offered; the last one built is measured with the rest.
+    Where the program's view does not ask for it (honed.jit.config.promote off), each is
+    installed only once all are built."""
     from honed.pipeline.graph_tuner import GraphTuner
     from honed.pipeline.tuner import Tuner
 
@@ -243,15 +247,18 @@ def test_beside_a_program_a_candidate_built_while_others_build_is_promoted_at_on
     torch.manual_seed(0)
     model = honed.Module(TinyMLP().eval(), "m")
     strategy = honed.MaxThroughputStrategy([Good(), WrongHere(), BuiltLast()])
-    program = Program()
+    program = Program(promotes=promotes)
     report = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=program).run(
         model, batches(4, 4), []
     )
     rows = {c.name: c for c in report.graphs[0].candidates}
-    assert [label for label, _ in program.promoted] == ["Good"]
-    ((_, arm),) = program.promoted
-    x = batches(4, seed=1)[0]
-    torch.testing.assert_close(arm(x), model.module(x))  # installed here, from the worker
+    if promotes:
+        assert [label for label, _ in program.promoted] == ["Good"]
+        ((_, arm),) = program.promoted
+        x = batches(4, seed=1)[0]
+        torch.testing.assert_close(arm(x), model.module(x))  # installed here, from the worker
+    else:
+        assert program.promoted == []
     assert rows["WrongHere"].status == "rejected"
     assert "checked in this process before installing" in rows["WrongHere"].reason
     # Good was installed once (when promoted) and measured with the last one built.

@@ -643,7 +643,7 @@ def test_a_candidate_built_first_answers_the_calls_while_the_rest_build(
     deadline = time.monotonic() + 120
     with (
         _live_jit(tmp_path / "jit-cache", BuiltFirst(), wait=False, also=(BuiltOnCue(),)),
-        honed.jit.config.patch(stability_tolerance=1.0),  # as the beside fixture, for sleeps
+        honed.jit.config.patch(stability_tolerance=1.0, promote=True),  # sleeps: as `beside`
         honed.config.patch(isolation=isolation),
         torch.no_grad(),
     ):
@@ -740,7 +740,7 @@ def test_a_candidate_that_compiles_here_stays_out_beside_the_program_and_on_rest
     # In worker processes: one built in the program's process is installed already.
     with (
         honed.config.patch(isolation="process", jit_worker_nice=0),
-        honed.jit.config.patch(backends=[ShortSleep(), CompilesToo()]),
+        honed.jit.config.patch(backends=[ShortSleep(), CompilesToo()], promote=True),
     ):
         root = _call_until_tuned(model, x, want)
         assert root.backend == "ShortSleep"
@@ -750,6 +750,10 @@ def test_a_candidate_that_compiles_here_stays_out_beside_the_program_and_on_rest
         assert "ShortSleep installs without compiling" in rows["CompilesToo"].reason
         (record,) = honed.jit.tunes()
         assert record.evidence == "the program's calls"
+        # ShortSleep was the last one built (CompilesToo waits for none to pass): measured
+        # with eager once, never promoted first
+        assert not [line for line in honed.jit.history() if "calls while the tune" in line]
+        assert "then ShortSleep" not in record.line()
 
         # A restart: the cached decision, installed once (no cached pass first), from the cache.
         honed.jit.reset()

@@ -488,6 +488,13 @@ worker_spare_cores: float = _flag(
 # its runners-up on those calls; a runner-up replaces the pick only with evidence (honed.jit.live).
 jit_live_choice: bool = _flag("jit_live_choice", "HONED_JIT_LIVE_CHOICE", True, _Bool())
 
+# While the program calls, a candidate built while others still build is installed at once and,
+# when the program's calls show it faster than what answers them, answers them until the tune
+# ends (honed.jit.live.ProgramCalls.promote). Off by default: on the 2-core CPU machine its
+# trials, run beside the other builds, put more calls over twice eager's time than they saved,
+# and on CUDA it waits for a GPU run with the package constants' copies waited for (docs/jit.md).
+jit_promote: bool = _flag("jit_promote", "HONED_JIT_PROMOTE", False, _Bool())
+
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the
 # largest batch seen (rounded up to a power of two), so a few small first calls do not lock the
 # tuned range to small batches (1 = only the batch sizes seen).

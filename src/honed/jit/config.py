@@ -59,6 +59,9 @@ class JitConfig:
             with a trial of the pick and its runners-up on those calls, a runner-up replacing
             the pick when they show it faster with evidence (timed with the host clock on the
             CPU, CUDA events on CUDA; honed.jit.live).
+        promote: while the program calls, a candidate built while others still build is
+            installed at once and, when the program's calls show it faster than what answers
+            them, answers them until the tune ends (honed.jit.live.ProgramCalls.promote).
         stability_tolerance: how far the medians of a measurement's last windows may differ
             in a JIT tune (when larger than honed.config.stability_tolerance): the program's
             own calls share the device with the measuring worker.
@@ -97,6 +100,7 @@ class JitConfig:
         default_factory=lambda: _copy(_flags.jit_batch_headroom)
     )
     live_choice: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_live_choice))
+    promote: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_promote))
     stability_tolerance: float = dataclasses.field(
         default_factory=lambda: _copy(_flags.jit_stability_tolerance)
     )

@@ -365,9 +365,10 @@ class ProgramCalls:
     last ``s`` seconds (honed.jit.patcher.program_idle); ``stopped()``: whether the tune should
     give up (the program ends); ``waiting()``: whether the program waits for JIT.
 
-    ``route``: the variant promoted so far (``promote``), which answers the calls between the
-    tune's measurements until ``end_route``; ``routed`` lists each promotion as (label, the
-    module's call count then)."""
+    ``promotes``: whether the tune offers a candidate built while others build (``promote``);
+    ``route``: the variant promoted so far, which answers the calls between the tune's
+    measurements until ``end_route``; ``routed`` lists each promotion as (label, the module's
+    call count then)."""
 
     def __init__(
         self,
@@ -376,8 +377,10 @@ class ProgramCalls:
         quiet: Callable[[float], bool],
         stopped: Callable[[], bool],
         waiting: Callable[[], bool] = lambda: False,
+        promotes: bool = False,
     ) -> None:
         self.node = node
+        self.promotes = promotes
         self.device_type = device_type
         self.quiet = quiet
         self.stopped = stopped

@@ -527,7 +527,12 @@ def _program_calls(node: Node, dataset: list[Any]) -> Any:
     if device.split(":")[0] not in ("cpu", "cuda"):
         return None
     return live.ProgramCalls(
-        node, device.split(":")[0], program_idle, background.exiting, background.waited_on
+        node,
+        device.split(":")[0],
+        program_idle,
+        background.exiting,
+        background.waited_on,
+        promotes=config.promote,
     )
 
 

@@ -101,6 +101,8 @@ class ProgramCalls(Protocol):
         calling before they were measured."""
         ...
 
+    promotes: bool  # whether the tune offers candidates to the calls as they pass (promote)
+
     def promote(self, label: str, arm: Module, sample: Sample) -> None:
         """Judge ``arm`` (one checked candidate installed) against what answers the program's
         calls with ``sample``'s shapes now, on those calls; where it wins, it answers them
@@ -485,19 +487,16 @@ class GraphTuner:
         self, items: list[Planned], pending: list[int], outcomes: dict[int, Outcome]
     ) -> None:
         last = self._last(items, pending)
-        self._evaluate_each(items, [i for i in pending if i not in last], outcomes, bool(last))
+        self._evaluate_each(items, [i for i in pending if i not in last], outcomes)
         if last:
             self._evaluate_each(items, self._still_wanted(items, last, outcomes), outcomes)
 
     def _evaluate_each(
-        self,
-        items: list[Planned],
-        which: list[int],
-        outcomes: dict[int, Outcome],
-        more: bool = False,
+        self, items: list[Planned], which: list[int], outcomes: dict[int, Outcome]
     ) -> None:
-        """Evaluate ``which`` here in turn; each but the last (unless ``more`` follow) is
-        promoted beside a program as it passes (_promote)."""
+        """Evaluate ``which`` here in turn; beside a program each but the last is promoted as
+        it passes (_promote). The compiling ones (``last``) are built only where none that
+        installs without compiling passed, so none of those is promoted before them."""
         for i in which:
             item = items[i]
             if self.ctx.out_of_time():
@@ -508,7 +507,7 @@ class GraphTuner:
                 self._skip(item, why)
                 continue
             outcomes[i] = self._evaluate_here(item.backend, False)
-            if i != which[-1] or more:
+            if i != which[-1]:
                 self._promote(outcomes[i])
 
     def _last(self, items: list[Planned], pending: list[int]) -> list[int]:
@@ -634,7 +633,7 @@ class GraphTuner:
                 results[i] = self._pool_outcome(backend, is_baseline, _result_of(future))
                 if results[i].status == "not tried":
                     self.not_tried.append(results.pop(i))
-                elif running or held or last:
+                elif running or held:  # (the compiling ones, ``last``, wait for no pass)
                     self._promote(results[i])
                 held = self._release_held(items, held, {**outcomes, **results}, submit)
             if self.ctx.out_of_time():
@@ -809,11 +808,12 @@ class GraphTuner:
         the tune ends (ProgramCalls.promote). The program then runs at its speed while the rest
         build and install, and their installs' stalls fall on calls that much shorter. One
         whose install compiles here (torch.compile) waits for the end, as there
-        (_measure_on_program)."""
+        (_measure_on_program). Only where the program's view asks for it (``promotes``:
+        honed.jit.config.promote)."""
         live = self.ctx.live
         if (
             live is None
-            or self.ctx.device.type not in PROMOTES_ON
+            or not live.promotes
             or outcome.is_baseline
             or outcome.status != "ok"
             or not outcome.deferred
@@ -1023,13 +1023,6 @@ def capped(samples: list[float], cap: int = 2000) -> list[float]:
     """At most ``cap`` samples, taken evenly across the run (the report's distribution plots)."""
     stride = -(-len(samples) // cap)
     return samples[::stride] if stride > 1 else samples
-
-
-# Device types whose tunes promote a candidate beside the program (GraphTuner._promote). Not
-# CUDA until a run on a GPU shows a package installed beside a promoted variant's CUDA graphs
-# passing its check: the one such run before _aoti_constants.give waited for the package's
-# constant copies had its bf16 package answer garbage (docs/jit.md).
-PROMOTES_ON = ("cpu",)
 
 
 def _compiles_here(backend: Backend) -> bool:
