@@ -610,7 +610,7 @@ class BuiltFirst(Backend):
 
 
 class BuiltOnCue(Backend):
-    """Skips the sleep, and says it answered; its build in a worker waits for the file the
+    """Sleeps 0.25 ms instead of 4, and says it answered; its build waits for the file the
     test names (HONED_TEST_GATE), so the other candidate is built and promoted before it (a
     higher build cost: a single worker builds it second)."""
 
@@ -625,6 +625,7 @@ class BuiltOnCue(Backend):
 
         def run(x: torch.Tensor) -> torch.Tensor:
             _answered("BuiltOnCue")
+            time.sleep(0.00025)
             return module.body(x)
 
         return run
@@ -636,7 +637,8 @@ def test_a_candidate_built_first_answers_the_calls_while_the_rest_build(
 ) -> None:
     """The first candidate built (in a worker, or on the tune's thread) wins its trial against
     eager on the program's calls and answers them while the other builds; the tune then
-    measures both with eager, installs the faster, and the promoted one stops answering."""
+    measures both with eager, installs its pick (the rule's, on a loaded machine maybe eager),
+    and the promoted one stops answering."""
     gate = tmp_path / "gate"
     monkeypatch.setenv("HONED_TEST_GATE", str(gate))
     model, x, want = _slow_call()
@@ -659,8 +661,9 @@ def test_a_candidate_built_first_answers_the_calls_while_the_rest_build(
         (record,) = honed.jit.tunes()
         assert record.status == "running"
         gate.touch()
-        root = _call_until_tuned(model, x, want)
-        assert root.backend == "BuiltOnCue", "\n".join(honed.jit.history())
+        while honed.jit.tunes()[0].status == "running":  # (each call gives a snapshot)
+            torch.testing.assert_close(model(x), want)
+            assert time.monotonic() < deadline, "\n".join(honed.jit.history())
         (record,) = honed.jit.tunes()
         assert record.evidence == "the program's calls"
         assert "ran eager until call " in record.line() and ", then BuiltFirst," in record.line()
@@ -672,7 +675,9 @@ def test_a_candidate_built_first_answers_the_calls_while_the_rest_build(
         }
         ANSWERED.clear()
         torch.testing.assert_close(model(x), want)
-        assert ANSWERED == ["BuiltOnCue"] and root.trial is None
+        assert root.trial is None  # the pick answers now: the promoted variant only if picked
+        eager = root.backend in (None, "TorchEagerBackend")
+        assert ANSWERED == ([] if eager else [root.backend])
         # the candidates' installs ran the model's layers on honed's threads: none of those
         # calls made a layer one of the program's modules
         assert honed.jit.roots() == [root]

@@ -80,8 +80,15 @@ def _sync(device: str) -> None:
 
 
 def _calls(
-    model: Any, inputs: dict[str, Any], device: str, until: threading.Event, out: list[float]
+    model: Any,
+    inputs: dict[str, Any],
+    device: str,
+    until: threading.Event,
+    out: list[float],
+    starts: list[float] | None = None,
 ) -> None:
+    """The program: ``model`` called until ``until``, each call's ms in ``out`` (and its start,
+    perf_counter seconds, in ``starts`` when given; shared with install_stall.py)."""
     with torch.no_grad():
         while not until.is_set():
             start = time.perf_counter()
@@ -91,6 +98,8 @@ def _calls(
             courtesy.call_ended()
             _sync(device)
             out.append((time.perf_counter() - start) * 1e3)
+            if starts is not None:
+                starts.append(start)
 
 
 def _python_fingerprint(module: torch.nn.Module) -> str:

@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import beside_stall  # the program's loop (this folder: run as a script)
 import torch
 
 from honed.pipeline import correctness, courtesy
 
-_IN_CALL = [False]
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -65,18 +65,6 @@ def _build(precision: str, path: str) -> None:
     backend = _backend(precision)
     fn = backend.build(model, [Sample((), inputs)])
     Path(path).write_bytes(pickle.dumps(backend.export_payload(fn)))
-
-
-def _calls(model: Any, inputs: dict[str, Any], until: threading.Event, out: list[Any]) -> None:
-    with torch.no_grad():
-        while not until.is_set():
-            start = time.perf_counter()
-            _IN_CALL[0] = True
-            model(**inputs)
-            _IN_CALL[0] = False
-            courtesy.call_ended()
-            torch.cuda.synchronize()
-            out.append((start, (time.perf_counter() - start) * 1e3))
 
 
 def _install(
@@ -179,19 +167,22 @@ def main() -> None:
     model, inputs = _model("cuda")
     with torch.no_grad():
         ref = model(**inputs)
-    calls: list[Any] = []
+    took_ms: list[float] = []
+    starts: list[float] = []
     stop = threading.Event()
-    program = threading.Thread(target=_calls, args=(model, inputs, stop, calls))
+    program = threading.Thread(
+        target=beside_stall._calls, args=(model, inputs, "cuda", stop, took_ms, starts)
+    )
     program.start()
     time.sleep(3.0)
-    alone = [ms for _, ms in calls[len(calls) // 3 :]]
+    alone = took_ms[len(took_ms) // 3 : len(starts)]
     median = statistics.median(alone)
     print(
         f"loader: {args.loader}; alone: {len(alone)} calls, median {median:.3f} ms, "
         f"slowest {max(alone):.3f} ms"
     )
     spans: list[Any] = []
-    courtesy.watch(lambda: _IN_CALL[0])
+    courtesy.watch(lambda: beside_stall._IN_CALL[0])
     try:
         for rep in range(args.reps):
             for p in args.precisions:
@@ -201,6 +192,7 @@ def main() -> None:
         courtesy.watch(None)
         stop.set()
         program.join()
+    calls = list(zip(starts, took_ms, strict=False))
     rows: dict[str, Any] = {}
     for name, _rep, start, end in spans:
         hit = [ms for s, ms in calls if s < end and s + ms / 1e3 > start]

@@ -748,15 +748,8 @@ class GraphTuner:
                     record = dict(o.to_record(), status="ok", deferred=True)
                     self.ctx.cache.put(o.cache_key, record)
                 continue
-            if not o.is_baseline and not (o.fn is not None and o.checked_here):
-                self.tracker.candidate(o.backend.name)
-                self.tracker.phase("install")
-                started = time.perf_counter()
-                problem = self._install(o)
-                if problem:
-                    log.warning("honed: %s: %s %s", self.module.name, o.backend.name, problem)
-                    continue
-                o.install_s = time.perf_counter() - started
+            if not o.is_baseline and not self._installed_here(o):
+                continue
             arms.append(o)
         self.ctx.check_abandoned(self.module.name)
         self.tracker.candidate("finalists")
@@ -821,19 +814,28 @@ class GraphTuner:
             or self.ctx.out_of_time()
         ):
             return
-        self.tracker.candidate(outcome.backend.name)
-        if not (outcome.fn is not None and outcome.checked_here):  # built in a worker
-            self.tracker.phase("install")
-            started = time.perf_counter()
-            problem = self._install(outcome)
-            if problem:
-                log.warning("honed: %s: %s %s", self.module.name, outcome.backend.name, problem)
-                return
-            outcome.install_s = time.perf_counter() - started
+        if not self._installed_here(outcome):
+            return
         arm = self._arm(outcome)
         assert arm is not None
+        self.tracker.candidate(outcome.backend.name)
         self.tracker.phase("on the program's calls")
         live.promote(outcome.backend.name, arm, self.samples[self.measure_at])
+
+    def _installed_here(self, outcome: Outcome) -> bool:
+        """``outcome`` installed in this process and checked against eager there (at once
+        where it was built and checked here); False, with a warning, where that failed."""
+        if outcome.fn is not None and outcome.checked_here:
+            return True
+        self.tracker.candidate(outcome.backend.name)
+        self.tracker.phase("install")
+        started = time.perf_counter()
+        problem = self._install(outcome)
+        if problem:
+            log.warning("honed: %s: %s %s", self.module.name, outcome.backend.name, problem)
+            return False
+        outcome.install_s = time.perf_counter() - started
+        return True
 
     def _arm(self, outcome: Outcome) -> Module | None:
         """``outcome``'s installed callable as a honed.Module of its own (calls bound to the
