@@ -274,16 +274,19 @@ def _route(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     STATE.bypass += 1
     try:
         trial = node.trial  # a tune's trial or promoted variant: the calls it takes
-        out = MISS if trial is None else trial.call(module, _ORIGINAL_CALL, args, kwargs)
-        tuned = node.tuned  # None in a first tune: nothing is tuned yet
-        if out is MISS and tuned is not None:
+        tuned = node.tuned  # None in a first tune (then a trial is set): nothing tuned yet
+        if trial is None:
             out = tuned.dispatch(args, kwargs)
-            if out is MISS:
-                from honed.jit.tuner import outside_profile
-
-                outside_profile(node, args, kwargs, tuned.miss_reason(args, kwargs))
+        else:
+            out = trial.call(module, _ORIGINAL_CALL, args, kwargs)
+            if out is MISS and tuned is not None:
+                out = tuned.dispatch(args, kwargs)
         if out is not MISS:
             return out
+        if tuned is not None:
+            from honed.jit.tuner import outside_profile
+
+            outside_profile(node, args, kwargs, tuned.miss_reason(args, kwargs))
         return _ORIGINAL_CALL(module, *args, **kwargs)  # eager: never a crash or a wrong answer
     finally:
         STATE.bypass -= 1
