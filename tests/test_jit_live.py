@@ -748,8 +748,12 @@ def test_a_candidate_that_compiles_here_stays_out_beside_the_program_and_on_rest
         honed.jit.config.patch(backends=[ShortSleep(), CompilesToo()], promote=True),
     ):
         root = _call_until_tuned(model, x, want)
-        assert root.backend == "ShortSleep"
+        # the pick is the rule's on the program's calls (eager on a loaded machine): what is
+        # asserted is where each candidate went, and that a restart replays the pick
+        first = root.backend
+        assert first in ("ShortSleep", "TorchEagerBackend"), "\n".join(honed.jit.history())
         rows = {c.name: c for c in root.report.graphs[0].candidates}
+        assert rows["ShortSleep"].status == "ok"
         assert rows["CompilesToo"].status == "not tried"
         assert rows["CompilesToo"].reason.startswith("not built, not installed beside the calling")
         assert "ShortSleep installs without compiling" in rows["CompilesToo"].reason
@@ -765,7 +769,7 @@ def test_a_candidate_that_compiles_here_stays_out_beside_the_program_and_on_rest
         honed.jit.enable_jit_tuning()
         torch.manual_seed(0)
         root = _call_until_tuned(Slow().eval(), x, want)
-    assert root.backend == "ShortSleep"
+    assert root.backend == first
     (record,) = honed.jit.tunes()
     assert record.evidence == "cache" and record.reason == "first tune"
     assert not [line for line in honed.jit.history() if "from the cached decision" in line]
