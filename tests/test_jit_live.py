@@ -596,14 +596,14 @@ def _answered(name: str) -> None:
 
 
 class BuiltFirst(Backend):
-    """Skips the sleep, and says it answered: its trial against eager is never close, even on
-    a loaded machine."""
+    """Sleeps 0.5 ms instead of 4, and says it answered."""
 
     def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
         assert isinstance(module, Slow)
 
         def run(x: torch.Tensor) -> torch.Tensor:
             _answered("BuiltFirst")
+            time.sleep(0.0005)
             return module.body(x)
 
         return run
