@@ -176,11 +176,18 @@ def give(loader: Any, constants: dict[str, torch.Tensor]) -> None:
     The package copies a CUDA constant with ``cudaMemcpy``, which for device memory returns
     before the copy runs and queues it on the legacy default stream: in a JIT program's process
     the program's own stream, behind its queued calls. The constants laid out for the package
-    are made on honed's stream (courtesy.own_stream) and freed once handed over; noted as used
-    on the legacy stream, the allocator hands their memory out again only once the copies
-    queued there have run. Without that, honed's next allocations (the package's warm-up) could
+    are made on honed's stream (courtesy.own_stream), which is not ordered with the legacy
+    stream: the copies could read them before the kernels laying them out ran, so honed's thread
+    waits for its stream first (the program's thread never waits). Freed once handed over and
+    noted as used on the legacy stream, their memory is handed out again only once the copies
+    queued there have run; without that, honed's next allocations (the package's warm-up) could
     overwrite them before the copies read them, and the package answered garbage (docs/jit.md).
     """
+    devices = {t.device for t in constants.values() if t.is_cuda}
+    for device in devices:
+        stream = torch.cuda.current_stream(device)
+        if stream != torch.cuda.default_stream(device):
+            stream.synchronize()  # without the GIL
     loader.load_constants(constants, False, True, False)
     for t in constants.values():
         if t.is_cuda:
