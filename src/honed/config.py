@@ -492,7 +492,8 @@ jit_live_choice: bool = _flag("jit_live_choice", "HONED_JIT_LIVE_CHOICE", True, 
 # when the program's calls show it faster than what answers them, answers them until the tune
 # ends (honed.jit.live.ProgramCalls.promote). Off by default: on the 2-core CPU machine its
 # trials, run beside the other builds, put more calls over twice eager's time than they saved,
-# and on the H100 BERT-base's two packages were built too close together for it to pay (docs/jit.md).
+# and on the H100 BERT-base's two packages were built too close together for it to pay
+# (docs/jit.md).
 jit_promote: bool = _flag("jit_promote", "HONED_JIT_PROMOTE", False, _Bool())
 
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the
