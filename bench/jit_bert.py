@@ -339,6 +339,8 @@ PROGRAM = textwrap.dedent(
         for r in (jit.roots() if jit else []) if r.report is not None
         for g in r.report.graphs for c in g.candidates
     ]
+    # each JIT tune's state as the loop ended ("running": it had not ended by then)
+    tuned["tune_status"] = [r.status for r in jit.tunes()] if jit else []
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
 ).replace("__MARKING__\n", MARKING)
@@ -706,6 +708,11 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         ),
         None,
     )
+    statuses = data.get("tune_status") or []
+    if statuses and not {"installed", "eager"} & set(statuses):
+        # No tune ended within the loop: its last quarter is eager's, and where the calls first
+        # reach that speed says nothing about the tune.
+        tuned_at = None
     slowest = max(ms[1:]) if len(ms) > 1 else ms[0]
     out: dict[str, Any] = {
         "calls": len(ms),
@@ -717,6 +724,8 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         "steady_median_ms": round(steady, 4),
         "seconds_to_tuned_speed": None if tuned_at is None else round(tuned_at, 3),
     }
+    if statuses:
+        out["tune_status"] = statuses
     launches = [c[2] for c in calls[-len(steady_calls(data)) :] if len(c) > 2]
     if launches:  # the steady calls' host time until the call returned, before the sync
         out["steady_launch_ms"] = round(statistics.median(launches), 4)
@@ -1085,9 +1094,15 @@ def main() -> None:
             f"{tag}: {r['calls']} calls in {r['loop_s']:.1f}s; first {r['first_call_ms']:.1f} ms, "
             f"slowest after the first {r['slowest_after_first_ms']:.2f} ms "
             f"({r['slowest_vs_eager_median']:.2f}x eager), steady median "
-            f"{r['steady_median_ms']:.3f} ms ({r['steady_speedup_vs_eager']:.2f}x), tuned speed "
-            f"after {r['seconds_to_tuned_speed']} s; slowest outside garbage collection "
-            f"{r['slowest_outside_gc_ms']} ms"
+            f"{r['steady_median_ms']:.3f} ms ({r['steady_speedup_vs_eager']:.2f}x), "
+            + (
+                f"tuned speed after {r['seconds_to_tuned_speed']} s"
+                if r["seconds_to_tuned_speed"] is not None
+                else "no tune ended within the loop"
+                if r.get("tune_status")
+                else "tuned speed not reached"
+            )
+            + f"; slowest outside garbage collection {r['slowest_outside_gc_ms']} ms"
         )
         for line in r["tunes"]:
             print(f"  {line}")

@@ -62,6 +62,25 @@ def test_each_call_over_2x_is_listed_with_its_host_and_cpu_time() -> None:
     assert out["slowest_after_first_ms"] == 9.0
 
 
+@pytest.mark.parametrize(
+    ("statuses", "tuned_after"),
+    # installed at call 20: calls 18-22 are the first five whose median is the tuned speed
+    [(["running"], None), (["cancelled"], None), (["installed"], 0.18), (["eager"], 0.0)],
+)
+def test_a_run_whose_tune_did_not_end_claims_no_tuned_speed(
+    statuses: list[str], tuned_after: float | None
+) -> None:
+    """A loop that ended before its tune did runs eager to its end: its steady median is
+    eager's, and where the calls first reach it is no "tuned speed after"."""
+    calls = [[i * 0.01, 5.0, 5.0, 5.0] for i in range(20)]
+    if statuses == ["installed"]:
+        calls[20:] = [[0.2 + i * 0.01, 1.0, 1.0, 1.0] for i in range(20)]
+    data = {"calls": calls, "wall_s": 1.0, "stderr": "", "tune_status": statuses}
+    out = jit_bert.summarize(data, eager_ms=5.0)
+    assert out["seconds_to_tuned_speed"] == tuned_after
+    assert out["tune_status"] == statuses
+
+
 def test_a_run_that_may_fail_reports_its_last_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
