@@ -822,9 +822,10 @@ class GraphTuner:
         self.tracker.phase("on the program's calls")
         live.promote(outcome.backend.name, arm, self.samples[self.measure_at])
 
-    def _installed_here(self, outcome: Outcome) -> bool:
+    def _installed_here(self, outcome: Outcome, then: str = "") -> bool:
         """``outcome`` installed in this process and checked against eager there (at once
-        where it was built and checked here); False, with a warning, where that failed."""
+        where it was built and checked here); False, with a warning (ending ``then``), where
+        that failed."""
         if outcome.fn is not None and outcome.checked_here:
             return True
         self.tracker.candidate(outcome.backend.name)
@@ -832,7 +833,7 @@ class GraphTuner:
         started = time.perf_counter()
         problem = self._install(outcome)
         if problem:
-            log.warning("honed: %s: %s %s", self.module.name, outcome.backend.name, problem)
+            log.warning("honed: %s: %s %s%s", self.module.name, outcome.backend.name, problem, then)
             return False
         outcome.install_s = time.perf_counter() - started
         return True
@@ -854,18 +855,8 @@ class GraphTuner:
             if decision.index < 0:
                 return decision, None
             chosen = competing[decision.index]
-            if chosen.fn is not None and chosen.checked_here:
+            if self._installed_here(chosen, then="; choosing again"):
                 return decision, chosen
-            self.tracker.candidate(chosen.backend.name)
-            self.tracker.phase("install")
-            started = time.perf_counter()
-            problem = self._install(chosen)
-            if not problem:
-                chosen.install_s = time.perf_counter() - started
-                return decision, chosen
-            log.warning(
-                "honed: %s: %s %s; choosing again", self.module.name, chosen.backend.name, problem
-            )
 
     def _install(self, chosen: Outcome) -> str:
         """Install ``chosen`` here and check it against eager; "" or what went wrong."""
