@@ -341,6 +341,12 @@ PROGRAM = textwrap.dedent(
     ]
     # each JIT tune's state as the loop ended ("running": it had not ended by then)
     tuned["tune_status"] = [r.status for r in jit.tunes()] if jit else []
+    # how often the program's calls stopped JIT's workers (honed.jit.pacing)
+    pacer = getattr(sys.modules.get("honed.jit.pacing"), "_PACER", [None])[0]
+    tuned["pacing"] = None if pacer is None else {
+        "ratio": pacer.ratio, "pauses": pacer.pauses, "paused_s": round(pacer.paused_s, 3),
+        "backoffs": pacer.backoffs, "slowest_beside_workers": round(pacer.slowest, 3),
+    }
     json.dump({"model": name, "batch": batch, "seq": seq, "calls": times, **tuned}, open(out, "w"))
     """
 ).replace("__MARKING__\n", MARKING)
@@ -726,6 +732,8 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     }
     if statuses:
         out["tune_status"] = statuses
+    if data.get("pacing"):
+        out["pacing"] = data["pacing"]
     launches = [c[2] for c in calls[-len(steady_calls(data)) :] if len(c) > 2]
     if launches:  # the steady calls' host time until the call returned, before the sync
         out["steady_launch_ms"] = round(statistics.median(launches), 4)
@@ -817,7 +825,10 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         out["steady_speedup_vs_eager"] = round(eager_ms / steady, 3)
     lines = data["stderr"].splitlines()
     out["tunes"] = [  # finished ("Tuned ..."), cancelled or failed ("Tuning ... cancelled")
-        s.strip() for s in lines if s.strip().startswith(("Tuned ", "Tuning ")) and "beside" in s
+        s.strip()
+        for s in lines
+        if (s.strip().startswith(("Tuned ", "Tuning ")) and "beside" in s)
+        or "the workers stood still" in s  # what pacing did (honed.jit.pacing)
     ]
     out["hierarchy"] = [s for s in lines if "├─" in s][:3]
     out["candidates"] = data.get("candidates", [])
@@ -1106,6 +1117,13 @@ def main() -> None:
         )
         for line in r["tunes"]:
             print(f"  {line}")
+        if r.get("pacing"):
+            p = r["pacing"]
+            print(
+                f"  pacing (HONED_JIT_PACE={p['ratio']:g}): the workers stopped {p['pauses']} "
+                f"time(s), {p['paused_s']:.1f} s in all, {p['backoffs']} back-off(s); the "
+                f"slowest call beside running workers {p['slowest_beside_workers']:.2f}x its pace"
+            )
         print_probes("", r)
         if r.get("over_2x_by_phase"):
             over = sum(r["over_2x_by_phase"].values())

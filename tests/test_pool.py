@@ -238,6 +238,47 @@ def test_on_a_cpu_a_measurement_pauses_the_builds(
     assert [r.reply["outcome"]["status"] for r in results] == ["ok", "ok"], results
 
 
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def _until(predicate: Callable[[], bool], within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_the_programs_slow_call_stops_a_building_worker_for_a_moment(
+    graph: GraphJobs, short_limits: None, tmp_path: Path
+) -> None:
+    from honed.jit.pacing import HOLD_S, Pacer
+
+    pid_file, done = tmp_path / "builder.pid", tmp_path / "done"
+    pacer = Pacer(1.5)
+    for _ in range(12):
+        pacer.observe(7, 0.01)  # the program's pace before any worker ran
+    with new_pool(1) as pool:
+        job = graph.evaluate(pool, BuildsUntilSeenPaused(pid_file, done), False)
+        assert _wait_for(pid_file, 300)
+        pid = int(pid_file.read_text())
+        pacer.watch(pool)
+        assert _until(lambda: pacer.engaged, 5)
+        assert _state(pid) != "T"
+        pacer.observe(7, 0.03)  # a call at 3x beside the build
+        assert _until(lambda: _state(pid) == "T", 2)  # stopped, by the pacer's thread
+        assert _until(lambda: _state(pid) != "T", HOLD_S + 2)  # and running again
+        done.write_text("done")
+        result = job.result(timeout=120)
+        said = pacer.unwatch(pool)
+    assert result.ok and result.reply["outcome"]["status"] == "ok", result
+    assert 0 < result.paused_build_s < HOLD_S + 1  # not counted as build time
+    assert said.startswith("the workers stood still 1 time(s)")
+
+
 class FakeSlot:
     def __init__(self) -> None:
         self.calls: list[str] = []

@@ -478,6 +478,13 @@ worker_nice: int = _flag("worker_nice", "HONED_WORKER_NICE", 0, _Number(0, 19, T
 # and the tune took no longer (docs/jit.md).
 jit_spare_cores: float = _flag("jit_spare_cores", "HONED_JIT_SPARE_CORES", 0.5, _Number(0, 1))
 
+# While a CUDA model's JIT workers build beside the program, a call of the program slower than
+# this many times its pace with no worker running stops them for a moment (honed.jit.pacing);
+# when the calls stay as slow without them, pacing backs off. 0 (the default) turns it off: in
+# the one pair of BERT-base runs measured, the paced run had more calls over 2x eager, not fewer
+# (docs/jit.md).
+jit_pace: float = _flag("jit_pace", "HONED_JIT_PACE", 0.0, _Number(0, 100))
+
 # The same for a tune's worker processes (JIT sets it from jit_spare_cores for its own).
 worker_spare_cores: float = _flag(
     "worker_spare_cores", "HONED_WORKER_SPARE_CORES", 0.0, _Number(0, 1)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from honed import config as _flags
-from honed.jit import background
+from honed.jit import background, pacing
 from honed.jit.config import config
 from honed.jit.cores import at_outermost_call as _outermost
 from honed.jit.cores import restore as _restore_cores
@@ -84,6 +84,7 @@ _is_compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
 _monotonic = time.monotonic
 _call_ended = courtesy.call_ended
+_observe = pacing.observe
 
 
 def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -98,15 +99,17 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     else:
         node.call_count += 1
     stack = st.stack
-    outermost = not stack
+    outermost = timed = not stack
     if outermost:
         # while JIT works beside the program, a core for it, unless this call measures a
         # candidate (honed.jit.cores)
         _outermost(node.trial is not None)
         st.in_call = _get_ident()  # JIT's work gives way meanwhile (honed.pipeline.courtesy)
+        started = _monotonic()
     try:
         state = node.state
         if state is _TUNED:
+            timed = False  # a variant's call, not the program's pace (honed.jit.pacing)
             return _route(node, args, kwargs)
         if state is not _INIT and state is not _RECORDING:
             # decided (SKIPPED, DETACHED, EAGER): only kept on the stack, so that modules it
@@ -120,6 +123,7 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if not node.tried and _records(node):
             sample = _sample(node, args, kwargs)
         elif node.trial is not None:  # its tune measures candidates on the program's calls
+            timed = False
             return _route(node, args, kwargs)
         stack.append(node)
         try:
@@ -138,8 +142,10 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     finally:
         if outermost:
             st.in_call = 0
-            st.call_ended = _monotonic()
+            st.call_ended = ended = _monotonic()
             _call_ended()  # wakes JIT's work waiting for this call's end
+            if timed:
+                _observe(id(node), ended - started)  # eager's pace paces the workers
 
 
 def _discover(module: torch.nn.Module) -> Node:
@@ -207,6 +213,7 @@ def _prepare_start(module: torch.nn.Module) -> None:
             ("its copies", lambda: prepare_copies(first.device)),
             ("the GPU's details", lambda: machine.prepare(first.device)),
             ("the cores' topology", isolation.physical_cores),
+            ("the pace of its calls", pacing.pacer),  # timed from the first (honed.jit.pacing)
         ]
     for what, step in steps:
         try:

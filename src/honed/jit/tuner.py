@@ -22,7 +22,7 @@ import torch
 from honed import _core
 from honed import config as _flags
 from honed.errors import TuneCancelled
-from honed.jit import background
+from honed.jit import background, pacing
 from honed.jit.background import TuneRecord
 from honed.jit.config import MAX_RETUNES, config
 from honed.jit.decisions import cached_graph_breaks, graph_break_key, store_graph_breaks
@@ -120,6 +120,7 @@ class _Workers:
     def __init__(self, device: str) -> None:
         self.device = device
         self.pool: Any = None
+        self.pacer: Any = None
 
     def __call__(self, jobs: int) -> Any:
         if self.pool is None:
@@ -132,9 +133,18 @@ class _Workers:
                 self.pool = new_pool(
                     max(jobs, planned), measuring_gpus(device), self.device, stagger=True
                 )
+            if device.type == "cuda" and not config.wait:
+                self.pacer = pacing.pacer()  # the program's calls pace the workers
+                if self.pacer is not None:
+                    self.pacer.watch(self.pool)
         return self.pool
 
     def close(self) -> None:
+        if self.pacer is not None:
+            said = self.pacer.unwatch(self.pool)
+            self.pacer = None
+            if said:
+                add_step(f"Beside the program, {said}")
         if self.pool is not None:
             self.pool.close(cancel=True)  # a job still running is one the tune left
             self.pool = None

@@ -266,23 +266,39 @@ class _Slot:
         self.cancel_current = False  # pool.cancel() asked to end the job in progress
         self.paused_since: float | None = None
         self.paused_total = 0.0
+        self.measuring = False  # its worker measures now: never paused (its figures)
+        self._pauses = 0  # pause() calls not yet resumed (the gate's, JIT's pacing)
+        self._pause_lock = threading.Lock()
         self.up = threading.Event()  # its first start is over (ready, failed, or none made)
         self.thread = threading.Thread(target=self._loop, name=f"honed-pool-{index}", daemon=True)
 
-    # -- pausing (another worker measures on this CPU) -------------------------------------------
-    def pause(self) -> None:
-        worker = self.worker
-        if worker is not None:
-            self.paused_since = time.monotonic()
-            worker.pause()
+    # -- pausing (another worker measures on this CPU; JIT's pacing) ------------------------------
+    def pause(self, unless_measuring: bool = False) -> bool:
+        """Stop this slot's worker until as many resume() calls as pause() calls have come;
+        ``unless_measuring``: not while it measures (then False, and no resume() is owed)."""
+        with self._pause_lock:
+            if unless_measuring and self.measuring:
+                return False
+            self._pauses += 1
+            worker = self.worker
+            if self._pauses == 1 and worker is not None:
+                self.paused_since = time.monotonic()
+                worker.pause()
+            return True
 
     def resume(self) -> None:
-        worker = self.worker
-        if self.paused_since is not None:
-            self.paused_total += time.monotonic() - self.paused_since
-            self.paused_since = None
-        if worker is not None:
-            worker.resume()
+        with self._pause_lock:
+            if self._pauses == 0:
+                return
+            self._pauses -= 1
+            if self._pauses:
+                return
+            if self.paused_since is not None:
+                self.paused_total += time.monotonic() - self.paused_since
+                self.paused_since = None
+            worker = self.worker
+            if worker is not None:
+                worker.resume()
 
     def paused_seconds(self) -> float:
         """Seconds this slot's worker has spent paused (they do not count against its limits)."""
@@ -489,6 +505,8 @@ class _Slot:
                     if go:  # else measured elsewhere: no turn on the device is taken
                         gate.enter_measure(self)
                         measuring = True
+                        with self._pause_lock:
+                            self.measuring = True
                     event = self.worker.send(
                         pickle.dumps(("go" if go else "skip",)), _SEND_TIMEOUT_S
                     )
@@ -502,6 +520,7 @@ class _Slot:
             if in_build:
                 gate.leave_build(self)
             if measuring:
+                self.measuring = False
                 gate.leave_measure(self)
 
     def _failed(self, event: Any, phase: str, job: Job) -> JobResult:
@@ -572,6 +591,16 @@ class WorkerPool:
     @property
     def size(self) -> int:
         return len(self.slots)
+
+    def busy_slots(self) -> list[_Slot]:
+        """The slots whose worker starts, builds or checks now (not one that measures)."""
+        return [
+            slot
+            for slot in self.slots
+            if slot.worker is not None
+            and not slot.measuring
+            and (slot.current is not None or not slot.ready)
+        ]
 
     def gate(self, device: str) -> _Gate:
         with self._gates_lock:
