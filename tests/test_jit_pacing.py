@@ -193,6 +193,18 @@ def test_idle_workers_and_measuring_ones_are_not_stopped() -> None:
     assert [s.calls for s in pool.slots] == [[], ["pause", "resume"]]
 
 
+def test_a_worker_that_began_to_measure_since_it_was_listed_is_left_alone() -> None:
+    pacer, clock, pool = paced()
+    pool.slots[1].measuring = True
+    pool.busy_slots = lambda: list(pool.slots)  # type: ignore[method-assign]  # listed before
+    pacer.observe(1, 30 * MS)
+    pacer.step()
+    assert stopped(pool) == [1, 0]
+    clock.now += HOLD_S
+    pacer.step()
+    assert [s.calls for s in pool.slots] == [["pause", "resume"], []]
+
+
 def test_unwatch_runs_the_held_workers_again() -> None:
     pacer, _clock, pool = paced()
     pacer.observe(1, 30 * MS)

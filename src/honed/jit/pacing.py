@@ -190,11 +190,11 @@ class Pacer:
 
     def _hold(self, now: float) -> None:
         self._asked = False
-        slots = [slot for pool in self._pools for slot in pool.busy_slots()]
+        busy = [slot for pool in self._pools for slot in pool.busy_slots()]
+        # one that began to measure since it was listed is left alone
+        slots = [slot for slot in busy if slot.pause(unless_measuring=True)]
         if not slots:
             return
-        for slot in slots:
-            slot.pause()
         self._held = slots
         self._held_at, self._held_until = now, now + HOLD_S
         self._during = []
