@@ -825,10 +825,7 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         out["steady_speedup_vs_eager"] = round(eager_ms / steady, 3)
     lines = data["stderr"].splitlines()
     out["tunes"] = [  # finished ("Tuned ..."), cancelled or failed ("Tuning ... cancelled")
-        s.strip()
-        for s in lines
-        if (s.strip().startswith(("Tuned ", "Tuning ")) and "beside" in s)
-        or "the workers stood still" in s  # what pacing did (honed.jit.pacing)
+        s.strip() for s in lines if s.strip().startswith(("Tuned ", "Tuning ")) and "beside" in s
     ]
     out["hierarchy"] = [s for s in lines if "├─" in s][:3]
     out["candidates"] = data.get("candidates", [])

@@ -27,6 +27,16 @@ from torch import nn
 import honed
 
 
+class FakeClock:
+    """A clock that moves only when the test moves it (``now``)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class TinyMLP(nn.Module):
     def __init__(self, dim: int = 16, hidden: int = 32) -> None:
         super().__init__()

@@ -27,15 +27,7 @@ from honed.backend.base import Backend, Sample
 from honed.jit import State, live
 from honed.module import MISS
 
-from conftest import batches
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from conftest import FakeClock, batches
 
 
 class Costs:

@@ -15,15 +15,7 @@ from honed.jit import State, pacing
 from honed.jit.pacing import BACKOFF_S, HOLD_S, Pacer
 from honed.pipeline import pool as pool_module
 
-from conftest import TinyMLP
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from conftest import FakeClock, TinyMLP
 
 
 class Slot:
@@ -60,9 +52,9 @@ MS = 1e-3
 EAGER = 10 * MS  # the program's call with no worker running
 
 
-def paced(calls: int = 12) -> tuple[Pacer, Clock, Pool]:
+def paced(calls: int = 12) -> tuple[Pacer, FakeClock, Pool]:
     """A pacer whose module 1 has a baseline of ``calls`` quiet calls, watching a busy pool."""
-    clock = Clock()
+    clock = FakeClock(100.0)
     pacer = Pacer(1.5, clock=clock, start_thread=False)
     for _ in range(calls):
         pacer.observe(1, EAGER)
@@ -147,7 +139,7 @@ def test_a_pause_that_leaves_the_calls_slow_backs_off() -> None:
 
 
 def test_without_a_baseline_a_pause_gives_the_calls_one() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     pacer = Pacer(1.5, clock=clock, start_thread=False)
     pool = Pool()
     pacer.watch(pool)

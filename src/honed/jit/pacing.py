@@ -136,11 +136,13 @@ class Pacer:
         with self._lock:
             if pool in self._pools:
                 self._pools.remove(pool)
-            for slot in [s for s in self._held if s.pool is pool]:
-                slot.resume()
-                self._held.remove(slot)
-            if not self._held:
-                self._release(self._clock(), judged=False)
+            ours = [s for s in self._held if s.pool is pool]
+            if ours and len(ours) == len(self._held):
+                self._release(self._clock(), judged=False)  # the pause was this pool's alone
+            else:
+                for slot in ours:
+                    slot.resume()
+                    self._held.remove(slot)
             self._update_engaged()
             pauses, paused_s, backoffs = self._marks.pop(id(pool), (0, 0.0, 0))
             pauses, paused_s, backoffs = (

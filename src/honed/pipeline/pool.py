@@ -434,7 +434,7 @@ class _Slot:
         """Send the job, follow its phases under their limits, return how it ended."""
         phase = "start-up"
         gate.enter_build(self)
-        in_build, measuring = True, False
+        in_build = True
         try:
             why = self._wait_ready()
             if why:
@@ -504,8 +504,7 @@ class _Slot:
                     go = job.measure_if is None or job.measure_if()
                     if go:  # else measured elsewhere: no turn on the device is taken
                         gate.enter_measure(self)
-                        measuring = True
-                        with self._pause_lock:
+                        with self._pause_lock:  # from here pacing leaves it running
                             self.measuring = True
                     event = self.worker.send(
                         pickle.dumps(("go" if go else "skip",)), _SEND_TIMEOUT_S
@@ -519,7 +518,7 @@ class _Slot:
         finally:
             if in_build:
                 gate.leave_build(self)
-            if measuring:
+            if self.measuring:
                 self.measuring = False
                 gate.leave_measure(self)
 
