@@ -232,11 +232,16 @@ def test_a_slots_pauses_nest_and_spare_a_measuring_worker() -> None:
 
 
 def test_the_flag_turns_pacing_off_and_sets_the_ratio() -> None:
-    with honed.config.patch(jit_pace=0):
-        assert pacing.pacer() is None
-    with honed.config.patch(jit_pace=2.5):
-        p = pacing.pacer()
-        assert p is not None and p.ratio == 2.5
+    saved = pacing._PACER[0]
+    try:
+        with honed.config.patch(jit_pace=2.5):
+            p = pacing.pacer()
+            assert p is not None and p.ratio == 2.5
+        with honed.config.patch(jit_pace=0):
+            assert pacing.pacer() is None
+            assert pacing._PACER[0] is None  # observe() no longer times calls
+    finally:
+        pacing._PACER[0] = saved
 
 
 class Recorder:

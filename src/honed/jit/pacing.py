@@ -231,6 +231,7 @@ def pacer() -> Pacer | None:
 
     ratio = config.jit_pace
     if ratio <= 0:
+        _PACER[0] = None  # turned off: the program's calls are no longer timed either
         return None
     if _PACER[0] is None or _PACER[0].ratio != ratio:
         _PACER[0] = Pacer(ratio)
