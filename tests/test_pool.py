@@ -3,6 +3,7 @@ measurement gate, stale folders and what a tune leaves behind (SIGTERM, setsid).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 import honed
+import honed.jit
 from honed.backend import Backend, Sample
 from honed.pipeline import isolation
 from honed.pipeline import pool as pool_module
@@ -536,6 +538,76 @@ def test_workers_mark_themselves_so_aotinductor_loads_skip_the_probe() -> None:
     rows = {c.name: c for c in report.graphs[0].candidates}
     assert rows["NeedsAWorker"].status == "ok", rows["NeedsAWorker"].reason
     assert not _aoti_env.IN_WORKER  # the caller probes before its own first load
+
+
+_HEAVY = ("torch._dynamo", "torch._inductor.compile_fx")
+
+
+class SaysWhatItsWorkerImported(Backend):
+    """Builds eager, after writing down which of the heavy modules its worker has imported."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = str(path)
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        Path(self.path).write_text(json.dumps({name: name in sys.modules for name in _HEAVY}))
+        return module
+
+
+class NeedsInductor(SaysWhatItsWorkerImported):
+    imports = ("torch._inductor.compile_fx",)
+
+
+def test_a_worker_imports_inductor_only_for_a_candidate_that_needs_it(
+    graph: GraphJobs, tmp_path: Path
+) -> None:
+    """Importing Inductor is seconds of a core: a worker whose candidates need none never pays
+    it, and one that needs it has it before its build starts (its build time is the build's)."""
+    plain, needs, after = (tmp_path / f"{name}.json" for name in ("plain", "needs", "after"))
+    with new_pool(1) as pool:
+        for backend in (SaysWhatItsWorkerImported(plain), NeedsInductor(needs)):
+            result = _run(pool, graph, backend)
+            assert result.ok and result.reply["outcome"]["status"] == "ok", result.failure
+        assert _run(pool, graph, SaysWhatItsWorkerImported(after)).ok  # the same worker
+    assert json.loads(plain.read_text()) == dict.fromkeys(_HEAVY, False)
+    assert json.loads(needs.read_text()) == dict.fromkeys(_HEAVY, True)
+    assert json.loads(after.read_text()) == dict.fromkeys(_HEAVY, True)
+
+
+def test_a_pool_told_to_preload_has_its_workers_import_before_they_are_ready(
+    graph: GraphJobs, tmp_path: Path
+) -> None:
+    seen = tmp_path / "seen.json"
+    with new_pool(1, preload=("torch._inductor.compile_fx",)) as pool:
+        assert _run(pool, graph, SaysWhatItsWorkerImported(seen)).ok
+    assert json.loads(seen.read_text()) == dict.fromkeys(_HEAVY, True)
+
+
+def test_jits_workers_preload_dynamo_and_what_its_candidates_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """JIT starts its workers while the program records, so they import then what the
+    graph-break check (Dynamo) and the candidates' builds will need."""
+    from honed.jit import tuner as jit_tuner
+
+    asked: dict[str, Any] = {}
+
+    class NoPool:
+        def close(self, cancel: bool = False) -> None:
+            pass
+
+    def recording_new_pool(jobs: int, *args: Any, **kwargs: Any) -> NoPool:
+        asked.update(kwargs, jobs=jobs)
+        return NoPool()
+
+    monkeypatch.setattr(isolation, "new_pool", recording_new_pool)
+    with honed.jit.config.patch(backends=[honed.backend.TorchInductorBackend()]):
+        workers = jit_tuner._Workers("cpu")
+        workers(1)
+        workers.close()
+    assert asked["preload"] == ("torch._dynamo", "torch._inductor.compile_fx")
+    assert asked["jobs"] == 2  # the candidate and eager
 
 
 class RecordsNiceness(Backend):

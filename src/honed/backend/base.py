@@ -151,6 +151,10 @@ class Backend:
     # Import names of the optional libraries available() imports (the doctor probes those in a
     # subprocess first, so a library that crashes on import cannot take it down).
     requires: ClassVar[tuple[str, ...]] = ()
+    # Modules its builds import (Inductor: seconds of a core): a tune's worker imports them
+    # before the build's clock starts, so the figure is the build's, and a worker whose
+    # candidates need none never imports them.
+    imports: ClassVar[tuple[str, ...]] = ()
     # Expected cost of build_graph, for the tuner's cheap-first order (docs/tuning.md): 0 none
     # (the module runs as it is), 1 seconds (a trace or a capture), 2 a compile, 3 a long one
     # (autotuning, an AOT package, an engine). A config may change it: expected_build_cost().

@@ -191,6 +191,7 @@ class ONNXRuntimeBackend(Backend):
     config_class = ONNXRuntimeBackendConfig
     portability = 3
     saves_payload = True
+    imports = ("torch._dynamo",)  # the export traces with Dynamo
     native_payload = False  # an ONNX graph: operators, no code
     build_cost = 1  # an export (a trace) and a session: no code generation
     config: ONNXRuntimeBackendConfig

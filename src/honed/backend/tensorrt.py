@@ -510,6 +510,7 @@ class TensorRTBackend(Backend):
     native_payload = True  # a serialized TensorRT engine
     build_cost = 3
     requires = ("tensorrt",)
+    imports = ("torch._dynamo",)  # the ONNX export traces with Dynamo
     config: TensorRTBackendConfig
 
     @classmethod

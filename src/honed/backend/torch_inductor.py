@@ -102,6 +102,7 @@ class TorchInductorBackend(Backend):
     portability = 1
     keeps_autograd = True  # torch.compile of the module itself: autograd and .train() work
     jit = True
+    imports = ("torch._inductor.compile_fx",)
     config: TorchInductorBackendConfig
 
     @classmethod

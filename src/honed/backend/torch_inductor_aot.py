@@ -204,6 +204,7 @@ class TorchInductorAotBackend(Backend):
     portability = 2
     build_cost = 3
     saves_payload = True
+    imports = ("torch._inductor.compile_fx",)
     native_payload = True  # model.pt2 holds the compiled .so
     cpp_runnable = True  # cpp/runtime loads model.pt2 + calling.json with libtorch
     config: TorchInductorAotBackendConfig

@@ -209,6 +209,7 @@ class _TorchTensorRTBackend(Backend):
     """What the JIT and AOT Torch-TensorRT backends share: availability, devices, tolerance."""
 
     requires = ("torch_tensorrt",)
+    imports = ("torch._dynamo",)  # both compile or export through Dynamo
     config: TorchTensorRTJitBackendConfig | TorchTensorRTAotBackendConfig
 
     @classmethod

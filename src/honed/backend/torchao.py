@@ -362,6 +362,7 @@ class TorchAOBackend(Backend):
     portability = 4
     jit = True
     requires = ("torchao",)
+    imports = ("torchao", "torch._inductor.compile_fx")
     config: TorchAOBackendConfig
 
     @classmethod

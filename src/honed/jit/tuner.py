@@ -112,10 +112,11 @@ def _first_tune(node: Node, dataset: list[Any], outputs: list[Any] | None = None
 
 class _Workers:
     """The worker processes of a first tune, started where its graph-break check first needs
-    one, as many as its tune will want: the tune then finds them running (each imports torch
-    and Inductor first, seconds of a core). They start one after another while the check runs
-    on the first: interpreters importing torch all at once slowed the program's calls. Where
-    nothing needs a worker (both cached), none starts. Closed when the job ends."""
+    one, as many as its tune will want: the tune then finds them running (each imports torch,
+    Dynamo and what its candidates' builds import first, seconds of a core). They start one
+    after another while the check runs on the first: interpreters importing torch all at once
+    slowed the program's calls. Where nothing needs a worker (both cached), none starts.
+    Closed when the job ends."""
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -128,10 +129,18 @@ class _Workers:
             from honed.pipeline.tuner import measuring_gpus
 
             device = torch.device(self.device)
-            planned = len(config.tune_strategy().backends(device)) + 1  # and eager
+            backends = config.tune_strategy().backends(device)
+            # Dynamo for the graph-break check, and what the candidates' builds import
+            preload = tuple(
+                dict.fromkeys(["torch._dynamo", *(m for b in backends for m in b.imports)])
+            )
             with _jit_flags():
                 self.pool = new_pool(
-                    max(jobs, planned), measuring_gpus(device), self.device, stagger=True
+                    max(jobs, len(backends) + 1),  # and eager
+                    measuring_gpus(device),
+                    self.device,
+                    stagger=True,
+                    preload=preload,
                 )
             if device.type == "cuda" and not config.wait:
                 self.pacer = pacing.pacer()  # the program's calls pace the workers

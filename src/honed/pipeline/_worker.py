@@ -3,7 +3,8 @@
 Run as ``python -m honed.pipeline._worker`` by honed.pipeline.pool, which talks to it over fd 3
 (a Unix socket; each message is an 8-byte little-endian length and a pickle). The conversation:
 
-    pool -> ("hello", {sys_path, config})     worker -> ("ready",) once torch and Inductor load
+    pool -> ("hello", {sys_path, config,      worker -> ("ready",) once torch and the modules
+              preload})                       to preload are imported
     pool -> ("context", key, sizes) + frames  the graph's module, samples, references, ...: the
                                               envelope's pickle, then frames of those sizes
                                               (honed.pipeline.sharing), in the same message
@@ -26,6 +27,7 @@ memory) and crashes are the pool's business: this process just works.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import os
 import pickle
@@ -215,15 +217,16 @@ def _hello(channel: _Channel) -> bool:
 
     for name, value in spec["config"].items():
         setattr(config, name, value)
-    # Imported once here, so no job pays for them.
-    import torch
-    import torch._dynamo
-    import torch._inductor.compile_fx
+    import torch  # noqa: F401  (every job needs it: imported before the worker says ready)
+
+    # What the pool's jobs will need (JIT: Dynamo and Inductor, imported while the program
+    # still records); the rest is imported by the job that needs it (shipping.import_for).
+    for name in spec.get("preload", ()):
+        importlib.import_module(name)
 
     from honed.backend import _aoti_env
 
     _aoti_env.IN_WORKER = True  # a loader crash here fails only this worker's job
-    del torch
     return True
 
 

@@ -86,10 +86,16 @@ def worker_env(size: int, cores: int | None = None) -> dict[str, str]:
 
 
 def new_pool(
-    jobs: int, gpus: list[str] | None = None, device: str = "", stagger: bool = False
+    jobs: int,
+    gpus: list[str] | None = None,
+    device: str = "",
+    stagger: bool = False,
+    preload: tuple[str, ...] = (),
 ) -> WorkerPool:
     """A pool for ``jobs`` jobs of a model on ``device`` (a CUDA model's JIT workers leave
-    the program cores: worker_cpus); ``stagger``: its workers start one after another."""
+    the program cores: worker_cpus); ``stagger``: its workers start one after another;
+    ``preload``: modules each worker imports before it is ready (else a job imports what its
+    backend needs, Backend.imports)."""
     size = pool_size(jobs)
     cpus = worker_cpus() if device.startswith("cuda") else None
     return WorkerPool(
@@ -101,6 +107,7 @@ def new_pool(
         nice=config.worker_nice,
         cpus=cpus,
         stagger=stagger,
+        preload=preload,
     )
 
 

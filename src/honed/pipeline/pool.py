@@ -1,9 +1,10 @@
 """src/honed/pipeline/pool.py: the worker pool: long-lived processes that build, check and measure.
 
 Shaped like torch's ``_inductor/autotune_process.py``: each slot of the pool is a thread that owns
-one worker process (``python -m honed.pipeline._worker``, started once: torch and Inductor are
-imported once per worker, not once per candidate) and feeds it jobs over a socket (the engine's
-``_core.Worker``: memory ceiling of the worker's whole process tree, crash and exit detection).
+one worker process (``python -m honed.pipeline._worker``, started once: torch, and Inductor where
+a candidate needs it, are imported once per worker, not once per candidate) and feeds it jobs
+over a socket (the engine's ``_core.Worker``: memory ceiling of the worker's whole process tree,
+crash and exit detection).
 A job that runs past its phase limit, crashes the worker, passes the memory ceiling or ends the
 worker without a result fails alone: its worker is ended with every process below it and a
 fresh one takes the next job.
@@ -331,7 +332,11 @@ class _Slot:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(self.worker.pid, self.pool.cpus)
         if self.worker.running:
-            hello = {"sys_path": [p for p in sys.path if p], "config": self.pool.worker_config}
+            hello = {
+                "sys_path": [p for p in sys.path if p],
+                "config": self.pool.worker_config,
+                "preload": list(self.pool.preload),
+            }
             self.worker.send(pickle.dumps(("hello", hello)), _SEND_TIMEOUT_S)
 
     def _stop(self, grace_s: float) -> Any:
@@ -562,6 +567,7 @@ class WorkerPool:
         nice: int = 0,
         cpus: list[int] | None = None,
         stagger: bool = False,
+        preload: tuple[str, ...] = (),
     ) -> None:
         if size < 1:
             raise ValueError(f"WorkerPool: size must be at least 1, got {size}")
@@ -575,6 +581,7 @@ class WorkerPool:
         self.env = dict(env or {})
         self.worker_config = dict(worker_config or {})
         self.lazy = lazy
+        self.preload = preload  # modules each worker imports before it is ready
         self.cancelling = False
         self.closed = False
         self.queue: queue.PriorityQueue[tuple[Any, ...]] = queue.PriorityQueue()

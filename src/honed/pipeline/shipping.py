@@ -18,8 +18,10 @@ hangs only there fails instead of stopping the tune.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import pickle
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +78,7 @@ def evaluate_for_caller(
     compile from the Inductor artifacts, which do not depend on the GPU)."""
     backend: Backend = request["backend"]
     _clear_inductor_artifacts()
+    import_for(backend)
     outcome = evaluate(
         backend,
         ctx["module"],
@@ -91,8 +94,19 @@ def evaluate_for_caller(
     if outcome.status == "ok" and outcome.fn is not None:
         reply.update(ship(backend, outcome.fn, pickle_it=not elsewhere))
     outcome.fn = None
-    torch._dynamo.reset()  # the next job compiles as in a fresh process (disk caches stay)
+    if "torch._dynamo" in sys.modules:  # the next job compiles as in a fresh process
+        torch._dynamo.reset()  # (disk caches stay)
     return reply
+
+
+def import_for(backend: Backend) -> None:
+    """Import the modules ``backend``'s builds need, before its build's clock starts; one that
+    fails to import is left to the build, whose failure then says why."""
+    for name in backend.imports:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            log.debug("honed: importing %s for %s failed", name, backend.name, exc_info=True)
 
 
 def ship(backend: Backend, fn: Callable[..., Any], pickle_it: bool = True) -> dict[str, Any]:
