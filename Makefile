@@ -8,7 +8,12 @@ VPY := $(VENV)/bin/python
 STAMP := .stamp
 CPP_BUILD := build/cpp
 TORCH_VERSION ?= 2.13.0
-APT_PACKAGES := g++ make libgtest-dev chromium libzip-dev libssl-dev libcli11-dev nlohmann-json3-dev python3-dev
+APT_PACKAGES := g++ make ccache libgtest-dev chromium libzip-dev libssl-dev libcli11-dev nlohmann-json3-dev python3-dev
+# ccache: the engine's sources, compiled for the package (make demo, make setup), are not
+# compiled again by `make test`'s C++ build (both through g++, the compiler the package's build
+# finds: ccache keys by the compiler's name too). Looked up as each recipe runs: the first make
+# on a fresh machine installs it.
+CCACHE_LAUNCHER = $$(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 ENGINE_SOURCES := $(shell find cpp -name '*.cpp' -o -name '*.h') CMakeLists.txt pyproject.toml src/honed_jit.pth src/_honed_jit_hook.py
 TORCHAO_VERSION ?= 0.18.0
 TRANSFORMERS_VERSION ?= 5.17.0
@@ -71,7 +76,7 @@ $(STAMP)/torchao: $(STAMP)/venv scripts/fetch-device-wheels.sh
 
 # --no-build-isolation: build against the torch already installed, never pull another one.
 $(STAMP)/package: $(STAMP)/venv $(STAMP)/torchao $(ENGINE_SOURCES)
-	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
+	CMAKE_ARGS="$(CCACHE_LAUNCHER)" $(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	@touch $@
 
 # The type stub of honed._core is committed (src/honed/_core.pyi, what mypy checks the package
@@ -87,7 +92,8 @@ stub-check: $(STAMP)/package
 	  rm -rf $$fresh
 
 $(CPP_BUILD)/build.ninja: $(STAMP)/venv CMakeLists.txt
-	$(VENV)/bin/cmake -S . -B $(CPP_BUILD) -G Ninja -DHONED_BUILD_PYTHON=OFF -DHONED_BUILD_TESTS=ON \
+	CXX=$${CXX:-g++} $(VENV)/bin/cmake -S . -B $(CPP_BUILD) -G Ninja -DHONED_BUILD_PYTHON=OFF \
+	    -DHONED_BUILD_TESTS=ON $(CCACHE_LAUNCHER) \
 	    -DPython_EXECUTABLE=$(abspath $(VPY)) \
 	    -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja)
 
