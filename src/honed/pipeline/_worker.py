@@ -220,7 +220,7 @@ def _hello(channel: _Channel) -> bool:
     import torch  # noqa: F401  (every job needs it: imported before the worker says ready)
 
     # What the pool's jobs will need (JIT: Dynamo and Inductor, imported while the program
-    # still records); the rest is imported by the job that needs it (shipping.import_for).
+    # still records); the rest is imported by the job that needs it (Backend.imports).
     for name in spec.get("preload", ()):
         importlib.import_module(name)
 

@@ -78,7 +78,7 @@ def evaluate_for_caller(
     compile from the Inductor artifacts, which do not depend on the GPU)."""
     backend: Backend = request["backend"]
     _clear_inductor_artifacts()
-    import_for(backend)
+    _import_for(backend)
     outcome = evaluate(
         backend,
         ctx["module"],
@@ -99,7 +99,7 @@ def evaluate_for_caller(
     return reply
 
 
-def import_for(backend: Backend) -> None:
+def _import_for(backend: Backend) -> None:
     """Import the modules ``backend``'s builds need, before its build's clock starts; one that
     fails to import is left to the build, whose failure then says why."""
     for name in backend.imports:
