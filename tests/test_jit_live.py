@@ -773,6 +773,102 @@ def test_a_candidate_that_compiles_here_stays_out_beside_the_program_and_on_rest
     assert rows["CompilesToo"].status == "not tried" and not rows["CompilesToo"].cached
 
 
+class LongSleep(Backend):
+    """Answers right, far slower than ShortSleep (60 ms a run against 0.5): on a busy 2-core
+    machine a worker's short sleep ends up to 15 ms late, and the gap still shows."""
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        assert isinstance(module, Slow)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.060)
+            return module.body(x)
+
+        return run
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_candidate_whose_check_ran_much_slower_stays_out_of_the_program_and_on_restart(
+    beside: Path, monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """On a GPU (on the CPU, compared as a GPU's are) a candidate whose check runs took more
+    than twice those of one installed already is never installed in the program's process:
+    its install's first runs would share the program's GPU for nothing."""
+    from honed.pipeline import graph_tuner
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if device == "cpu":
+        monkeypatch.setattr(graph_tuner, "_CHECK_RUNS_COMPARED_ON", ("cuda", "cpu"))
+    installed: list[str] = []
+    plain = graph_tuner.install_outcome
+
+    def watched(outcome: Any, *args: Any, **kwargs: Any) -> Any:
+        installed.append(outcome.backend.name)
+        return plain(outcome, *args, **kwargs)
+
+    monkeypatch.setattr(graph_tuner, "install_outcome", watched)
+    model, x, want = _slow_call()
+    model, x, want = model.to(device), x.to(device), want.to(device)
+    with (
+        honed.config.patch(isolation="process", jit_worker_nice=0),  # built in workers
+        honed.jit.config.patch(backends=[LongSleep(), ShortSleep()]),
+    ):
+        root = _call_until_tuned(model, x, want)
+        assert root.backend == "ShortSleep", "\n".join(honed.jit.history())
+        assert installed == ["ShortSleep"], "\n".join(honed.jit.history())
+        rows = {c.name: c for c in root.report.graphs[0].candidates}
+        assert rows["ShortSleep"].status == "ok" and rows["ShortSleep"].samples_ms
+        long = rows["LongSleep"]
+        assert long.status == "not tried" and not long.samples_ms, long
+        assert long.reason.startswith("built and checked, not installed beside the calling")
+        ratio = float(long.reason.split("its check ran ")[1].split("x ShortSleep's time")[0])
+        assert ratio > graph_tuner.CHECK_RUNS_WITHIN
+
+        # A restart beside the program: the cached decision, LongSleep left out unbuilt.
+        honed.jit.reset()
+        honed.jit.enable_jit_tuning()
+        torch.manual_seed(0)
+        root = _call_until_tuned(Slow().eval().to(device), x, want)
+    assert root.backend == "ShortSleep"
+    (record,) = honed.jit.tunes()
+    assert record.evidence == "cache"
+    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    assert rows["LongSleep"].status == "not tried" and not rows["LongSleep"].cached
+    assert rows["LongSleep"].reason == long.reason
+    assert installed == ["ShortSleep", "ShortSleep"]
+
+
+def test_check_times_travel_in_records_and_only_a_gpu_compares_them() -> None:
+    from honed.pipeline import candidate, graph_tuner
+    from honed.pipeline.candidate import Outcome
+
+    def checked(backend: Backend, ms: float | None, baseline: bool = False) -> Outcome:
+        return Outcome(backend, is_baseline=baseline, build_s=1.0, check_ms=ms, deferred=True)
+
+    fast, slow = checked(ShortSleep(), 0.9), checked(LongSleep(), 5.6)
+    again = Outcome.from_record(LongSleep(), slow.to_record(), False, key="k")
+    assert again.check_ms == 5.6 and again.deferred
+    record = dict(slow.to_record(), check_ms=-1.0)
+    assert candidate.record_problem(record) == "check_ms must be a positive number"
+    assert candidate.record_problem(dict(record, check_ms=True))
+    assert not candidate.record_problem({k: v for k, v in record.items() if k != "check_ms"})
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    why = graph_tuner._much_slower_check(slow, [fast], cuda)
+    assert why.startswith("built and checked, not installed beside the calling program: its")
+    assert "6.2x ShortSleep's time (5.60 ms against 0.90 ms" in why
+    assert graph_tuner._much_slower_check(slow, [fast], cpu) == ""  # a CPU's runs share cores
+    assert graph_tuner._much_slower_check(checked(LongSleep(), 1.8), [fast], cuda) == ""
+    assert graph_tuner._much_slower_check(checked(LongSleep(), None), [fast], cuda) == ""
+    assert graph_tuner._much_slower_check(slow, [], cuda) == ""
+    eager = checked(honed.backend.TorchEagerBackend(), None, baseline=True)
+    assert graph_tuner._much_slower_check(slow, [eager], cuda) == ""  # eager ran no check
+    # installed quickest first, eager ahead of all, unknown figures last
+    order = sorted([slow, checked(LongSleep(), None), fast, eager], key=graph_tuner._check_order)
+    assert [o.check_ms for o in order] == [None, 0.9, 5.6, None] and order[0] is eager
+
+
 class WrongShortSleep(ShortSleep):
     """Installs without compiling, and answers wrong: fails the check against eager."""
 

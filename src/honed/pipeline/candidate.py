@@ -69,6 +69,10 @@ class Outcome:
     # Built and checked, not measured: the program it is tuned for was calling (JIT), and its
     # calls measure it instead (honed.pipeline.graph_tuner: the program's calls).
     deferred: bool = False
+    # The quickest of its check's runs on the measured sample's shapes, each timed to its
+    # finish (ms): a rough figure, taken beside whatever ran then, that tells a candidate
+    # several times slower than another without measuring either.
+    check_ms: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -89,6 +93,8 @@ class Outcome:
             record["deferred"] = True
         if self.device:
             record["measured_on"] = self.device
+        if self.check_ms is not None:
+            record["check_ms"] = self.check_ms
         return record
 
     @classmethod
@@ -112,6 +118,7 @@ class Outcome:
                 injected=bool(record.get("injected", False)),
                 deferred=bool(record.get("deferred", False)),
                 device=str(record.get("measured_on", "")),
+                check_ms=record.get("check_ms"),
                 cached=True,
                 cache_key=key,
             )
@@ -169,6 +176,9 @@ def record_problem(record: Any) -> str:
             return "measurement.run must be a non-negative integer"
     if record.get("check") is not None and not isinstance(record["check"], dict):
         return "check is not an object"
+    ms = record.get("check_ms")
+    if ms is not None and not (isinstance(ms, int | float) and not isinstance(ms, bool) and ms > 0):
+        return "check_ms must be a positive number"
     return ""
 
 
@@ -256,9 +266,16 @@ def evaluate(
             outcome.build_s = time.perf_counter() - started
             stage = "check"
             enter("check")
+            runs_ms: list[float] = []
             outcome.check = _check(
-                fn, samples, references, *_tolerances(backend, module, graph.device), graph.device
+                fn,
+                samples,
+                references,
+                *_tolerances(backend, module, graph.device),
+                graph.device,
+                runs_ms,
             )
+            outcome.check_ms = _warm_check_ms(runs_ms, samples, measure_at)
         if not outcome.check.ok:
             outcome.status, outcome.reason = "rejected", outcome.check.reason
             return outcome
@@ -281,6 +298,20 @@ def evaluate(
         outcome.fn = None
         return _fail(outcome, f"{stage} raised {type(e).__name__}: {_first_line(e)}")
     return outcome
+
+
+def _warm_check_ms(runs_ms: list[float], samples: list[Sample], measure_at: int) -> float | None:
+    """The quickest check run on a sample of the measured sample's shapes (the build ran that
+    one first): a shape's first run pays for its own set-up (a CUDA-graph capture, a CPU
+    library's kernels for the shape), which tells nothing of the variant's speed."""
+    want = _shapes(samples[measure_at])
+    warm = [ms for ms, s in zip(runs_ms, samples, strict=False) if _shapes(s) == want]
+    return min(warm) if warm else None
+
+
+def _shapes(sample: Sample) -> list[Any]:
+    leaves = torch.utils._pytree.tree_leaves((sample.args, sample.kwargs))
+    return [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in leaves]
 
 
 def _fail(outcome: Outcome, reason: str) -> Outcome:
@@ -341,12 +372,19 @@ def _check(
     tolerance: Tolerance | None = None,
     fp32: Tolerance = FP32,
     device: torch.device | None = None,
+    runs_ms: list[float] | None = None,
 ) -> CheckResult:
+    """``fn`` on every sample against eager's outputs; each run's time to its finish (ms) is
+    appended to ``runs_ms`` where given."""
     result = CheckResult(True)
     for sample, ref in zip(samples, references, strict=True):
         give_way()  # beside a JIT program: between its calls
         with spaced_run(device):  # and on its GPU, one run at a time
+            started = time.perf_counter()
             out = fn(*sample.args, **sample.kwargs)
+            if runs_ms is not None and device is not None:
+                _sync(device)
+                runs_ms.append((time.perf_counter() - started) * 1e3)
         result = result.merge(compare(ref, out, reduced, tolerance, fp32))
         if not result.ok:
             break

@@ -733,24 +733,29 @@ class GraphTuner:
         a compile from Inductor's cache, all holding the GIL) stops the program's calls for
         seconds; while one that installs without compiling (an AOTInductor package) passed, it
         is left out, and so it stays on restarts beside a calling program (the cache says so).
+        So is one whose check, on a GPU, ran more than CHECK_RUNS_WITHIN times slower than that
+        of one installed here (_much_slower_check).
         """
         live = self.ctx.live
         assert live is not None
         ok = [o for o in competing if o.status == "ok"]
         light = _installs_without_compiling(ok)
-        arms = []
-        for o in ok:
+        installed: list[Outcome] = []
+        # Quickest check first: a candidate whose check ran several times slower than one
+        # installed here is not worth its install's stalls (below).
+        for o in sorted(ok, key=_check_order):
             o.deferred = False  # measured below, or left out
             if light and _compiles_here(o.backend) and not (o.fn is not None and o.checked_here):
-                o.status = "not tried"
-                o.reason = "built and checked, " + _left_out_beside_program(light)
-                if self.ctx.cache is not None and o.cache_key:
-                    record = dict(o.to_record(), status="ok", deferred=True)
-                    self.ctx.cache.put(o.cache_key, record)
+                self._leave_out(o, "built and checked, " + _left_out_beside_program(light))
+                continue
+            slower = _much_slower_check(o, installed, self.ctx.device)
+            if slower:
+                self._leave_out(o, slower)
                 continue
             if not o.is_baseline and not self._installed_here(o):
                 continue
-            arms.append(o)
+            installed.append(o)
+        arms = [o for o in ok if o in installed]
         self.ctx.check_abandoned(self.module.name)
         self.tracker.candidate("finalists")
         self.tracker.phase("on the program's calls")
@@ -793,6 +798,15 @@ class GraphTuner:
             if self.ctx.cache is not None and o.cache_key:
                 self.ctx.cache.put(o.cache_key, o.to_record(), to_cache_files(o))
         return how
+
+    def _leave_out(self, outcome: Outcome, reason: str) -> None:
+        """Beside a calling program: ``outcome`` built and checked, but not installed in the
+        program's process, nor measured; the cache says so, and a restart beside a program
+        leaves it out without building it (``_evaluate_all``)."""
+        outcome.status, outcome.reason = "not tried", reason
+        if self.ctx.cache is not None and outcome.cache_key:
+            record = dict(outcome.to_record(), status="ok", deferred=True)
+            self.ctx.cache.put(outcome.cache_key, record)
 
     def _promote(self, outcome: Outcome) -> None:
         """Beside a calling program (JIT), a candidate built while others still build: installed
@@ -1030,6 +1044,49 @@ def _installs_without_compiling(outcomes: Iterable[Outcome]) -> list[str]:
         for o in outcomes
         if o.status == "ok" and not o.is_baseline and not _compiles_here(o.backend)
     ]
+
+
+# A candidate checked beside a program on a GPU whose quickest check run took more than this
+# many times another's is left out of the program's process (the live trial's bar for rivals:
+# honed.jit.tuner).
+CHECK_RUNS_WITHIN = 2.0
+# The devices whose check runs are compared so (see _much_slower_check).
+_CHECK_RUNS_COMPARED_ON = ("cuda",)
+
+
+def _check_order(outcome: Outcome) -> tuple[bool, float]:
+    """Eager first (it installs nothing), then by quickest check run, unknown last."""
+    if outcome.is_baseline:
+        return (False, 0.0)
+    return (True, outcome.check_ms if outcome.check_ms is not None else float("inf"))
+
+
+def _much_slower_check(outcome: Outcome, installed: list[Outcome], device: Any) -> str:
+    """Why ``outcome`` is not worth installing beside a program on a GPU: its quickest check run
+    took more than CHECK_RUNS_WITHIN times that of a candidate already installed ("" when not).
+
+    Installing a variant in the program's process runs it there first (a package's first run,
+    a CUDA-graph capture's warm-up) beside the program's calls on its GPU, and a slow variant's
+    runs hold those calls up the longest (docs/jit.md), only for the program's calls to rank it
+    last. Both were checked on the same GPU beside the same program, so a gap that wide is not
+    the moment's noise. On the CPU a worker's runs share the program's cores (a short sleep
+    ends many milliseconds late), and its figures are not trusted this far."""
+    on = getattr(device, "type", "") in _CHECK_RUNS_COMPARED_ON
+    if not on or outcome.is_baseline or outcome.check_ms is None:
+        return ""
+    timed = [o for o in installed if not o.is_baseline and o.check_ms is not None]
+    if not timed:
+        return ""
+    best = min(timed, key=lambda o: o.check_ms or 0.0)
+    assert best.check_ms is not None
+    ratio = outcome.check_ms / best.check_ms
+    if ratio <= CHECK_RUNS_WITHIN:
+        return ""
+    return (
+        f"built and checked, not installed beside the calling program: its check ran "
+        f"{ratio:.1f}x {best.backend.name}'s time ({outcome.check_ms:.2f} ms against "
+        f"{best.check_ms:.2f} ms, the quickest of each's runs on the samples)"
+    )
 
 
 def _left_out_beside_program(light: list[str]) -> str:
