@@ -347,7 +347,9 @@ def test_jit_adopts_the_runner_up_that_the_programs_calls_show_faster(jit: None)
         while root.trial is not None:
             torch.testing.assert_close(model(x), want)  # every call right, whichever answers
             assert time.monotonic() < deadline, "the trial never ended"
-    assert root.state is State.TUNED and root.backend == "SkipsTheSleep"
+    assert root.state is State.TUNED and root.backend == "SkipsTheSleep", "\n".join(
+        honed.jit.history()
+    )
     assert [type(v.backend) for v in root.tuned.variants] == [SkipsTheSleep]
     (record,) = honed.jit.tunes()
     assert record.selected == "SkipsTheSleep" and record.evidence == "the program's calls"
@@ -815,7 +817,10 @@ def test_a_candidate_whose_check_ran_much_slower_stays_out_of_the_program_and_on
         honed.jit.config.patch(backends=[LongSleep(), ShortSleep()]),
     ):
         root = _call_until_tuned(model, x, want)
-        assert root.backend == "ShortSleep", "\n".join(honed.jit.history())
+        # the pick is the rule's on the program's calls (eager on a loaded machine, its calls
+        # too noisy to decide on): what is asserted is where each candidate went
+        first = root.backend
+        assert first in ("ShortSleep", "TorchEagerBackend"), "\n".join(honed.jit.history())
         assert installed == ["ShortSleep"], "\n".join(honed.jit.history())
         rows = {c.name: c for c in root.report.graphs[0].candidates}
         assert rows["ShortSleep"].status == "ok" and rows["ShortSleep"].samples_ms
@@ -830,13 +835,13 @@ def test_a_candidate_whose_check_ran_much_slower_stays_out_of_the_program_and_on
         honed.jit.enable_jit_tuning()
         torch.manual_seed(0)
         root = _call_until_tuned(Slow().eval().to(device), x, want)
-    assert root.backend == "ShortSleep"
+    assert root.backend == first
     (record,) = honed.jit.tunes()
     assert record.evidence == "cache"
     rows = {c.name: c for c in root.report.graphs[0].candidates}
     assert rows["LongSleep"].status == "not tried" and not rows["LongSleep"].cached
     assert rows["LongSleep"].reason == long.reason
-    assert installed == ["ShortSleep", "ShortSleep"]
+    assert installed == ["ShortSleep"] + ([first] if first == "ShortSleep" else [])
 
 
 def test_check_times_travel_in_records_and_only_a_gpu_compares_them() -> None:
