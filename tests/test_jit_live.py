@@ -437,11 +437,14 @@ def test_rivals_are_the_best_runners_up_and_within_a_factor_when_asked() -> None
 class ShortSleep(Backend):
     """A variant that sleeps 0.5 ms instead of 4: steady enough to be measured stable."""
 
+    sleep_s = 0.0005
+
     def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
         assert isinstance(module, Slow)
+        seconds = self.sleep_s
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            time.sleep(0.0005)
+            time.sleep(seconds)
             return module.body(x)
 
         return run
@@ -775,18 +778,11 @@ def test_a_candidate_that_compiles_here_stays_out_beside_the_program_and_on_rest
     assert rows["CompilesToo"].status == "not tried" and not rows["CompilesToo"].cached
 
 
-class LongSleep(Backend):
+class LongSleep(ShortSleep):
     """Answers right, far slower than ShortSleep (60 ms a run against 0.5): on a busy 2-core
     machine a worker's short sleep ends up to 15 ms late, and the gap still shows."""
 
-    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
-        assert isinstance(module, Slow)
-
-        def run(x: torch.Tensor) -> torch.Tensor:
-            time.sleep(0.060)
-            return module.body(x)
-
-        return run
+    sleep_s = 0.060
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -867,6 +863,9 @@ def test_check_times_travel_in_records_and_only_a_gpu_compares_them() -> None:
     assert graph_tuner._much_slower_check(checked(LongSleep(), 1.8), [fast], cuda) == ""
     assert graph_tuner._much_slower_check(checked(LongSleep(), None), [fast], cuda) == ""
     assert graph_tuner._much_slower_check(slow, [], cuda) == ""
+    here = checked(LongSleep(), 5.6)
+    here.fn, here.checked_here = (lambda x: x), True  # installed already: nothing to spare
+    assert graph_tuner._much_slower_check(here, [fast], cuda) == ""
     eager = checked(honed.backend.TorchEagerBackend(), None, baseline=True)
     assert graph_tuner._much_slower_check(slow, [eager], cuda) == ""  # eager ran no check
     # installed quickest first, eager ahead of all, unknown figures last

@@ -1074,6 +1074,8 @@ def _much_slower_check(outcome: Outcome, installed: list[Outcome], device: Any) 
     on = getattr(device, "type", "") in _CHECK_RUNS_COMPARED_ON
     if not on or outcome.is_baseline or outcome.check_ms is None:
         return ""
+    if outcome.fn is not None and outcome.checked_here:  # here already (promoted, or built here)
+        return ""
     timed = [o for o in installed if not o.is_baseline and o.check_ms is not None]
     if not timed:
         return ""
