@@ -755,7 +755,7 @@ class GraphTuner:
             if not o.is_baseline and not self._installed_here(o):
                 continue
             installed.append(o)
-        arms = [o for o in ok if o in installed]
+        arms = [o for o in ok if any(o is i for i in installed)]  # in the tune's order
         self.ctx.check_abandoned(self.module.name)
         self.tracker.candidate("finalists")
         self.tracker.phase("on the program's calls")
