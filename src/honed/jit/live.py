@@ -328,15 +328,6 @@ def rivals(report: Any, most: int = 2, within: float | None = None) -> list[Any]
     return sorted(passed, key=lambda c: c.throughput, reverse=True)[:most]
 
 
-def _shapes(args: Any, kwargs: Any) -> tuple[Any, ...]:
-    import torch
-
-    return tuple(
-        (tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t)
-        for t in torch.utils._pytree.tree_leaves((args, kwargs))
-    )
-
-
 # A worker may measure once the program's latest call ended this long ago (ProgramCalls.idle);
 # a measurement on the program's calls gives up once they stopped for _STALL_S, or for _IDLE_S
 # while a thread of the program waits for JIT (honed.jit.wait: it makes no call meanwhile).
@@ -444,15 +435,16 @@ class ProgramCalls:
         """Which calls a trial or route takes: those bound like ``sample`` with its shapes;
         None when the program dropped the module."""
         from honed.calls import CallBinder
+        from honed.pipeline.candidate import shapes_key
 
         module = self.node.module
         if module is None:
             return None
-        key = _shapes(sample.args, sample.kwargs)
+        key = shapes_key(sample.args, sample.kwargs)
         binder = CallBinder(module.forward)
 
         def takes(args: Any, kwargs: Any) -> bool:
-            return _shapes(*binder.bind(args, kwargs)) == key
+            return shapes_key(*binder.bind(args, kwargs)) == key
 
         return takes
 

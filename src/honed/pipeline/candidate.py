@@ -304,14 +304,21 @@ def _warm_check_ms(runs_ms: list[float], samples: list[Sample], measure_at: int)
     """The quickest check run on a sample of the measured sample's shapes (the build ran that
     one first): a shape's first run pays for its own set-up (a CUDA-graph capture, a CPU
     library's kernels for the shape), which tells nothing of the variant's speed."""
-    want = _shapes(samples[measure_at])
-    warm = [ms for ms, s in zip(runs_ms, samples, strict=False) if _shapes(s) == want]
+    first = samples[measure_at]
+    want = shapes_key(first.args, first.kwargs)
+    warm = [
+        ms for ms, s in zip(runs_ms, samples, strict=False) if shapes_key(s.args, s.kwargs) == want
+    ]
     return min(warm) if warm else None
 
 
-def _shapes(sample: Sample) -> list[Any]:
-    leaves = torch.utils._pytree.tree_leaves((sample.args, sample.kwargs))
-    return [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in leaves]
+def shapes_key(args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """A call's inputs as their shapes, dtypes and devices (other leaves by type): calls with
+    equal keys take the same path through a compiled variant."""
+    return tuple(
+        (tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t)
+        for t in torch.utils._pytree.tree_leaves((args, kwargs))
+    )
 
 
 def _fail(outcome: Outcome, reason: str) -> Outcome:
