@@ -202,6 +202,52 @@ def test_module_cast_to_bf16_takes_and_returns_what_eager_does() -> None:
     assert all(p.dtype == torch.bfloat16 for p in fn.inner.parameters())
 
 
+class _Counted(nn.Module):
+    """Returns a float32 and an int64 tensor; counts its forward calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        y = self.linear(x)
+        return y, y.argmax(dim=-1)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        TorchEagerBackend(TorchEagerBackendConfig(precision="bf16")),
+        TorchEagerBackend(TorchEagerBackendConfig(precision="fp16")),
+    ],
+    ids=["bf16", "fp16"],
+)
+def test_a_candidate_learns_eagers_output_dtypes_from_the_tunes_references(
+    backend: honed.backend.Backend,
+) -> None:
+    # Beside a program on a GPU an eager run in a worker holds the program's calls back: the
+    # build learns what eager returns from the outputs the tune already holds.
+    from honed.pipeline.candidate import evaluate
+
+    model = _Counted().eval()
+    samples = [Sample((torch.randn(4, 8),), {}), Sample((torch.randn(6, 8),), {})]
+    with torch.no_grad():
+        references = [model(*s.args) for s in samples]
+    model.calls = 0
+    graph = GraphInfo(device=CPU)
+    outcome = evaluate(backend, model, samples, references, graph, 0, 4)
+    assert outcome.status == "ok", outcome.reason
+    assert model.calls == 0  # the original module never ran: the check compared with references
+    out = outcome.fn(*samples[1].args)
+    assert [t.dtype for t in out] == [torch.float32, torch.int64]
+    assert compare(references[1], out, tolerance=backend.tolerance()).ok
+    # Without the tune's outputs (a build on its own) the build runs eager once to learn them.
+    backend.build(model, samples[:1])
+    assert model.calls == 1
+
+
 def test_cast_keeps_integer_inputs_and_nested_outputs() -> None:
     class Embed(nn.Module):
         def __init__(self) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
+from honed.backend.base import eager_output
 from honed.errors import ConfigError, InputError, TuneError
 from honed.pipeline.correctness import MAX_OBJECT_DEPTH, REDUCED, TF32, VALUE_TYPES, Tolerance
 
@@ -108,10 +109,7 @@ def converted(
             f"{who}: memory_format='channels_last' is for models with a 4-D image input and "
             "this graph has none; leave memory_format None for this model"
         )
-    first = samples[0]
-    with torch.no_grad():
-        eager_out = module(*first.args, **first.kwargs)
-    leaves = output_tensors(eager_out)
+    leaves = output_tensors(eager_output(module, samples[0]))
     out_dtypes: list[torch.dtype | None] = [
         t if isinstance(t, torch.dtype) else t.dtype for t in leaves
     ]

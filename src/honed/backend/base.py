@@ -12,9 +12,11 @@ measurement, selection and saving apply to every backend alike.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -29,6 +31,37 @@ class Sample(NamedTuple):
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+
+
+# Eager's outputs the tune already holds for its samples (the recorded calls returned them, or
+# its reference runs did), while a backend builds: see eager_output.
+_KNOWN_OUTPUTS: contextvars.ContextVar[tuple[Sequence[Sample], Sequence[Any]] | None] = (
+    contextvars.ContextVar("honed_known_outputs", default=None)
+)
+
+
+@contextlib.contextmanager
+def known_outputs(samples: Sequence[Sample], outputs: Sequence[Any]) -> Iterator[None]:
+    """While building: ``outputs[i]`` is eager's output for ``samples[i]`` (eager_output)."""
+    token = _KNOWN_OUTPUTS.set((samples, outputs))
+    try:
+        yield
+    finally:
+        _KNOWN_OUTPUTS.reset(token)
+
+
+def eager_output(module: torch.nn.Module, sample: Sample) -> Any:
+    """Eager's output of ``module`` for ``sample``, for what a build learns from it (output
+    dtypes, structure): the one the tune holds when ``sample`` is one of its samples, else one
+    eager run. Beside a program on a GPU such a run holds the program's calls back for as long
+    as it lasts (the GPU time-slices the worker's context with the program's)."""
+    known = _KNOWN_OUTPUTS.get()
+    if known is not None:
+        for s, out in zip(*known, strict=False):
+            if s is sample:
+                return out
+    with torch.no_grad():
+        return module(*sample.args, **sample.kwargs)
 
 
 class Availability(NamedTuple):

@@ -40,7 +40,14 @@ from honed.backend._onnx_export import (
     onnx_calling,
     runtime_available,
 )
-from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
+from honed.backend.base import (
+    Availability,
+    Backend,
+    BackendConfig,
+    GraphInfo,
+    Sample,
+    eager_output,
+)
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
 
 PAYLOAD_MODEL = "model.onnx"
@@ -212,9 +219,7 @@ class ONNXRuntimeBackend(Backend):
         wrapper = FlatForward(module, exported_plan)
         wrapper.train(module.training)
         example = exported_plan.example
-        with torch.no_grad():
-            eager_out = module(*example.args, **example.kwargs)
-        calling = onnx_calling(exported_plan, eager_out, type(module).__name__)
+        calling = onnx_calling(exported_plan, eager_output(module, example), type(module).__name__)
         model = export_onnx(
             wrapper, exported_plan, calling, cfg.opset, cfg.dynamo, type(module).__name__
         )

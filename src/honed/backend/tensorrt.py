@@ -47,7 +47,14 @@ from honed.backend._onnx_export import (
 )
 from honed.backend._precision import CastModule
 from honed.backend._tensorrt_env import cc_verdict, probe
-from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
+from honed.backend.base import (
+    Availability,
+    Backend,
+    BackendConfig,
+    GraphInfo,
+    Sample,
+    eager_output,
+)
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
 from honed.pipeline.correctness import REDUCED, Tolerance
 
@@ -551,8 +558,7 @@ class TensorRTBackend(Backend):
         export_dtype = _LOW_DTYPES.get(cfg.precision) if strong else None
         exported_plan = plan(example_inputs, graph, None, "TensorRTBackend")
         example = exported_plan.example
-        with torch.no_grad():
-            eager_out = module(*example.args, **example.kwargs)
+        eager_out = eager_output(module, example)
         inner = module
         if export_dtype is not None:
             leaves = torch.utils._pytree.tree_leaves(eager_out)

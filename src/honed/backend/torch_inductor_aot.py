@@ -35,7 +35,14 @@ from honed.backend._precision import (
     precision_field,
     tolerance,
 )
-from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
+from honed.backend.base import (
+    Availability,
+    Backend,
+    BackendConfig,
+    GraphInfo,
+    Sample,
+    eager_output,
+)
 from honed.backend.cuda_graphs import CudaGraphed, CudaGraphsBackendConfig
 from honed.errors import ConfigError, InputError, TuneError
 from honed.pipeline.correctness import Tolerance
@@ -237,9 +244,11 @@ class TorchInductorAotBackend(Backend):
         inner = converted(module, example_inputs, cfg.precision, cfg.memory_format, self.name)
         wrapper = FlatForward(inner, exported_plan)
         if cfg.autocast_enabled:
-            with torch.no_grad():
-                eager_out = module(*example.args, **example.kwargs)
-            wrapper.set_autocast(graph.device.type, cfg.autocast_dtype or torch.bfloat16, eager_out)
+            wrapper.set_autocast(
+                graph.device.type,
+                cfg.autocast_dtype or torch.bfloat16,
+                eager_output(module, example),
+            )
         _aoti_env.check_probe(graph.device.type)  # known not to load here: fail before compiling
         exported = export_program(
             wrapper, exported_plan, cfg.strict, type(module).__name__, "AOTInductor"

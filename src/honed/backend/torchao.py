@@ -39,7 +39,14 @@ import torch
 
 from honed.backend._inductor_env import inductor_available
 from honed.backend._precision import CastModule
-from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
+from honed.backend.base import (
+    Availability,
+    Backend,
+    BackendConfig,
+    GraphInfo,
+    Sample,
+    eager_output,
+)
 from honed.errors import BackendUnavailableError, ConfigError, InputError, TuneError
 from honed.pipeline.correctness import Tolerance
 
@@ -395,10 +402,7 @@ class TorchAOBackend(Backend):
 
         out_dtypes: list[torch.dtype | None] = []  # per output leaf (None: not a tensor)
         if example_inputs:
-            first = example_inputs[0]
-            with torch.no_grad():
-                eager_out = module(*first.args, **first.kwargs)
-            leaves = torch.utils._pytree.tree_leaves(eager_out)
+            leaves = torch.utils._pytree.tree_leaves(eager_output(module, example_inputs[0]))
             out_dtypes = [t.dtype if isinstance(t, torch.Tensor) else None for t in leaves]
         quantized = copy.deepcopy(module)
         if dtype is not None:
