@@ -318,3 +318,122 @@ def test_a_job_queued_inside_a_programs_call_starts_once_the_call_has_ended() ->
         honed.jit.reset()
     assert len(started) == 1
     assert started[0] >= ended - 0.001
+
+
+# -- the call clock: a worker's GPU runs start halfway through a program's call ------------------
+def test_a_run_waits_for_the_middle_of_the_programs_call() -> None:
+    wait = courtesy.mid_call_wait
+    assert wait(100.0, 99.99, 0.02, 100.001) == pytest.approx(0.009)  # early in a call
+    assert wait(100.0, 99.99, 0.02, 100.012) == 0.0  # past its middle: at once
+    assert wait(100.0, 99.99, 0.02, 100.5) == 0.0  # a call running long: at once
+    assert 0.0 < wait(99.97, 99.99, 0.02, 99.9905) <= 0.0005  # between two calls: the next's
+    assert wait(99.97, 99.99, 0.02, 100.2) == 0.0  # the program is idle
+    assert wait(0.0, 0.0, 0.0, 5.0) == 0.0  # no call has ended yet: nothing to go by
+
+
+class _FakeTime:
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_waiting_for_the_middle_of_a_call_is_bounded() -> None:
+    t = _FakeTime(100.001)
+    courtesy.wait_mid_call([100.0, 99.99, 0.02], t.clock, t.sleep)
+    assert t.now == pytest.approx(100.010) and len(t.slept) == 1
+    t = _FakeTime(99.9905)  # between calls, and the next never starts: until the program
+    courtesy.wait_mid_call([99.97, 99.99, 0.02], t.clock, t.sleep)  # is idle (2 calls' time)
+    assert t.now == pytest.approx(99.99 + 2 * 0.02, abs=0.0006)
+    t = _FakeTime(99.9905)  # the same after long calls: MAX_ALIGN_S at most
+    courtesy.wait_mid_call([99.87, 99.99, 0.12], t.clock, t.sleep)
+    assert t.now - 99.9905 == pytest.approx(courtesy.MAX_ALIGN_S)
+    t = _FakeTime(100.2)  # idle program: no wait
+    courtesy.wait_mid_call([99.97, 99.99, 0.02], t.clock, t.sleep)
+    assert t.slept == []
+
+
+def test_jits_outermost_calls_keep_the_call_clock_that_workers_read() -> None:
+    import mmap
+    import struct
+
+    honed.jit.reset()
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):  # nothing is tuned
+        honed.jit.enable_jit_tuning()
+        try:
+            path = courtesy.open_call_clock()
+            assert courtesy.open_call_clock() == path  # one per process
+            with open(path, "rb") as f:  # as a worker maps it: another mapping of the file
+                mapped = mmap.mmap(f.fileno(), 24, prot=mmap.PROT_READ)
+
+            def read() -> tuple[float, ...]:
+                return struct.unpack("3d", mapped[:24])
+
+            model = Slow(0.05)
+            thread = threading.Thread(target=model, args=(torch.zeros(1),))
+            before = time.monotonic()
+            thread.start()
+            assert model.started.wait(5)
+            started, ended, _ = read()
+            assert started >= before and started > ended  # inside a call
+            thread.join()
+            started2, ended2, last = read()
+            assert started2 == started and ended2 > started and last == ended2 - started
+            assert last >= 0.05
+            mapped.close()
+        finally:
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()
+
+
+def test_a_job_beside_a_program_on_a_gpu_carries_the_call_clock() -> None:
+    from honed.pipeline.isolation import _call_clock
+
+    assert _call_clock("cpu") == ""
+    assert _call_clock("cuda:0") == courtesy.open_call_clock()
+
+
+@pytest.mark.gpu
+def test_beside_a_program_gpu_runs_start_halfway_through_its_calls() -> None:
+    """A program calls a module of about 10 ms of GPU work in a loop; each spaced run of a
+    worker (told so, with the program's call clock) starts in the second half of one call."""
+    device = torch.device("cuda:0")
+    cycles = int(torch.cuda.get_device_properties(device).clock_rate * 1e3 * 0.01)
+    model = _Timed(cycles)
+    honed.jit.reset()
+    stop = threading.Event()
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):  # nothing is tuned
+        honed.jit.enable_jit_tuning()
+        try:
+            courtesy.space_runs(True, courtesy.open_call_clock())
+
+            def program() -> None:
+                x = torch.ones(4, device=device)
+                while not stop.is_set():
+                    model(x)
+
+            thread = threading.Thread(target=program)
+            thread.start()
+            deadline = time.monotonic() + 10
+            while len(model.spans) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)  # a few calls first: the clock knows a call's length
+            view = courtesy._clock[0]
+            places = []
+            for _ in range(5):
+                with courtesy.spaced_run(device):
+                    now = time.monotonic()
+                    places.append((view[0] > view[1], (now - view[0]) / view[2]))
+            stop.set()
+            thread.join()
+            assert all(inside and 0.45 <= at for inside, at in places), places
+        finally:
+            stop.set()
+            courtesy.space_runs(False)
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()

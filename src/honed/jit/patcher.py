@@ -84,6 +84,7 @@ _is_compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
 _monotonic = time.monotonic
 _call_ended = courtesy.call_ended
+_note_start, _note_end = courtesy.note_call_start, courtesy.note_call_end
 _observe = pacing.observe
 
 
@@ -106,6 +107,7 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         _outermost(node.trial is not None)
         st.in_call = _get_ident()  # JIT's work gives way meanwhile (honed.pipeline.courtesy)
         started = _monotonic()
+        _note_start(started)  # the call clock: workers start their GPU runs mid-call
     try:
         state = node.state
         if state is _TUNED:
@@ -143,6 +145,7 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if outermost:
             st.in_call = 0
             st.call_ended = ended = _monotonic()
+            _note_end(started, ended)
             _call_ended()  # wakes JIT's work waiting for this call's end
             if timed:
                 _observe(id(node), ended - started)  # eager's pace paces the workers

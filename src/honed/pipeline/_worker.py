@@ -164,7 +164,8 @@ class _Server:
             request: dict[str, Any] = pickle.loads(frames[0], buffers=frames[1:])
             from honed.pipeline.courtesy import space_runs
 
-            space_runs(bool(request.get("beside_program")))  # its model runs, spaced on the GPU
+            # its model runs, spaced on the GPU and started halfway through the program's calls
+            space_runs(bool(request.get("beside_program")), request.get("call_clock") or "")
             if request["device"].startswith("cuda"):
                 import torch
 

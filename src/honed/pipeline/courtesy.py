@@ -19,12 +19,21 @@ candidate on every recorded sample, and runs queued back to back, in a worker's 
 (which the GPU time-slices with the program's) or on honed's stream here, hold the program's
 kernels back for as long as they last. ``spaced_run`` lets each such run finish, then leaves the
 GPU to the program for twice as long before the next, so that a call of the program overlaps
-about one run, not eight.
+about one run, not eight. Two contexts that both have work share the GPU about evenly, so a run
+as long as one of the program's calls, started as that call starts, makes it last twice as long
+(bench/gpu_neighbours.py); started halfway through a call it shares the GPU with the end of one
+call and the start of the next, each about a half longer. So the program's process keeps a
+call clock (``open_call_clock``: when its latest outermost call started, ended, and how long the
+last complete one took, in a small shared file JIT writes at each call's start and end), a
+worker beside it maps it (``space_runs``), and each spaced run starts halfway through a call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -97,18 +106,121 @@ GAP_FACTOR = 2.0
 MIN_GAP_S = 0.005
 MAX_GAP_S = 0.05
 _SPACED = [False]  # a worker's job for a tune beside a program (space_runs)
+MAX_ALIGN_S = 0.05  # the longest a spaced run waits for the middle of a call
+
+# The call clock: three float64 of time.monotonic() (one clock for every process): the latest
+# outermost call's start, its end (below its start while it runs), the last complete call's
+# length. The program writes it (note_call_start, note_call_end) once JIT opened it; a worker
+# maps it read-only. A torn read costs one badly placed run, nothing else.
+_CLOCK_SLOTS = 3
+_clock: list[Any] = [None]  # this process's view of the clock (a memoryview of float64)
+_clock_file: list[Any] = [None, None]  # (path, mmap) kept open with the view
+_CLOCK_LOCK = threading.Lock()
 
 
-def space_runs(on: bool) -> None:
+def open_call_clock() -> str:
+    """The program's call clock's file (made on first use, removed at exit): JIT writes each
+    outermost call's start and end there from now on."""
+    with _CLOCK_LOCK:
+        if _clock_file[0] is None:
+            folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            fd, path = tempfile.mkstemp(prefix="honed-calls-", dir=folder)
+            os.write(fd, bytes(8 * _CLOCK_SLOTS))
+            mapped = mmap.mmap(fd, 8 * _CLOCK_SLOTS)
+            os.close(fd)
+            import atexit
+
+            atexit.register(_remove, path)
+            _clock_file[:] = [path, mapped]
+            _clock[0] = memoryview(mapped).cast("d")
+        return str(_clock_file[0])
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def note_call_start(started: float) -> None:
+    """The program's outermost call started (JIT's patched call; nearly free without a clock)."""
+    view = _clock[0]
+    if view is not None:
+        view[0] = started
+
+
+def note_call_end(started: float, ended: float) -> None:
+    view = _clock[0]
+    if view is not None:
+        view[2] = ended - started
+        view[1] = ended
+
+
+def _map_clock(path: str) -> None:
+    """In a worker: read the program's call clock at ``path`` ("" or unreadable: none)."""
+    if _clock_file[0] == path:
+        return
+    _clock[0] = None
+    if _clock_file[1] is not None:
+        with contextlib.suppress(Exception):
+            _clock_file[1].close()
+    _clock_file[:] = [None, None]
+    if not path:
+        return
+    try:
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 8 * _CLOCK_SLOTS, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return
+    _clock_file[:] = [path, mapped]
+    _clock[0] = memoryview(mapped).cast("d")
+
+
+def mid_call_wait(started: float, ended: float, last: float, now: float) -> float:
+    """Seconds to wait before a run so that it starts halfway through a call of the program:
+    0 when no call has ended yet (nothing to go by), when the program is idle (no call for two
+    call lengths), or when the running call is past its middle; a short wait between two calls
+    (the next is about to start: a program calling in a loop)."""
+    if last <= 0.0:
+        return 0.0
+    if started > ended:  # inside a call
+        return max(0.0, started + last / 2 - now)
+    if now - ended > 2 * last:
+        return 0.0
+    return min(last / 4, 0.0005)
+
+
+def wait_mid_call(
+    view: Any = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Wait (``MAX_ALIGN_S`` at most) until the program is halfway through a call, by its call
+    clock (``view``: this process's, if any; ``clock`` and ``sleep`` for tests)."""
+    view = _clock[0] if view is None else view
+    if view is None:
+        return
+    deadline = clock() + MAX_ALIGN_S
+    while True:
+        now = clock()
+        wait = mid_call_wait(view[0], view[1], view[2], now)
+        if wait <= 0.0 or now >= deadline:
+            return
+        sleep(min(wait, deadline - now))
+
+
+def space_runs(on: bool, clock: str = "") -> None:
     """Space this process's model runs (``spaced_run``) as beside a program, or not: a worker
-    process has no probe, and is told per job."""
+    process has no probe, and is told per job (with the program's call clock's file, if any)."""
     _SPACED[0] = on
+    if on:
+        _map_clock(clock)
 
 
 @contextlib.contextmanager
 def spaced_run(device: Any) -> Iterator[None]:
     """One run of a model on ``device`` (a check's, a build's first): beside a program on a
-    CUDA device, started once the previous run's gap has passed, and waited for at its end
+    CUDA device, started once the previous run's gap has passed and, with the program's call
+    clock, halfway through one of its calls (``MAX_ALIGN_S`` at most), and waited for at its end
     (without the GIL) to set the next gap; elsewhere run as is. Never for a measurement: its
     calls are timed back to back."""
     if not (_SPACED[0] or _probe[0] is not None) or not _on_cuda(device):
@@ -119,6 +231,7 @@ def spaced_run(device: Any) -> Iterator[None]:
     wait = getattr(_local, "next_run", 0.0) - time.perf_counter()
     if wait > 0:
         time.sleep(wait)
+    wait_mid_call()
     started = time.perf_counter()
     yield
     torch.cuda.current_stream(device).synchronize()
@@ -164,7 +277,12 @@ __all__ = [
     "beside_program",
     "call_ended",
     "give_way",
+    "mid_call_wait",
+    "note_call_end",
+    "note_call_start",
+    "open_call_clock",
     "own_stream",
+    "wait_mid_call",
     "space_runs",
     "spaced_run",
     "watch",

@@ -168,6 +168,16 @@ def _check_pickles(value: Any, what: str) -> None:
         raise NotIsolatable(f"{what}: {type(e).__name__}: {e}") from e
 
 
+def _call_clock(device: str) -> str:
+    """The calling program's call clock for a job beside it on a GPU (its runs start mid-call,
+    honed.pipeline.courtesy); "" elsewhere."""
+    if not device.startswith("cuda"):
+        return ""
+    from honed.pipeline.courtesy import open_call_clock
+
+    return open_call_clock()
+
+
 def spreads(backend: Backend) -> bool:
     """Whether the candidate may be measured on another GPU of the host: only when what its
     worker ships back does not depend on the device (nothing, or Inductor's cache artifacts)."""
@@ -220,6 +230,7 @@ class GraphJobs:
                 "backend": backend,
                 "is_baseline": is_baseline,
                 "beside_program": measure_if is not None,
+                "call_clock": _call_clock(self.device) if measure_if is not None else "",
             },
             context=self.context,
             device=self.device,
