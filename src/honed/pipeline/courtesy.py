@@ -282,8 +282,8 @@ __all__ = [
     "note_call_start",
     "open_call_clock",
     "own_stream",
-    "wait_mid_call",
     "space_runs",
     "spaced_run",
+    "wait_mid_call",
     "watch",
 ]
