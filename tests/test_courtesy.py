@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -437,3 +439,23 @@ def test_beside_a_program_gpu_runs_start_halfway_through_its_calls() -> None:
             courtesy.space_runs(False)
             honed.jit.disable_jit_tuning()
             honed.jit.reset()
+
+
+def test_a_killed_programs_call_clock_is_removed_by_the_next_one(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = int(dead.stdout)
+    stale = tmp_path / f"honed-calls-{pid}-abc"
+    live = tmp_path / f"honed-calls-{os.getpid()}-abc"
+    other = tmp_path / "someone-else"
+    for f in (stale, live, other):
+        f.write_bytes(bytes(24))
+    courtesy._remove_stale_clocks(str(tmp_path))
+    assert not stale.exists() and live.exists() and other.exists()

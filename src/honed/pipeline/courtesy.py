@@ -116,6 +116,7 @@ _CLOCK_SLOTS = 3
 _clock: list[Any] = [None]  # this process's view of the clock (a memoryview of float64)
 _clock_file: list[Any] = [None, None]  # (path, mmap) kept open with the view
 _CLOCK_LOCK = threading.Lock()
+_CLOCK_PREFIX = "honed-calls-"
 
 
 def open_call_clock() -> str:
@@ -124,7 +125,8 @@ def open_call_clock() -> str:
     with _CLOCK_LOCK:
         if _clock_file[0] is None:
             folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            fd, path = tempfile.mkstemp(prefix="honed-calls-", dir=folder)
+            _remove_stale_clocks(folder or tempfile.gettempdir())
+            fd, path = tempfile.mkstemp(prefix=f"{_CLOCK_PREFIX}{os.getpid()}-", dir=folder)
             os.write(fd, bytes(8 * _CLOCK_SLOTS))
             mapped = mmap.mmap(fd, 8 * _CLOCK_SLOTS)
             os.close(fd)
@@ -134,6 +136,19 @@ def open_call_clock() -> str:
             _clock_file[:] = [path, mapped]
             _clock[0] = memoryview(mapped).cast("d")
         return str(_clock_file[0])
+
+
+def _remove_stale_clocks(folder: str) -> None:
+    """Remove the call clocks of processes that ended without their exit handlers (killed)."""
+    from honed.pipeline.pool import _pid_alive
+
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            if not name.startswith(_CLOCK_PREFIX):
+                continue
+            pid = name[len(_CLOCK_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                _remove(os.path.join(folder, name))
 
 
 def _remove(path: str) -> None:
@@ -231,7 +246,10 @@ def spaced_run(device: Any) -> Iterator[None]:
     wait = getattr(_local, "next_run", 0.0) - time.perf_counter()
     if wait > 0:
         time.sleep(wait)
-    wait_mid_call()
+    if _SPACED[0]:  # a worker: its own CUDA context, which the GPU time-slices with the
+        # program's. In the program's process (JIT's thread) the run's launches would take
+        # the GIL from the call in progress; its kernels share the GPU at a finer grain there.
+        wait_mid_call()
     started = time.perf_counter()
     yield
     torch.cuda.current_stream(device).synchronize()
