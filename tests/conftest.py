@@ -96,6 +96,17 @@ class Loaded(NamedTuple):
     outputs: list[torch.Tensor]
 
 
+def ended_pid() -> int:
+    """The pid of a process that has ended (a stale file's owner)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout)
+
+
 def load_in_new_process(
     artifact: Path,
     inputs: list[torch.Tensor],

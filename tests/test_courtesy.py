@@ -16,6 +16,8 @@ import honed
 import honed.jit
 from honed.pipeline import courtesy
 
+from conftest import ended_pid
+
 
 class Slow(nn.Module):
     """A call that lasts ``seconds``, announcing its start."""
@@ -442,17 +444,7 @@ def test_beside_a_program_gpu_runs_start_halfway_through_its_calls() -> None:
 
 
 def test_a_killed_programs_call_clock_is_removed_by_the_next_one(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    pid = int(dead.stdout)
-    stale = tmp_path / f"honed-calls-{pid}-abc"
+    stale = tmp_path / f"honed-calls-{ended_pid()}-abc"
     live = tmp_path / f"honed-calls-{os.getpid()}-abc"
     other = tmp_path / "someone-else"
     for f in (stale, live, other):

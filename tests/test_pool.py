@@ -25,7 +25,7 @@ from honed.pipeline import pool as pool_module
 from honed.pipeline.isolation import GraphJobs, new_pool
 from honed.pipeline.pool import JobResult, WorkerPool, clean_stale_folders
 
-from conftest import TinyMLP, batches
+from conftest import TinyMLP, batches, ended_pid
 
 # Every test here starts worker processes: the integration tier.
 pytestmark = pytest.mark.integration
@@ -304,13 +304,7 @@ def test_gate_pauses_builders_only_on_a_cpu(device: str, paused: bool) -> None:
 
 
 def test_stale_worker_folders_of_ended_processes_are_removed(tmp_path: Path) -> None:
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        text=True,
-        capture_output=True,
-        check=True,
-    )
-    stale = tmp_path / f"honed-worker-{dead.stdout.strip()}-0-abc"
+    stale = tmp_path / f"honed-worker-{ended_pid()}-0-abc"
     live = tmp_path / f"honed-worker-{os.getpid()}-0-def"
     other = tmp_path / "honed-worker-notapid"
     for folder in (stale, live, other):
