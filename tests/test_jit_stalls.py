@@ -446,16 +446,18 @@ def test_a_cuda_top_module_prepares_the_hashing_copies_in_its_first_call() -> No
 _FIRST_CALL_IMPORTS = """
 import json, sys, torch
 import honed.jit
-from honed.pipeline import openmp
+from honed.pipeline import machine, openmp
 names = sys.argv[1:]
 before = [n for n in names if n in sys.modules]
 found = [openmp.runtime.cache_info().currsize]
+cpu_found = [machine.cpu.cache_info().currsize]
 honed.jit.enable_jit_tuning()
 with honed.jit.config.patch(min_samples=1000), torch.no_grad():  # no tune starts
     torch.nn.Linear(4, 4)(torch.randn(2, 4))
 found.append(openmp.runtime.cache_info().currsize)
+cpu_found.append(machine.cpu.cache_info().currsize)
 print(json.dumps({"before": before, "after": [n for n in names if n in sys.modules],
-                  "runtime_found": found}))
+                  "runtime_found": found, "cpu_found": cpu_found}))
 """
 
 
@@ -480,3 +482,4 @@ def test_the_first_call_imports_the_candidates_modules_so_no_later_call_waits_fo
     assert seen["before"] == []
     assert seen["after"] == names
     assert seen["runtime_found"] == [0, 1]
+    assert seen["cpu_found"] == [0, 1]  # /proc/cpuinfo read in the first call, not a tune's start

@@ -188,7 +188,8 @@ def _records(node: Node) -> bool:
 def _prepare_start(module: torch.nn.Module) -> None:
     """In a top module's first call (whose time is JIT's start-up anyway), what JIT's thread
     would otherwise derive beside a later call, holding the GIL or the CPU the program runs on:
-    the key ids a cached payload's signature is checked against (OpenSSL's key decoding); for a
+    the key ids a cached payload's signature is checked against (OpenSSL's key decoding); the
+    CPU's description a tune's machine check reads (/proc/cpuinfo); for a
     GPU model, the side stream and pinned staging that hash its weights for the cache key, the
     GPU's details through NVML (a tune's machine check), and the CPUs its workers may use (the
     cores' topology from sysfs); the modules of the candidates its tune will list (a dozen of
@@ -209,6 +210,9 @@ def _prepare_start(module: torch.nn.Module) -> None:
         ("the trusted keys", trust.known_key_ids),
         ("its candidates' modules", lambda: _import_candidates(device)),
         ("the OpenMP runtime", openmp.runtime),
+        # /proc/cpuinfo, which a tune's start describes the machine with: the kernel makes it
+        # as it is read, each CPU's clock among it
+        ("the CPU's description", machine.cpu),
     ]
     if on_gpu:
         assert first is not None
