@@ -3,16 +3,13 @@
 
 #include <string>
 
+#include "helpers.h"
 #include "honed/env.h"
 
 using honed::diagnose_driver;
 using honed::DriverDiagnosis;
 
-namespace {
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-}  // namespace
+using honed_test::contains;
 
 TEST(Env, CudaVersionString) {
   EXPECT_EQ(honed::cuda_version_string(12080), "12.8");

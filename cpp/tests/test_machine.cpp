@@ -4,13 +4,12 @@
 #include <string>
 #include <vector>
 
+#include "helpers.h"
 #include "honed/machine.h"
 
-namespace {
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using honed_test::contains;
 
+namespace {
 std::vector<double> steady(double ms, int n) { return std::vector<double>(n, ms); }
 }  // namespace
 

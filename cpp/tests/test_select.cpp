@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "helpers.h"
 #include "honed/select.h"
 
 using honed::CandidateResult;
@@ -44,11 +45,9 @@ CandidateResult failed(const std::string& name, const std::string& reason, bool 
   return c;
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 }  // namespace
+
+using honed_test::contains;
 
 TEST(Select, AllFailed) {
   const std::vector<CandidateResult> cands = {failed("eager", "oom"),

@@ -68,7 +68,7 @@ TEST(Stats, MedianOf) {
 
 namespace {
 // n samples around `center` with a small deterministic spread of +-2 %.
-std::vector<double> around(double center, int n = 40) {
+std::vector<double> near(double center, int n = 40) {
   std::vector<double> v;
   for (int i = 0; i < n; ++i) v.push_back(center * (1.0 + 0.02 * ((i % 5) - 2) / 2.0));
   return v;
@@ -76,7 +76,7 @@ std::vector<double> around(double center, int n = 40) {
 }  // namespace
 
 TEST(Compare, ClearlyFaster) {
-  const auto r = compare(around(1.0), around(2.0));
+  const auto r = compare(near(1.0), near(2.0));
   EXPECT_NEAR(r.ratio, 0.5, 1e-12);
   EXPECT_LT(r.hi, 1.0);
   EXPECT_LE(r.lo, r.ratio);
@@ -85,7 +85,7 @@ TEST(Compare, ClearlyFaster) {
 }
 
 TEST(Compare, ClearlySlower) {
-  const auto r = compare(around(3.0), around(2.0));
+  const auto r = compare(near(3.0), near(2.0));
   EXPECT_NEAR(r.ratio, 1.5, 1e-12);
   EXPECT_GT(r.lo, 1.0);
   EXPECT_EQ(r.verdict, 1);
