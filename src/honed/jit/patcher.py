@@ -84,7 +84,7 @@ _is_compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
 _monotonic = time.monotonic
 _call_ended = courtesy.call_ended
-_note_start, _note_end = courtesy.note_call_start, courtesy.note_call_end
+_CALL_CLOCK = courtesy.CALL_CLOCK  # None in it until a tune beside the program opens one
 _observe = pacing.observe
 
 
@@ -107,7 +107,9 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         _outermost(node.trial is not None)
         st.in_call = _get_ident()  # JIT's work gives way meanwhile (honed.pipeline.courtesy)
         started = _monotonic()
-        _note_start(started)  # the call clock: workers start their GPU runs mid-call
+        clock = _CALL_CLOCK[0]  # the call clock: workers start their GPU runs mid-call
+        if clock is not None:
+            clock[0] = started
     try:
         state = node.state
         if state is _TUNED:
@@ -145,7 +147,9 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if outermost:
             st.in_call = 0
             st.call_ended = ended = _monotonic()
-            _note_end(started, ended)
+            if clock is not None:
+                clock[2] = ended - started
+                clock[1] = ended
             _call_ended()  # wakes JIT's work waiting for this call's end
             if timed:
                 _observe(id(node), ended - started)  # eager's pace paces the workers

@@ -110,10 +110,11 @@ MAX_ALIGN_S = 0.05  # the longest a spaced run waits for the middle of a call
 
 # The call clock: three float64 of time.monotonic() (one clock for every process): the latest
 # outermost call's start, its end (below its start while it runs), the last complete call's
-# length. The program writes it (note_call_start, note_call_end) once JIT opened it; a worker
-# maps it read-only. A torn read costs one badly placed run, nothing else.
+# length. The program writes it (JIT's patched outermost call, through CALL_CLOCK, inline: it
+# runs on every call) once JIT opened it; a worker maps it read-only. A torn read costs one
+# badly placed run, nothing else.
 _CLOCK_SLOTS = 3
-_clock: list[Any] = [None]  # this process's view of the clock (a memoryview of float64)
+CALL_CLOCK: list[Any] = [None]  # this process's view of the clock (a memoryview of float64)
 _clock_file: list[Any] = [None, None]  # (path, mmap) kept open with the view
 _CLOCK_LOCK = threading.Lock()
 _CLOCK_PREFIX = "honed-calls-"
@@ -134,20 +135,20 @@ def open_call_clock() -> str:
 
             atexit.register(_remove, path)
             _clock_file[:] = [path, mapped]
-            _clock[0] = memoryview(mapped).cast("d")
+            CALL_CLOCK[0] = memoryview(mapped).cast("d")
         return str(_clock_file[0])
 
 
 def _remove_stale_clocks(folder: str) -> None:
     """Remove the call clocks of processes that ended without their exit handlers (killed)."""
-    from honed.pipeline.pool import _pid_alive
+    from honed.pipeline.pool import pid_alive
 
     with contextlib.suppress(OSError):
         for name in os.listdir(folder):
             if not name.startswith(_CLOCK_PREFIX):
                 continue
             pid = name[len(_CLOCK_PREFIX) :].split("-", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 _remove(os.path.join(folder, name))
 
 
@@ -156,25 +157,11 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def note_call_start(started: float) -> None:
-    """The program's outermost call started (JIT's patched call; nearly free without a clock)."""
-    view = _clock[0]
-    if view is not None:
-        view[0] = started
-
-
-def note_call_end(started: float, ended: float) -> None:
-    view = _clock[0]
-    if view is not None:
-        view[2] = ended - started
-        view[1] = ended
-
-
 def _map_clock(path: str) -> None:
     """In a worker: read the program's call clock at ``path`` ("" or unreadable: none)."""
     if _clock_file[0] == path:
         return
-    _clock[0] = None
+    CALL_CLOCK[0] = None
     if _clock_file[1] is not None:
         with contextlib.suppress(Exception):
             _clock_file[1].close()
@@ -187,7 +174,7 @@ def _map_clock(path: str) -> None:
     except (OSError, ValueError):
         return
     _clock_file[:] = [path, mapped]
-    _clock[0] = memoryview(mapped).cast("d")
+    CALL_CLOCK[0] = memoryview(mapped).cast("d")
 
 
 def mid_call_wait(started: float, ended: float, last: float, now: float) -> float:
@@ -211,7 +198,7 @@ def wait_mid_call(
 ) -> None:
     """Wait (``MAX_ALIGN_S`` at most) until the program is halfway through a call, by its call
     clock (``view``: this process's, if any; ``clock`` and ``sleep`` for tests)."""
-    view = _clock[0] if view is None else view
+    view = CALL_CLOCK[0] if view is None else view
     if view is None:
         return
     deadline = clock() + MAX_ALIGN_S
@@ -291,13 +278,12 @@ def own_stream(device: Any) -> Iterator[None]:
 
 
 __all__ = [
+    "CALL_CLOCK",
     "LIMIT_S",
     "beside_program",
     "call_ended",
     "give_way",
     "mid_call_wait",
-    "note_call_end",
-    "note_call_start",
     "open_call_clock",
     "own_stream",
     "space_runs",

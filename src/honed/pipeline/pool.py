@@ -203,7 +203,7 @@ def _message(tag: str, name: str, frames: list[Any]) -> list[Any]:
     return [pickle.dumps(head), *frames]
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -219,7 +219,7 @@ def clean_stale_folders(root: Path | None = None) -> list[Path]:
     removed = []
     for path in root.glob(f"{WORKER_PREFIX}*"):
         pid_text = path.name[len(WORKER_PREFIX) :].split("-", 1)[0]
-        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+        if not pid_text.isdigit() or pid_alive(int(pid_text)):
             continue
         try:
             if path.stat().st_uid != os.getuid():
