@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import itertools
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -459,3 +464,72 @@ def test_a_killed_programs_call_clock_is_removed_by_the_next_one(tmp_path: Path)
         f.write_bytes(bytes(24))
     courtesy._remove_stale_clocks(str(tmp_path))
     assert not stale.exists() and live.exists() and other.exists()
+
+
+class _Breaks(nn.Module):
+    """Two graphs for Dynamo: ``.item()`` breaks the trace."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        if y.sum().item() > 0:
+            return y + 1
+        return y - 1
+
+
+def _recorded_spaced_runs(monkeypatch: pytest.MonkeyPatch, spaces: bool) -> list[Any]:
+    runs: list[Any] = []
+
+    @contextlib.contextmanager
+    def recorded(device: Any) -> Iterator[None]:
+        runs.append(device)
+        yield
+
+    monkeypatch.setattr(courtesy, "spaces", lambda device: spaces)
+    monkeypatch.setattr(courtesy, "spaced_run", recorded)
+    return runs
+
+
+@pytest.mark.parametrize("spaces", [True, False])
+def test_the_graph_break_checks_graph_runs_are_spaced_where_runs_are(
+    monkeypatch: pytest.MonkeyPatch, spaces: bool
+) -> None:
+    """Dynamo's explain runs every graph it traced; where runs are spaced (beside a program on
+    a GPU) each of those runs is a spaced run, on the sample's device; elsewhere none is."""
+    from torch._dynamo.backends import debugging
+
+    from honed.pipeline.graph_breaks import explain
+
+    runs = _recorded_spaced_runs(monkeypatch, spaces)
+    detail = debugging._explain_graph_detail
+    assert explain(_Breaks(), ((torch.ones(3),), {})) == (1, [mock.ANY])
+    assert runs == ([torch.device("cpu")] * 2 if spaces else [])
+    runs.clear()
+    assert explain(nn.Linear(3, 3), ((torch.ones(2, 3),), {})) == (0, [])
+    assert runs == ([torch.device("cpu")] if spaces else [])
+    assert debugging._explain_graph_detail is detail  # explain's own function again
+
+
+def test_a_check_beside_a_program_is_sent_with_its_call_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The graph-break check's job tells the worker to space its runs, with the program's call
+    clock on a GPU, only beside a program."""
+    from honed.pipeline import isolation
+    from honed.pipeline.pool import JobResult
+
+    sent: list[Any] = []
+
+    class Pool:
+        def submit(self, job: Any) -> Any:
+            sent.append(job.request)
+            future: Any = concurrent.futures.Future()
+            future.set_result(JobResult(reply={"graph_breaks": 0, "reasons": []}))
+            return future
+
+    sample = ((torch.ones(2, 3),), {})
+    for beside in (False, True):
+        monkeypatch.setattr(isolation, "beside_program", lambda b=beside: b)
+        check = isolation.IsolatedCheck(nn.Linear(3, 3), sample, "cuda:0", lambda jobs: Pool())
+        assert check.run() == (0, [])
+    assert sent[0] == {"beside_program": False, "call_clock": ""}
+    assert sent[1] == {"beside_program": True, "call_clock": courtesy.open_call_clock()}

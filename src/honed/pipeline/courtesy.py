@@ -218,6 +218,11 @@ def space_runs(on: bool, clock: str = "") -> None:
         _map_clock(clock)
 
 
+def spaces(device: Any) -> bool:
+    """Whether ``spaced_run`` spaces a run on ``device`` here (beside a program, on a GPU)."""
+    return (_SPACED[0] or _probe[0] is not None) and _on_cuda(device)
+
+
 @contextlib.contextmanager
 def spaced_run(device: Any) -> Iterator[None]:
     """One run of a model on ``device`` (a check's, a build's first): beside a program on a
@@ -225,7 +230,7 @@ def spaced_run(device: Any) -> Iterator[None]:
     clock, halfway through one of its calls (``MAX_ALIGN_S`` at most), and waited for at its end
     (without the GIL) to set the next gap; elsewhere run as is. Never for a measurement: its
     calls are timed back to back."""
-    if not (_SPACED[0] or _probe[0] is not None) or not _on_cuda(device):
+    if not spaces(device):
         yield
         return
     import torch
@@ -288,6 +293,7 @@ __all__ = [
     "own_stream",
     "space_runs",
     "spaced_run",
+    "spaces",
     "wait_mid_call",
     "watch",
 ]

@@ -24,6 +24,7 @@ from typing import Any
 from honed import config
 from honed.backend.base import Backend
 from honed.pipeline.candidate import Outcome, measurement_from_record, per_call_ms
+from honed.pipeline.courtesy import beside_program
 from honed.pipeline.pool import Context, Job, JobResult, WorkerPool, request_frames, wait_all
 from honed.pipeline.sharing import Shared
 
@@ -355,9 +356,10 @@ class IsolatedCheck:
 
     def run(self) -> tuple[int, list[str]] | str:
         """(graph breaks, reasons), or why the worker gave no answer."""
+        beside = beside_program()  # the trace's graph runs are spaced on the program's GPU
         job = Job(
             "explain",
-            {},
+            {"beside_program": beside, "call_clock": _call_clock(self.device) if beside else ""},
             self.context,
             self.device,
             {"build": config.build_timeout_s},
