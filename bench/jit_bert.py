@@ -390,6 +390,7 @@ DEFAULT_WORKER_MARKS = ",".join(
     (
         "honed.pipeline.sharing:loads",
         "honed.pipeline.graph_breaks:explain_job",
+        "honed.pipeline.courtesy:wait_mid_call",
         "honed.pipeline.shipping:evaluate_for_caller",
         "honed.pipeline.candidate:_check",
         "honed.backend.torch_inductor_aot:TorchInductorAotBackend.build_graph",
