@@ -89,7 +89,7 @@ MARKING = textwrap.dedent(
 # The program under test: honed appears nowhere in it.
 PROGRAM = textwrap.dedent(
     """
-    import json, os, sys, time
+    import ctypes, json, os, resource, sys, time
     import torch
     __MARKING__
     small, device, calls, seconds, out, mode = (
@@ -118,7 +118,6 @@ PROGRAM = textwrap.dedent(
     if device.startswith("cuda") and os.environ.get("JIT_BERT_BLOCKING_SYNC") == "1":
         # the context waits for the GPU asleep: a call's thread CPU time is then only what ran
         # on the CPU (BERT's mask check waits for the GPU inside each call, spinning by default)
-        import ctypes
         torch.cuda.synchronize()
         assert ctypes.CDLL("libcuda.so.1").cuCtxSetFlags(4) == 0  # CU_CTX_SCHED_BLOCKING_SYNC
     marks = []
@@ -216,12 +215,21 @@ PROGRAM = textwrap.dedent(
             collections.append((gc_started[0] - start, time.perf_counter() - start,
                                 info["generation"]))
     gc.callbacks.append(on_gc)
+    # Per call, where its thread ran and what the kernel did to it: the CPU it returned on, and
+    # the thread's minor page faults and involuntary and voluntary context switches during it.
+    getcpu = ctypes.CDLL(None).sched_getcpu
+
+    def kernel_counts():
+        r = resource.getrusage(resource.RUSAGE_THREAD)
+        return r.ru_minflt, r.ru_nivcsw, r.ru_nvcsw
+
     with torch.no_grad():
         start = time.perf_counter()
         tuned["loop_started_unix"] = time.time()  # the host's samples (parent) line up with it
         tuned["loop_started_perf"] = start  # and the workers' marks (one monotonic clock)
         while len(times) < calls or time.perf_counter() - start < seconds:
             arm()
+            k0 = kernel_counts()
             c0 = time.thread_time()
             t0 = time.perf_counter()
             model(**inputs(ids))
@@ -229,10 +237,20 @@ PROGRAM = textwrap.dedent(
             cl = time.thread_time()
             sync()
             t1 = time.perf_counter()
+            k1 = kernel_counts()
             disarm(len(times), t0 - start, (t1 - t0) * 1e3)
-            # start, call, until it returned (before the sync), this thread's CPU time till then
-            times.append((t0 - start, (t1 - t0) * 1e3, (tl - t0) * 1e3, (cl - c0) * 1e3))
+            # start, call, until it returned (before the sync), this thread's CPU time till then;
+            # the CPU it ended on; its minor faults, involuntary and voluntary switches
+            times.append((t0 - start, (t1 - t0) * 1e3, (tl - t0) * 1e3, (cl - c0) * 1e3,
+                          getcpu(), *(b - a for a, b in zip(k0, k1))))
     gc.callbacks.remove(on_gc)
+    if "honed" in sys.modules:  # JIT's: the CPUs its workers may use, and the physical cores
+        try:
+            from honed.pipeline.isolation import physical_cores, worker_cpus
+            tuned["worker_cpus"] = worker_cpus()
+            tuned["cores"] = list(physical_cores().values())
+        except Exception as e:
+            tuned["worker_cpus_error"] = repr(e)
     tuned["collections"] = collections
     tuned["marks"] = [[m[0], m[1], round(m[2] - start, 4), round(m[3] - start, 4)] for m in marks]
     if watch_ms > 0:
@@ -757,12 +775,17 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         in_gc = [c for c in slow if _gc_made_slow(c, collections, eager_ms)]
         out["over_2x"], out["over_2x_in_gc"] = len(slow), len(in_gc)
         # Each such call (the first 400): index, start s, ms, ms until it returned (before the
-        # sync), its thread's CPU ms. A call that returned late ran slow on the host (the GIL,
-        # a core, its CPU's speed); one that returned on time waited for the GPU.
+        # sync), its thread's CPU ms; where kept, the CPU it ended on, its thread's minor page
+        # faults, involuntary and voluntary context switches. A call that returned late ran
+        # slow on the host (the GIL, a core, its CPU's speed); one that returned on time waited
+        # for the GPU.
         out["over_2x_calls"] = [
             [i, *(round(x, 3) for x in c)] for i, c in enumerate(calls) if i and c[1] > 2 * eager_ms
         ][:400]
         out["over_2x_by_cause"] = _by_cause(slow, eager_ms)
+        for key in ("worker_cpus", "cores"):  # over_2x_calls' fifth field is a CPU of these
+            if data.get(key) is not None:
+                out[key] = data[key]
         host = data.get("host") or []
         marks = data.get("marks") or []
         if marks:  # which of honed's marked functions ran during each call over 2x
