@@ -62,6 +62,25 @@ def test_each_call_over_2x_is_listed_with_its_host_and_cpu_time() -> None:
     assert out["slowest_after_first_ms"] == 9.0
 
 
+def test_a_slow_calls_cpu_and_kernel_counts_and_the_workers_cpus_are_kept() -> None:
+    """Where the program kept them, each call over 2x also carries the CPU it ended on and its
+    thread's minor faults, involuntary and voluntary switches; JIT's worker CPUs and the
+    physical cores come along, to tell whether a slow call shared a CPU with a worker."""
+    calls = [[i * 0.01, 1.0, 0.2, 0.2, 0, 0, 0, 1] for i in range(10)]
+    calls[4] = [0.04, 5.0, 4.9, 3.0, 3, 2, 1, 150]  # stopped 150 times: waited (the GIL)
+    data = {
+        "calls": calls,
+        "wall_s": 1.0,
+        "stderr": "",
+        "worker_cpus": [2, 3],
+        "cores": [[0], [1], [2], [3]],
+    }
+    out = jit_bert.summarize(data, eager_ms=1.0)
+    assert out["over_2x_calls"] == [[4, 0.04, 5.0, 4.9, 3.0, 3, 2, 1, 150]]
+    assert out["worker_cpus"] == [2, 3] and out["cores"] == [[0], [1], [2], [3]]
+    assert "worker_cpus" not in jit_bert.summarize(dict(data, worker_cpus=None), eager_ms=1.0)
+
+
 @pytest.mark.parametrize(
     ("statuses", "tuned_after"),
     # installed at call 20: calls 18-22 are the first five whose median is the tuned speed
