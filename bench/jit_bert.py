@@ -246,8 +246,12 @@ PROGRAM = textwrap.dedent(
     gc.callbacks.remove(on_gc)
     if "honed" in sys.modules:  # JIT's: the CPUs its workers may use, and the physical cores
         try:
+            import honed
             from honed.pipeline.isolation import physical_cores, worker_cpus
-            tuned["worker_cpus"] = worker_cpus()
+            # as JIT's tunes see it (JIT's flags hold only while it starts a pool)
+            spare = honed.config.jit_spare_cores if torch.device(device).type == "cuda" else 0
+            with honed.config.patch(worker_spare_cores=spare):
+                tuned["worker_cpus"] = worker_cpus()
             tuned["cores"] = list(physical_cores().values())
         except Exception as e:
             tuned["worker_cpus_error"] = repr(e)
