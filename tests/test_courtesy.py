@@ -533,3 +533,27 @@ def test_a_check_beside_a_program_is_sent_with_its_call_clock(
         assert check.run() == (0, [])
     assert sent[0] == {"beside_program": False, "call_clock": ""}
     assert sent[1] == {"beside_program": True, "call_clock": courtesy.open_call_clock()}
+
+
+def test_a_tunes_recording_asks_between_samples_whether_a_call_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Noting the samples' calls at a tune's start is Python on JIT's thread beside the
+    program's calls: before each sample it gives way (asks whether one of the program's calls
+    runs, and would wait for its end), as the tune's other loops do."""
+    from honed.pipeline import tuner
+
+    asked: list[int] = []
+
+    def idle() -> bool:
+        asked.append(1)
+        return False  # no call runs: nothing waits, the question is what is counted
+
+    monkeypatch.setattr(courtesy, "SLICE_S", 0.0)  # every give_way asks
+    courtesy.watch(idle)
+    try:
+        module = honed.Module(nn.Linear(3, 3), "lin")
+        tuner._record(module, [torch.ones(2, 3)] * 3, [], runs=True)
+    finally:
+        courtesy.watch(None)
+    assert len(asked) == 3

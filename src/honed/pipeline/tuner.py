@@ -28,6 +28,7 @@ from honed.module import Module, Variant, find_modules, observed_output
 from honed.module import recording as recording_modules
 from honed.pipeline import guidance, machine, progress, signals
 from honed.pipeline.cache import open_for_tune
+from honed.pipeline.courtesy import give_way
 from honed.pipeline.graph_tuner import TARGETS, GraphTuner, ProgramCalls, TuneContext, capped
 from honed.pipeline.isolation import new_pool
 from honed.pipeline.pool import WorkerPool
@@ -429,6 +430,7 @@ def _record(
     try:
         with torch.no_grad(), recording_modules(runs) as recorded:
             for i, sample in enumerate(samples):
+                give_way()  # beside a JIT program: a sample's recording between its calls
                 seen = outputs[i] if outputs is not None and not runs else None
                 with observed_output(seen):
                     _call(func, sample)
