@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from honed.backend.base import Sample, device_of
 from honed.pipeline import courtesy
 
 
@@ -31,7 +32,7 @@ def explain(
 
     args, kwargs = sample
     try:
-        with torch.no_grad(), _graph_runs_spaced(_device(args, kwargs)):
+        with torch.no_grad(), _graph_runs_spaced(device_of(module, [Sample(args, kwargs)])):
             explained = torch._dynamo.explain(module)(*args, **kwargs)
         count = int(explained.graph_break_count)
         reasons = sorted({_reason(r) for r in explained.break_reasons})
@@ -40,14 +41,8 @@ def explain(
     return count, reasons
 
 
-def _device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
-    """The device of the sample's first tensor (None: it has none)."""
-    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
-    return next((x.device for x in leaves if isinstance(x, torch.Tensor)), None)
-
-
 @contextlib.contextmanager
-def _graph_runs_spaced(device: torch.device | None) -> Iterator[None]:
+def _graph_runs_spaced(device: torch.device) -> Iterator[None]:
     """While explain runs: each traced graph's run is a ``courtesy.spaced_run`` where runs are
     spaced here. Explain returns each graph's ``forward`` to Dynamo after passing the graph
     through ``torch._dynamo.backends.debugging._explain_graph_detail``; wrapping that forward
