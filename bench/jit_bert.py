@@ -424,6 +424,8 @@ DEFAULT_WORKER_MARKS = ",".join(
         "honed.backend.torch_inductor_aot:AotCompiled.capture",
         "honed.backend.cuda_graphs:CudaGraphed._warm_up",
         "honed.backend.cuda_graphs:CudaGraphed._capture",
+        # the compiles' kernel benchmarks (GPU time beside the program's calls)
+        "torch._inductor.runtime.benchmarking:InductorBenchmarker.benchmark_gpu",
     )
 )
 

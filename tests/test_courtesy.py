@@ -557,3 +557,200 @@ def test_a_tunes_recording_asks_between_samples_whether_a_call_runs(
     finally:
         courtesy.watch(None)
     assert len(asked) == 3
+
+
+class _Benchmarker:
+    """Inductor's benchmarker as far as spaced_benchmarks sees it: what each call was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def benchmark_gpu(
+        self,
+        fn: Any,
+        estimation_iters: int = 5,
+        memory_warmup_iters: int = 100,
+        benchmark_iters: int = 100,
+        max_benchmark_duration: int = 25,
+        **kwargs: Any,
+    ) -> float:
+        fn()
+        self.calls.append(
+            {"flushes": memory_warmup_iters, "max_ms": max_benchmark_duration, **kwargs}
+        )
+        return 1.5
+
+
+@pytest.mark.parametrize("spaces", [True, False])
+def test_inductors_gpu_benchmarks_in_a_build_beside_a_program_are_spaced_and_short(
+    monkeypatch: pytest.MonkeyPatch, spaces: bool
+) -> None:
+    """A compile's kernel benchmarks run a kernel for 25 ms after 100 cache flushes, GPU time
+    the program's calls get none of: beside a program on a GPU each one is a spaced run, cut to
+    a few milliseconds; elsewhere it runs as Inductor asks, and afterwards as before."""
+    from torch._inductor.runtime import benchmarking
+
+    bench = _Benchmarker()
+    monkeypatch.setattr(benchmarking, "benchmarker", bench)
+    runs = _recorded_spaced_runs(monkeypatch, spaces)
+    ran: list[int] = []
+    device = torch.device("cuda:0")
+    with courtesy.spaced_benchmarks(device):
+        with courtesy.spaced_benchmarks(device):  # nested (a JIT backend's first run)
+            assert benchmarking.benchmarker.benchmark_gpu(lambda: ran.append(1), rep=40) == 1.5
+        assert (
+            benchmarking.benchmarker.benchmark_gpu(
+                lambda: ran.append(2), max_benchmark_duration=1, memory_warmup_iters=200
+            )
+            == 1.5
+        )
+    assert ran == [1, 2]
+    if spaces:
+        assert runs == [device, device]  # one spaced run each, not one per nesting
+        assert bench.calls == [
+            {"flushes": courtesy.BENCH_FLUSHES, "max_ms": courtesy.BENCH_MAX_MS, "rep": 40},
+            {"flushes": courtesy.BENCH_FLUSHES, "max_ms": 1},  # a shorter ask stays
+        ]
+    else:
+        assert runs == []
+        assert bench.calls == [
+            {"flushes": 100, "max_ms": 25, "rep": 40},
+            {"flushes": 200, "max_ms": 1},
+        ]
+    assert "benchmark_gpu" not in vars(bench)  # the benchmarker's own method again
+
+
+def test_a_candidates_build_and_first_run_benchmark_spaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A build's compile benchmarks either in build_graph (AOTInductor) or at its first call (a
+    JIT backend): both run inside spaced_benchmarks, for the graph's device; the check does too
+    (a JIT backend compiles again for a new shape there), the measurement never."""
+    from honed.backend import Backend, GraphInfo, Sample
+    from honed.pipeline import candidate
+
+    inside = [0]
+    seen: list[tuple[str, int]] = []
+
+    @contextlib.contextmanager
+    def counted(device: Any) -> Iterator[None]:
+        assert device == torch.device("cpu")
+        inside[0] += 1
+        try:
+            yield
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(candidate, "spaced_benchmarks", counted)
+
+    class Compiles(Backend):
+        jit = True
+
+        def build(self, module: nn.Module, example_inputs: list[Sample]) -> Any:
+            seen.append(("build", inside[0]))
+
+            def run(x: torch.Tensor) -> Any:
+                seen.append(("run", inside[0]))
+                return module(x)
+
+            return run
+
+    model = nn.Linear(3, 3).eval()
+    samples = [Sample((torch.ones(2, 3),), {}), Sample((torch.ones(4, 3),), {})]
+    with torch.no_grad():
+        references = [model(*s.args) for s in samples]
+    outcome = candidate.evaluate(
+        Compiles(), model, samples, references, GraphInfo(device=torch.device("cpu")), 1, 4
+    )
+    assert outcome.status == "ok", outcome.reason
+    built = seen.index(("build", 1))
+    assert seen[built + 1] == ("run", 1)  # the first run
+    assert ("run", 0) in seen[built + 1 :]  # the measurement's calls, outside
+    assert all(depth == 1 for _, depth in seen[: seen.index(("run", 0))])
+
+
+@pytest.mark.gpu
+def test_a_compiles_kernel_benchmarks_beside_a_program_on_the_gpu_are_spaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real Inductor compile with kernel benchmarks (max-autotune's GEMM templates) in a
+    worker beside a program: every GPU benchmark runs spaced and cut, and the compiled model
+    answers as eager does."""
+    import functools
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor.runtime import benchmarking
+
+    device = torch.device("cuda:0")
+    cls = type(benchmarking.benchmarker)
+    real = cls.benchmark_gpu
+    given: list[dict[str, Any]] = []
+    spaced: list[Any] = []
+    real_run = courtesy.spaced_run
+
+    @functools.wraps(real)
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        given.append(dict(kwargs))
+        return real(self, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def counted(where: Any) -> Iterator[None]:
+        spaced.append(where)
+        with real_run(where):
+            yield
+
+    monkeypatch.setattr(cls, "benchmark_gpu", recorded)
+    monkeypatch.setattr(courtesy, "spaced_run", counted)
+    a, b = torch.randn(256, 512, device=device), torch.randn(512, 384, device=device)
+    courtesy.space_runs(True)
+    try:
+        with (
+            inductor_config.patch(
+                max_autotune=True,
+                max_autotune_gemm_backends="TRITON",
+                force_disable_caches=True,
+                autotune_in_subproc=False,
+            ),
+            courtesy.spaced_benchmarks(device),
+        ):
+            out = torch.compile(lambda x, y: torch.relu(x @ y), dynamic=False)(a, b)
+    finally:
+        courtesy.space_runs(False)
+        torch._dynamo.reset()
+    torch.testing.assert_close(out, torch.relu(a @ b), rtol=1e-2, atol=1e-2)
+    assert given, "the compile benchmarked nothing"
+    assert spaced == [device] * len(given)
+    for kwargs in given:
+        assert kwargs["max_benchmark_duration"] <= courtesy.BENCH_MAX_MS
+        assert kwargs["memory_warmup_iters"] <= courtesy.BENCH_FLUSHES
+
+
+def test_installing_a_tuned_module_gives_way_while_detaching_its_children(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tuned transformer has hundreds of child modules, each detached and noted in the history
+    on JIT's thread beside the program's calls: it asks before each whether a call runs."""
+    from honed.jit.hierarchy import Node, State
+    from honed.jit.tuner import _install
+
+    asked: list[int] = []
+
+    def idle() -> bool:
+        asked.append(1)
+        return False
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.Sequential(nn.ReLU(), nn.Linear(3, 3)))
+    root = Node(model, None)
+    for child in (model[0], model[1]):
+        node = Node(child, root)
+    for grandchild in model[1]:
+        Node(grandchild, node)
+    monkeypatch.setattr(courtesy, "SLICE_S", 0.0)
+    courtesy.watch(idle)
+    try:
+        _install(root, object(), "AnyBackend", None)
+    finally:
+        courtesy.watch(None)
+    assert root.state is State.TUNED
+    assert [n.state for n in root.descendants()] == [State.DETACHED] * 4
+    assert len(asked) == 4

@@ -26,7 +26,7 @@ from honed.pipeline.correctness import (
     eager_tolerance,
     tolerance_for,
 )
-from honed.pipeline.courtesy import give_way, spaced_run
+from honed.pipeline.courtesy import give_way, spaced_benchmarks, spaced_run
 from honed.pipeline.machine import measuring_threads
 
 log = logging.getLogger("honed")
@@ -254,7 +254,9 @@ def evaluate(
     try:
         if graph.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(graph.device)
-        with torch.no_grad():
+        # Beside a program, the compile's kernel benchmarks (in the build, or in a JIT
+        # backend's first run) are spaced like the runs.
+        with torch.no_grad(), spaced_benchmarks(graph.device):
             started = time.perf_counter()
             with known_outputs(samples, references):
                 fn = backend.build_graph(module, samples, graph)

@@ -250,6 +250,57 @@ def spaced_run(device: Any) -> Iterator[None]:
     _local.next_run = ended + gap
 
 
+# Inductor's kernel benchmarks (a compile picking among a kernel's configs, in a worker's build):
+# each runs its kernel for up to 25 ms after flushing the L2 cache 100 times, GPU time the
+# program's context gets no slice of. Beside a program each is a spaced run, cut to these.
+BENCH_MAX_MS = 3
+BENCH_FLUSHES = 10
+
+
+@contextlib.contextmanager
+def spaced_benchmarks(device: Any) -> Iterator[None]:
+    """While a build compiles for ``device`` beside a program on a GPU (``spaces``): each GPU
+    benchmark Inductor runs (``benchmarker.benchmark_gpu``) is a ``spaced_run``, its kernel run
+    for ``BENCH_MAX_MS`` at most after ``BENCH_FLUSHES`` cache flushes; elsewhere, and for a
+    benchmarker that takes neither, as is. The choice among configs needs the fastest run, which
+    a few runs give; a benchmark as long as three of the program's calls would hold each back."""
+    if not spaces(device):
+        yield
+        return
+    try:
+        from torch._inductor.runtime import benchmarking
+    except ImportError:  # a torch without Inductor's runtime: nothing benchmarks
+        yield
+        return
+    bench: Any = getattr(benchmarking, "benchmarker", None)
+    real = getattr(bench, "benchmark_gpu", None)
+    if real is None or "benchmark_gpu" in vars(bench):  # none, or spaced already (nested)
+        yield
+        return
+    import inspect
+
+    try:
+        takes = set(inspect.signature(real).parameters)
+    except (TypeError, ValueError):
+        takes = set()
+    cuts = {"max_benchmark_duration": BENCH_MAX_MS, "memory_warmup_iters": BENCH_FLUSHES}
+
+    def spaced(fn: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
+        for name, most in cuts.items():
+            if name in takes:
+                given = kwargs.get(name)
+                kwargs[name] = most if given is None else min(given, most)
+        with spaced_run(device):
+            return real(fn, *args, **kwargs)
+
+    bench.benchmark_gpu = spaced
+    try:
+        yield
+    finally:
+        if vars(bench).get("benchmark_gpu") is spaced:
+            del bench.benchmark_gpu
+
+
 def _on_cuda(device: Any) -> bool:
     return device is not None and getattr(device, "type", str(device)).split(":")[0] == "cuda"
 
@@ -292,6 +343,7 @@ __all__ = [
     "open_call_clock",
     "own_stream",
     "space_runs",
+    "spaced_benchmarks",
     "spaced_run",
     "spaces",
     "wait_mid_call",
