@@ -1037,7 +1037,61 @@ def main() -> None:
         cold = run_program(args, workdir, "cold", cold_env, cold_s)
         warm_env = dict(jit_env, JIT_BERT_IDS_SEED=str(args.warm_seed))
         warm = run_program(args, workdir, "warm", warm_env, seconds)
-        one_liner = None
+        one_liner = aot = warm_after = None
+        pairs: list[Any] = []
+
+        def assemble(complete: bool) -> dict[str, Any]:
+            """The figures of the runs made so far (a run killed later keeps these)."""
+            result: dict[str, Any] = {
+                "scenario": f"{eager['model']}, batch {eager['batch']}, seq {eager['seq']}, "
+                f"{args.device}, HONED_JIT=1",
+                "device": args.device,
+                "budget_s": budget,
+                "backends": backends or "default",
+                "cold_waited": bool(args.cold_wait),
+                "aoti_loader": args.loader or "default",
+                "jit_env": args.jit_env,
+                "blocking_sync": bool(args.blocking_sync),
+                "warm_ids_seed": args.warm_seed,
+                "eager": {
+                    "median_ms": round(eager_ms, 4),
+                    "calls": len(eager["calls"]),
+                    "loop_s": round(eager_s, 1),
+                    # a fresh process's first calls run slower without honed too (lazy kernel loads)
+                    "first_calls_ms": [round(c[1], 2) for c in eager["calls"][:12]],
+                    **{k: v for k, v in summarize(eager, eager_ms).items() if k in _OWN_SLOW_CALLS},
+                    "process": eager.get("process"),
+                },
+                "cold": summarize(cold, eager_ms),
+                "warm": summarize(warm, eager_ms),
+            }
+            if aot is not None:
+                result["aot"] = summarize(aot, eager_ms)
+                result["warm_after"] = summarize(warm_after, eager_ms)
+                result["warm_vs_aot"] = against_aot([warm, warm_after], aot)
+                if pairs:
+                    aots = [aot] + [a for a, _ in pairs]
+                    warms = [warm, warm_after] + [w for _, w in pairs]
+                    result["warm_vs_aot_processes"] = between_processes(warms, aots)
+            if one_liner is not None and "failed" in one_liner:
+                result["one_liner"] = {k: v for k, v in one_liner.items() if "failed" in k}
+            elif one_liner is not None:
+                result["one_liner"] = summarize(one_liner, eager_ms)
+                result["one_liner"]["compile_s"] = round(one_liner["compile_s"], 1)
+                result["one_liner"]["compile_mode"] = one_liner["compile_mode"]
+                if "max_autotune_failed" in one_liner:
+                    result["one_liner"]["max_autotune_failed"] = one_liner["max_autotune_failed"]
+                runs = {"warm": warm, "warm_after": warm_after, "cold": cold}
+                result["vs_one_liner"] = against_one_liner(runs, one_liner)
+            result["complete"] = complete
+            return result
+
+        def save(complete: bool) -> dict[str, Any]:
+            result = assemble(complete)
+            Path(args.out).write_text(json.dumps(result, indent=2))
+            return result
+
+        save(False)
         if args.one_liner:  # between the warm runs, as the AOT run: drift shows in both ratios
             one_env = dict(base, TORCHINDUCTOR_CACHE_DIR=str(workdir / "oneliner-inductor"))
             one_liner = run_program(
@@ -1058,7 +1112,7 @@ def main() -> None:
                     may_fail=True,
                 )
                 one_liner["max_autotune_failed"] = failed
-        aot = warm_after = None
+        save(False)
         if args.aot:  # a cache of its own: its selection must not come from JIT's figures
             aot_env = dict(
                 base,
@@ -1072,7 +1126,8 @@ def main() -> None:
             warm_after = run_program(
                 args, workdir, "warm-after", jit_env, seconds, artifact=artifact
             )
-            pairs = []  # more processes in turns; the AOT ones replay their tune from its cache
+            save(False)
+            # more processes in turns; the AOT ones replay their tune from its cache
             for i in range(args.pairs):
                 pairs.append(
                     (
@@ -1080,48 +1135,7 @@ def main() -> None:
                         run_program(args, workdir, f"warm-{i}", jit_env, seconds),
                     )
                 )
-    result = {
-        "scenario": f"{eager['model']}, batch {eager['batch']}, seq {eager['seq']}, "
-        f"{args.device}, HONED_JIT=1",
-        "device": args.device,
-        "budget_s": budget,
-        "backends": backends or "default",
-        "cold_waited": bool(args.cold_wait),
-        "aoti_loader": args.loader or "default",
-        "jit_env": args.jit_env,
-        "blocking_sync": bool(args.blocking_sync),
-        "warm_ids_seed": args.warm_seed,
-        "eager": {
-            "median_ms": round(eager_ms, 4),
-            "calls": len(eager["calls"]),
-            "loop_s": round(eager_s, 1),
-            # a fresh process's first calls run slower without honed too (lazy kernel loads)
-            "first_calls_ms": [round(c[1], 2) for c in eager["calls"][:12]],
-            **{k: v for k, v in summarize(eager, eager_ms).items() if k in _OWN_SLOW_CALLS},
-            "process": eager.get("process"),
-        },
-        "cold": summarize(cold, eager_ms),
-        "warm": summarize(warm, eager_ms),
-    }
-    if aot is not None:
-        result["aot"] = summarize(aot, eager_ms)
-        result["warm_after"] = summarize(warm_after, eager_ms)
-        result["warm_vs_aot"] = against_aot([warm, warm_after], aot)
-        if pairs:
-            aots = [aot] + [a for a, _ in pairs]
-            warms = [warm, warm_after] + [w for _, w in pairs]
-            result["warm_vs_aot_processes"] = between_processes(warms, aots)
-    if one_liner is not None and "failed" in one_liner:
-        result["one_liner"] = {k: v for k, v in one_liner.items() if "failed" in k}
-    elif one_liner is not None:
-        result["one_liner"] = summarize(one_liner, eager_ms)
-        result["one_liner"]["compile_s"] = round(one_liner["compile_s"], 1)
-        result["one_liner"]["compile_mode"] = one_liner["compile_mode"]
-        if "max_autotune_failed" in one_liner:
-            result["one_liner"]["max_autotune_failed"] = one_liner["max_autotune_failed"]
-        runs = {"warm": warm, "warm_after": warm_after, "cold": cold}
-        result["vs_one_liner"] = against_one_liner(runs, one_liner)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+        result = save(True)
     print(f"{result['scenario']}: eager median {eager_ms:.3f} ms")
     first = ", ".join(f"{m:.1f}" for m in result["eager"]["first_calls_ms"])
     print(f"  eager first calls (ms): {first}")
