@@ -223,6 +223,18 @@ PROGRAM = textwrap.dedent(
         r = resource.getrusage(resource.RUSAGE_THREAD)
         return r.ru_minflt, r.ru_nivcsw, r.ru_nvcsw
 
+    # After each call, a fixed piece of pure Python timed on the thread's own CPU clock: whether
+    # its CPU ran slow just then (its clock, or caches and memory shared with busy cores), apart
+    # from waits for the GIL or the GPU, which that clock does not count.
+    def pause(a):
+        return a
+
+    def python_ns():
+        c = time.thread_time_ns()
+        for _ in range(200):
+            pause(1)
+        return (time.thread_time_ns() - c) / 200
+
     with torch.no_grad():
         start = time.perf_counter()
         tuned["loop_started_unix"] = time.time()  # the host's samples (parent) line up with it
@@ -240,9 +252,10 @@ PROGRAM = textwrap.dedent(
             k1 = kernel_counts()
             disarm(len(times), t0 - start, (t1 - t0) * 1e3)
             # start, call, until it returned (before the sync), this thread's CPU time till then;
-            # the CPU it ended on; its minor faults, involuntary and voluntary switches
+            # the CPU it ended on; its minor faults, involuntary and voluntary switches; the
+            # pure-Python probe's ns per call just after it
             times.append((t0 - start, (t1 - t0) * 1e3, (tl - t0) * 1e3, (cl - c0) * 1e3,
-                          getcpu(), *(b - a for a, b in zip(k0, k1))))
+                          getcpu(), *(b - a for a, b in zip(k0, k1)), python_ns()))
     gc.callbacks.remove(on_gc)
     if "honed" in sys.modules:  # JIT's: the CPUs its workers may use, and the physical cores
         try:
@@ -693,6 +706,7 @@ _OWN_SLOW_CALLS = (
     "slowest_outside_gc_ms",
     "host_busy_median",
     "host_stolen_max",
+    "python_ns_median",
 )
 
 
@@ -782,9 +796,13 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         out["over_2x"], out["over_2x_in_gc"] = len(slow), len(in_gc)
         # Each such call (the first 400): index, start s, ms, ms until it returned (before the
         # sync), its thread's CPU ms; where kept, the CPU it ended on, its thread's minor page
-        # faults, involuntary and voluntary context switches. A call that returned late ran
-        # slow on the host (the GIL, a core, its CPU's speed); one that returned on time waited
-        # for the GPU.
+        # faults, involuntary and voluntary context switches, and the ns of a pure-Python call
+        # just after it (its CPU's speed then: python_ns_median is the run's usual). A call that
+        # returned late ran slow on the host (the GIL, a core, its CPU's speed); one that
+        # returned on time waited for the GPU.
+        probes = [c[8] for c in calls[1:] if len(c) > 8]
+        if probes:
+            out["python_ns_median"] = round(statistics.median(probes), 2)
         out["over_2x_calls"] = [
             [i, *(round(x, 3) for x in c)] for i, c in enumerate(calls) if i and c[1] > 2 * eager_ms
         ][:400]
@@ -1188,6 +1206,13 @@ def main() -> None:
                 "  by what held them up: "
                 + "; ".join(f"{k} {v}" for k, v in r["over_2x_by_cause"].items())
             )
+            after = [c[9] for c in r.get("over_2x_calls", []) if len(c) > 9]
+            if after and "python_ns_median" in r:
+                print(
+                    f"  a pure-Python call just after them: median {statistics.median(after):.0f}"
+                    f" ns (slowest {max(after):.0f}), against {r['python_ns_median']:.0f} ns "
+                    "over the run"
+                )
         if "host_busy_median" in r:
             stolen = [h[2] for h in r.get("over_2x_host", []) if h[2] is not None]
             print(

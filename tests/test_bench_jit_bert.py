@@ -81,6 +81,21 @@ def test_a_slow_calls_cpu_and_kernel_counts_and_the_workers_cpus_are_kept() -> N
     assert "worker_cpus" not in jit_bert.summarize(dict(data, worker_cpus=None), eager_ms=1.0)
 
 
+def test_a_slow_calls_pure_python_probe_is_kept_beside_the_runs_usual() -> None:
+    """Each call carries the ns of a pure-Python call just after it, on the thread's CPU clock:
+    a call over 2x keeps it, and the run's median comes along, to tell a CPU that ran slow
+    from waits for the GIL or the GPU."""
+    calls = [[i * 0.01, 1.0, 0.2, 0.2, 0, 0, 0, 1, 70.0 + i % 3] for i in range(10)]
+    calls[6] = [0.06, 5.0, 4.9, 4.8, 3, 0, 0, 2, 150.0]  # its CPU ran at half speed
+    out = jit_bert.summarize({"calls": calls, "wall_s": 1.0, "stderr": ""}, eager_ms=1.0)
+    assert out["over_2x_calls"] == [[6, 0.06, 5.0, 4.9, 4.8, 3, 0, 0, 2, 150.0]]
+    assert out["python_ns_median"] == 71.0
+    older = [c[:8] for c in calls]  # a run recorded before the probe: no median claimed
+    assert "python_ns_median" not in jit_bert.summarize(
+        {"calls": older, "wall_s": 1.0, "stderr": ""}, eager_ms=1.0
+    )
+
+
 @pytest.mark.parametrize(
     ("statuses", "tuned_after"),
     # installed at call 20: calls 18-22 are the first five whose median is the tuned speed
