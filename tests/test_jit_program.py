@@ -81,6 +81,7 @@ SCRIPT = textwrap.dedent(
         with honed.jit.paused():
             torch.testing.assert_close(got, model(x))
         root = honed.jit.roots()[0]
+        dynamo_imported = "torch._dynamo" in sys.modules  # before the line below imports it
         counters = torch._dynamo.utils.counters["inductor"]
         facts = dict(
             state=root.state.name,
@@ -89,6 +90,7 @@ SCRIPT = textwrap.dedent(
             tunes=[dataclasses.asdict(r) for r in honed.jit.tunes()],
             fx_hits=counters["fxgraph_cache_hit"],
             fx_misses=counters["fxgraph_cache_miss"],
+            dynamo_imported=dynamo_imported,
         )
         json.dump(facts, open(out, "w"), default=str)
     """
@@ -153,6 +155,9 @@ def test_cold_tune_finishes_beside_the_program_and_a_restart_replays_it(tmp_path
     assert record["tried"] == {"TorchEagerBackend": "ok", "TorchInductorBackend": "ok"}
     assert "Tuned Net 📊2.6K (first tune) beside the program in" in cold_proc.stderr
     assert "state=tuned🎯 (TorchEagerBackend)" in cold_proc.stderr  # the report at exit
+    # The candidates compiled in workers: the program's process never imported TorchDynamo
+    # (seconds of imports holding the GIL beside its calls).
+    assert cold["dynamo_imported"] is False
     # the restart: every outcome from the cache, unstable figures included; nothing built
     warm_proc, warm_out = run(tmp_path, "tune", "warm")
     warm = facts(warm_proc, warm_out)
@@ -164,6 +169,7 @@ def test_cold_tune_finishes_beside_the_program_and_a_restart_replays_it(tmp_path
         "TorchInductorBackend": "ok (cached)",
     }
     assert "selected TorchEagerBackend on cache" in warm_proc.stderr
+    assert warm["dynamo_imported"] is False
     assert "KeyError" not in cold_proc.stderr + warm_proc.stderr
     assert leftover_workers(tmp_path) == []
 

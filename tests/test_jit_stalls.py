@@ -401,24 +401,43 @@ def test_a_jit_tune_runs_the_model_here_once_per_sample(tmp_path: Path, winner: 
     )
 
 
-def test_listing_jits_candidates_imports_none_of_their_libraries() -> None:
+def test_listing_jits_candidates_imports_none_of_their_libraries(tmp_path: Path) -> None:
     # In a fresh interpreter: importing onnxruntime, onnxscript or torchao in the program's
-    # process holds the GIL for hundreds of ms; the workers that build those candidates do it.
+    # process holds the GIL for hundreds of ms, and TorchDynamo (which Inductor's availability
+    # and its package import) seconds of it; the workers that build those candidates do it. So
+    # too the workers' environment (Inductor's cache folder) and a tune's start beside a program
+    # (Dynamo's recompile limits) leave Dynamo unimported.
     code = """
 import sys, torch
 from honed.backend import registry
 from honed.jit.strategy import JitDefaultStrategy
+from honed.pipeline import courtesy, isolation, tuner
 names = [b.name for b in JitDefaultStrategy().backends(torch.device("cpu"))]
 libs = [c.requires for c in map(type, JitDefaultStrategy().backends(torch.device("cpu")))]
 print(sorted({lib for group in libs for lib in group}))
-print(sorted(m for m in ("onnx", "onnxruntime", "onnxscript", "torchao") if m in sys.modules))
+print(names)
+cache = isolation.worker_env(2)["TORCHINDUCTOR_CACHE_DIR"]
+courtesy.watch(lambda: False)  # beside a program
+with tuner._dynamo_limits():
+    pass
+courtesy.watch(None)
+heavy = ("onnx", "onnxruntime", "onnxscript", "torchao", "torch._dynamo", "torch._inductor")
+print(sorted(m for m in heavy if m in sys.modules))
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+print(cache == cache_dir())
 """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HONED_", "TORCHINDUCTOR_"))}
+    env["TMPDIR"] = str(tmp_path)  # Inductor's default cache folder is under it
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
     )
-    required, imported = done.stdout.strip().splitlines()[-2:]
+    assert done.returncode == 0, done.stderr[-2000:]
+    required, names, imported, same_cache = done.stdout.strip().splitlines()[-4:]
     assert "onnxruntime" in required  # the ONNX Runtime candidate is listed (it is installed)
+    assert "TorchInductorAotBackend" in names  # listed as available, its check left to workers
     assert imported == "[]"
+    assert same_cache == "True"  # the folder Inductor itself uses
+    assert list(tmp_path.glob("torchinductor_*"))
 
 
 @pytest.mark.gpu

@@ -232,13 +232,13 @@ def load_runner(
     and an event recorded while a CUDA graph captures the call can no longer be queried, which
     fails the next plain call; a package called through CUDA graphs is loaded this way.
     """
-    import torch._inductor
-
     from honed.backend import _aoti_direct
 
     unlocked = _aoti_direct.open_package(path, device_type, single_threaded) if direct else None
     if unlocked is not None:
-        return unlocked
+        return unlocked  # without importing Inductor (and TorchDynamo with it): seconds of GIL
+    import torch._inductor
+
     try:
         # torch re-exports it here without listing it in __all__ (its defining module moves)
         from torch._inductor.package import AOTICompiledModel  # type: ignore[attr-defined]

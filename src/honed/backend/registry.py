@@ -167,6 +167,12 @@ def installed_only() -> Iterator[None]:
         _NO_IMPORTS.depth -= 1
 
 
+def imports_deferred() -> bool:
+    """Whether this thread is in an ``installed_only`` block: a check that would import a large
+    part of torch (TorchDynamo, for the backends that compile) leaves it to the worker."""
+    return getattr(_NO_IMPORTS, "depth", 0) > 0
+
+
 def availability(cls: type[Backend]) -> Availability:
     """``cls.available()``; an exception inside it is an unavailable verdict naming the error
     (reported as "unavailable: <error>"), never a crash."""

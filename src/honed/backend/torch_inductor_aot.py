@@ -26,7 +26,7 @@ import torch
 from honed.backend import _aoti_constants, _aoti_direct, _aoti_env
 from honed.backend._calling import CALLING_FILE, Calling, GuardedPayload
 from honed.backend._export import FlatForward, export_program, plan
-from honed.backend._inductor_env import cpu_available
+from honed.backend._inductor_env import cpu_available, left_to_the_worker
 from honed.backend._precision import (
     check_config,
     converted,
@@ -108,7 +108,11 @@ class TorchInductorAotBackendConfig(BackendConfig):
 
 
 def aot_available() -> Availability:
-    """torch.export and AOTInductor present, and a C++ compiler (its wrapper is always C++)."""
+    """torch.export and AOTInductor present, and a C++ compiler (its wrapper is always C++).
+    Importing AOTInductor imports TorchDynamo: where imports are deferred and neither is
+    imported yet, only the compiler is checked here (``left_to_the_worker``)."""
+    if left_to_the_worker("torch._inductor"):
+        return _has_compiler()
     try:
         import torch._inductor
         import torch.export
@@ -132,6 +136,10 @@ def aot_available() -> Availability:
             f"torch {torch.__version__} lacks {', '.join(missing)}",
             "install torch 2.6 or newer",
         )
+    return _has_compiler()
+
+
+def _has_compiler() -> Availability:
     compiler = cpu_available()
     if not compiler:
         return Availability(

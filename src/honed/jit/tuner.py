@@ -10,7 +10,6 @@ running finishes on what it started with.
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import math
 import time
@@ -342,8 +341,6 @@ def _tune(
     background.add_record(record)
     calls_before = node.queued_at_call
     started = time.perf_counter()
-    importlib.import_module("torch._dynamo")  # every compile needs it: counts as rebuild time
-    import_s = time.perf_counter() - started
     isolation = _flags.isolation
     calls = _program_calls(node, dataset)
     tuner = _new_tuner(strategy, fingerprints, budget, False, calls, workers)
@@ -398,7 +395,7 @@ def _tune(
         node.tuned_samples = dataset if config.retune_on_new_shapes else []
         node.tuned_keys = {_core.signature(a, k).graph_key for a, k in dataset}
         add_step(f"Tuning {node.short()} took {took:.2f}s")
-        _account(node, report, took, import_s)
+        _account(node, report, took)
         if not wrapper.is_tuned:
             decisions = "; ".join(g.decision for g in report.graphs)
             add_step(f"No variant selected for {node.short()} ({decisions})", logging.WARNING)
@@ -719,15 +716,16 @@ def _batches(dataset: list[Any], sizes: list[int]) -> list[int]:
     return sorted(found)
 
 
-def _account(node: Node, report: Any, took: float, import_s: float) -> None:
+def _account(node: Node, report: Any, took: float) -> None:
     """Split the tuning time: deciding (or reusing the cached decision) vs building the winner.
 
-    Rebuilding counts the winner's build in this process and importing torch._dynamo (which a
-    process that reused every cached outcome needs for that build alone).
+    Rebuilding counts the winner's install in this process, with the imports its build needs
+    there (TorchDynamo for a torch.compile winner: nothing imports it for the tune's sake, its
+    seconds of imports holding the GIL beside the program's calls).
     """
     rows = [c for g in report.graphs for c in g.candidates]
     cached = sum(1 for c in rows if c.cached)
-    node.rebuild_s = sum(g.install_s for g in report.graphs) + import_s
+    node.rebuild_s = sum(g.install_s for g in report.graphs)
     node.decision_s = max(0.0, took - node.rebuild_s)
     node.from_cache = bool(rows) and cached == len(rows)
     if node.from_cache:

@@ -76,13 +76,13 @@ def worker_env(size: int, cores: int | None = None) -> dict[str, str]:
     """The workers' environment: Inductor's compile threads share the cores (``cores``, else
     all of this process's) among the workers, and every worker (and this process) uses one
     Inductor cache, so candidates of one graph share its FX-graph and autotune entries."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from honed.backend._inductor_env import inductor_cache_dir
 
     return {
         "PYTHONUNBUFFERED": "1",
         "HONED_JIT": "0",  # workers never JIT-tune
         "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (cores or cpu_cores()) // size)),
-        "TORCHINDUCTOR_CACHE_DIR": os.path.abspath(cache_dir()),
+        "TORCHINDUCTOR_CACHE_DIR": os.path.abspath(inductor_cache_dir()),
     }
 
 

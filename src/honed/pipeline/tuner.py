@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -28,7 +29,7 @@ from honed.module import Module, Variant, find_modules, observed_output
 from honed.module import recording as recording_modules
 from honed.pipeline import guidance, machine, progress, signals
 from honed.pipeline.cache import open_for_tune
-from honed.pipeline.courtesy import give_way
+from honed.pipeline.courtesy import beside_program, give_way
 from honed.pipeline.graph_tuner import TARGETS, GraphTuner, ProgramCalls, TuneContext, capped
 from honed.pipeline.isolation import new_pool
 from honed.pipeline.pool import WorkerPool
@@ -482,7 +483,12 @@ def _module_device(module: Module) -> torch.device:
 
 @contextlib.contextmanager
 def _dynamo_limits() -> Iterator[None]:
-    """Each candidate compiles the same forward again: raise Dynamo's recompile limit."""
+    """Each candidate compiles the same forward again: raise Dynamo's recompile limit. Beside a
+    program (JIT) nothing compiles in its process: where Dynamo is not imported yet it is not
+    imported for this (seconds of imports holding the GIL beside the program's calls)."""
+    if beside_program() and "torch._dynamo" not in sys.modules:
+        yield
+        return
     import torch._dynamo
 
     cfg = torch._dynamo.config
