@@ -188,6 +188,10 @@ class Backend:
     # before the build's clock starts, so the figure is the build's, and a worker whose
     # candidates need none never imports them.
     imports: ClassVar[tuple[str, ...]] = ()
+    # Modules its built callable needs in the process that calls it (ONNX Runtime's session):
+    # JIT imports those that are installed in the program's first call, where installing a
+    # finalist would otherwise import them beside the program's calls, holding the GIL.
+    runs_with: ClassVar[tuple[str, ...]] = ()
     # Expected cost of build_graph, for the tuner's cheap-first order (docs/tuning.md): 0 none
     # (the module runs as it is), 1 seconds (a trace or a capture), 2 a compile, 3 a long one
     # (autotuning, an AOT package, an engine). A config may change it: expected_build_cost().

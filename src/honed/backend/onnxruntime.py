@@ -199,6 +199,7 @@ class ONNXRuntimeBackend(Backend):
     portability = 3
     saves_payload = True
     imports = ("torch._dynamo",)  # the export traces with Dynamo
+    runs_with = ("onnxruntime",)  # the session, where the package is installed
     native_payload = False  # an ONNX graph: operators, no code
     build_cost = 1  # an export (a trace) and a session: no code generation
     config: ONNXRuntimeBackendConfig

@@ -12,6 +12,8 @@ per thread).
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import logging
 import sys
 import threading
@@ -197,7 +199,8 @@ def _prepare_start(module: torch.nn.Module) -> None:
     GPU model, the side stream and pinned staging that hash its weights for the cache key, the
     GPU's details through NVML (a tune's machine check), and the CPUs its workers may use (the
     cores' topology from sysfs); the modules of the candidates its tune will list (a dozen of
-    honed's backend modules, whose import on JIT's thread beside a call held it up); and the
+    honed's backend modules, whose import on JIT's thread beside a call held it up), the
+    tune's own and the libraries its candidates run with (ONNX Runtime's); and the
     OpenMP runtime the program's calls lend a core from while JIT works (honed.jit.cores),
     found through torch's parallel settings and this process's memory map, which a CUDA
     process's libraries make thousands of lines long: found in the first call JIT works
@@ -234,12 +237,21 @@ def _prepare_start(module: torch.nn.Module) -> None:
 
 
 def _import_candidates(device: torch.device) -> None:
-    """The modules of honed's default candidates and JIT's strategy, imported (honed's own
+    """The modules of honed's default candidates and JIT's strategy, the tune's own and the
+    installed libraries the candidates run with (``Backend.runs_with``), imported (honed's own
     list: a strategy of the user's is not called before its tune)."""
     from honed.backend._defaults import default_candidates
     from honed.jit import strategy  # noqa: F401  (imported for its import's sake)
 
-    default_candidates(device, None)
+    listed = default_candidates(device, None)
+    # What the tune itself imports here: its trials on the program's calls and its progress
+    # display; and the libraries an installed candidate runs with (ONNX Runtime's extension,
+    # one C call of tens of ms holding the GIL), where they are installed.
+    wanted = ["honed.jit.live", "rich.console"]
+    wanted += [name for b in listed for name in type(b).runs_with]
+    for name in dict.fromkeys(wanted):
+        if name not in sys.modules and importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
 
 
 def _sample(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
