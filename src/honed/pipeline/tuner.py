@@ -484,8 +484,9 @@ def _module_device(module: Module) -> torch.device:
 @contextlib.contextmanager
 def _dynamo_limits() -> Iterator[None]:
     """Each candidate compiles the same forward again: raise Dynamo's recompile limit. Beside a
-    program (JIT) nothing compiles in its process: where Dynamo is not imported yet it is not
-    imported for this (seconds of imports holding the GIL beside the program's calls)."""
+    program (JIT) the candidates build in workers and at most the winner and a trial's rival
+    compile in its process, within Dynamo's own limit: where Dynamo is not imported yet it is
+    not imported for this (seconds of imports holding the GIL beside the program's calls)."""
     if beside_program() and "torch._dynamo" not in sys.modules:
         yield
         return
