@@ -5,6 +5,7 @@ Shared by the backends that compile with Inductor (torch.compile, AOTInductor, T
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -55,27 +56,21 @@ def inductor_cache_dir() -> str:
     return cache_dir()
 
 
-_LIGHT: list[Any] = []
-
-
+@functools.cache
 def _cache_dir_utils() -> Any:
     """torch/_inductor/runtime/cache_dir_utils.py loaded on its own, or None where it is not."""
-    if not _LIGHT:
-        module = None
-        try:
-            package = importlib.util.find_spec("torch._inductor")  # found, not imported
-            folders = list(package.submodule_search_locations or []) if package else []
-            path = os.path.join(folders[0], "runtime", "cache_dir_utils.py") if folders else ""
-            spec = importlib.util.spec_from_file_location("_honed_inductor_cache_dir", path)
-            if path and os.path.isfile(path) and spec is not None and spec.loader is not None:
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                if not callable(getattr(module, "cache_dir", None)):
-                    module = None
-        except Exception:  # any other layout: Inductor's own import path
-            module = None
-        _LIGHT.append(module)
-    return _LIGHT[0]
+    try:
+        package = importlib.util.find_spec("torch._inductor")  # found, not imported
+        folders = list(package.submodule_search_locations or []) if package else []
+        path = os.path.join(folders[0], "runtime", "cache_dir_utils.py") if folders else ""
+        spec = importlib.util.spec_from_file_location("_honed_inductor_cache_dir", path)
+        if not (path and os.path.isfile(path) and spec is not None and spec.loader is not None):
+            return None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception:  # any other layout: Inductor's own import path
+        return None
+    return module if callable(getattr(module, "cache_dir", None)) else None
 
 
 def left_to_the_worker(module: str) -> bool:

@@ -176,8 +176,7 @@ def imports_deferred() -> bool:
 def availability(cls: type[Backend]) -> Availability:
     """``cls.available()``; an exception inside it is an unavailable verdict naming the error
     (reported as "unavailable: <error>"), never a crash."""
-    depth: int = getattr(_NO_IMPORTS, "depth", 0)
-    if cls.requires and depth:
+    if cls.requires and imports_deferred():
         missing = [
             name
             for name in cls.requires
