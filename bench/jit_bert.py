@@ -235,6 +235,20 @@ PROGRAM = textwrap.dedent(
             pause(1)
         return (time.thread_time_ns() - c) / 200
 
+    # And on a GPU, one tiny kernel's round trip (launch, run, synchronize) just after each call:
+    # a GPU shared with another process's context (time-sliced) holds it for a slice, where a
+    # CPU that ran slow barely moves it.
+    if device.startswith("cuda"):
+        probe_t = torch.zeros(1, device=device)
+
+        def gpu_us():
+            t = time.perf_counter()
+            probe_t.add_(1)
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t) * 1e6
+    else:
+        gpu_us = None
+
     with torch.no_grad():
         start = time.perf_counter()
         tuned["loop_started_unix"] = time.time()  # the host's samples (parent) line up with it
@@ -253,9 +267,10 @@ PROGRAM = textwrap.dedent(
             disarm(len(times), t0 - start, (t1 - t0) * 1e3)
             # start, call, until it returned (before the sync), this thread's CPU time till then;
             # the CPU it ended on; its minor faults, involuntary and voluntary switches; the
-            # pure-Python probe's ns per call just after it
+            # pure-Python probe's ns per call just after it; on a GPU, the round trip's µs
             times.append((t0 - start, (t1 - t0) * 1e3, (tl - t0) * 1e3, (cl - c0) * 1e3,
-                          getcpu(), *(b - a for a, b in zip(k0, k1)), python_ns()))
+                          getcpu(), *(b - a for a, b in zip(k0, k1)), python_ns(),
+                          *((gpu_us(),) if gpu_us else ())))
     gc.callbacks.remove(on_gc)
     if "honed" in sys.modules:  # JIT's: the CPUs its workers may use, and the physical cores
         try:
@@ -707,6 +722,7 @@ _OWN_SLOW_CALLS = (
     "host_busy_median",
     "host_stolen_max",
     "python_ns_median",
+    "gpu_us_median",
 )
 
 
@@ -803,6 +819,11 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         probes = [c[8] for c in calls[1:] if len(c) > 8]
         if probes:
             out["python_ns_median"] = round(statistics.median(probes), 2)
+        # and on a GPU the µs of a tiny kernel's round trip just after it (gpu_us_median the
+        # run's usual): a GPU time-sliced with another process holds it up
+        trips = [c[9] for c in calls[1:] if len(c) > 9]
+        if trips:
+            out["gpu_us_median"] = round(statistics.median(trips), 2)
         out["over_2x_calls"] = [
             [i, *(round(x, 3) for x in c)] for i, c in enumerate(calls) if i and c[1] > 2 * eager_ms
         ][:400]
@@ -1212,6 +1233,12 @@ def main() -> None:
                     f"  a pure-Python call just after them: median {statistics.median(after):.0f}"
                     f" ns (slowest {max(after):.0f}), against {r['python_ns_median']:.0f} ns "
                     "over the run"
+                )
+            trips = [c[10] for c in r.get("over_2x_calls", []) if len(c) > 10]
+            if trips and "gpu_us_median" in r:
+                print(
+                    f"  a GPU round trip just after them: median {statistics.median(trips):.0f} µs"
+                    f" (slowest {max(trips):.0f}), against {r['gpu_us_median']:.0f} µs over the run"
                 )
         if "host_busy_median" in r:
             stolen = [h[2] for h in r.get("over_2x_host", []) if h[2] is not None]

@@ -96,6 +96,21 @@ def test_a_slow_calls_pure_python_probe_is_kept_beside_the_runs_usual() -> None:
     )
 
 
+def test_a_slow_calls_gpu_round_trip_is_kept_beside_the_runs_usual() -> None:
+    """On a GPU each call also carries the µs of a tiny kernel's round trip just after it: a
+    call over 2x keeps it and the run's median comes along (a GPU time-sliced with another
+    process holds the round trip up; a CPU that ran slow does not)."""
+    calls = [[i * 0.01, 1.0, 0.2, 0.2, 0, 0, 0, 1, 70.0, 20.0 + i % 3] for i in range(10)]
+    calls[3] = [0.03, 5.0, 4.9, 4.8, 3, 0, 0, 2, 71.0, 2400.0]  # waited for a slice
+    out = jit_bert.summarize({"calls": calls, "wall_s": 1.0, "stderr": ""}, eager_ms=1.0)
+    assert out["over_2x_calls"] == [[3, 0.03, 5.0, 4.9, 4.8, 3, 0, 0, 2, 71.0, 2400.0]]
+    assert out["gpu_us_median"] == 21.0 and out["python_ns_median"] == 70.0
+    on_cpu = [c[:9] for c in calls]  # a CPU run has no round trip: no median claimed
+    assert "gpu_us_median" not in jit_bert.summarize(
+        {"calls": on_cpu, "wall_s": 1.0, "stderr": ""}, eager_ms=1.0
+    )
+
+
 @pytest.mark.parametrize(
     ("statuses", "tuned_after"),
     # installed at call 20: calls 18-22 are the first five whose median is the tuned speed
