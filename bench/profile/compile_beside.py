@@ -1,0 +1,266 @@
+"""bench/profile/compile_beside.py: what an AOTInductor compile in another process does to a
+program's calls, and which part of it.
+
+The program is a loop of BERT-base b8 eager calls on the main thread (each synchronized and
+timed, as in bench/jit_bert.py), with two probes after each call: a fixed piece of pure Python on
+the thread's CPU clock (the CPU's speed then) and, on a GPU, one tiny kernel's round trip (the
+GPU shared with another context). Beside it, one side process placed as a JIT worker is (JIT's
+niceness, the CPUs ``isolation.worker_cpus`` leaves it, Inductor's compile threads as a pool of
+two gets them) compiles the same model with AOTInductor, cold (a cache folder of its own), and
+marks its steps: Inductor's wait for its kernel compiles, the autotune block (each GPU kernel
+run once on random inputs, those with several configs benchmarked), the benchmarks, the C++
+builds. Variants, one side process each:
+
+- ``gpu``: the bf16 model on the GPU, as JIT's AOTInductor candidate with bf16 weights builds;
+- ``gpu-threads1``: the same with one Inductor compile thread (fewer busy CPUs);
+- ``cpu``: the fp32 model compiled for the CPU: the host's share of a compile (processes, files,
+  the C++ compiler) with no GPU context at all.
+
+Printed per variant: the calls while the side process ran (median, calls over twice the loop
+alone's median, the slowest), each call over 2x with its thread's CPU time, its probes and the
+side's steps it overlapped, and how many calls fell in each step.
+
+    python bench/profile/compile_beside.py [--variants gpu cpu ...] [--seconds 150] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import torch
+from beside_stall import _model  # the program's model, shared with that profile
+
+from honed import config
+from honed.pipeline import isolation
+
+# The side process: argv = device, dtype, cache folder. Each marked step's span goes to stdout
+# as one JSON line (time.monotonic: one clock for every process of the machine).
+_SIDE = r"""
+import functools, importlib, json, sys, time
+import torch
+from transformers import BertConfig, BertModel
+
+device, dtype = sys.argv[1], getattr(torch, sys.argv[2])
+
+def mark(where, qualname):
+    owner = importlib.import_module(where)
+    *path, attr = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    fn = getattr(owner, attr)
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        began = time.monotonic()
+        try:
+            return fn(*a, **k)
+        finally:
+            print(json.dumps([attr, began, time.monotonic()]), flush=True)
+    setattr(owner, attr, wrapper)
+
+began = time.monotonic()
+import torch._inductor
+for where, name in (
+    ("torch._inductor.async_compile", "AsyncCompile.wait"),
+    ("torch._inductor.codegen.wrapper", "PythonWrapperCodegen.generate_and_run_autotune_block"),
+    ("torch._inductor.runtime.benchmarking", "InductorBenchmarker.benchmark_gpu"),
+    ("torch._inductor.cpp_builder", "CppBuilder.build"),
+    ("torch.export", "export"),
+):
+    try:
+        mark(where, name)
+    except Exception as e:
+        print(json.dumps(["unmarked " + name, repr(e)]), flush=True)
+model = BertModel(BertConfig()).to(device=device, dtype=dtype).eval()
+ids = torch.randint(0, 30522, (8, 128), device=device)
+kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+print(json.dumps(["start", began, time.monotonic()]), flush=True)
+with torch.no_grad():
+    exported = torch.export.export(model, (), kwargs)
+    t = time.monotonic()
+    torch._inductor.aoti_compile_and_package(
+        exported, package_path=sys.argv[3] + "/model.pt2",
+        inductor_configs={"aot_inductor.package_constants_in_so": False},
+    )
+    print(json.dumps(["aoti_compile_and_package", t, time.monotonic()]), flush=True)
+"""
+
+VARIANTS = {
+    "gpu": ("cuda", "bfloat16", None),
+    "gpu-threads1": ("cuda", "bfloat16", 1),
+    "cpu": ("cpu", "float32", None),
+}
+
+
+def _probes(device: str) -> tuple[Any, Any]:
+    def pause(a: int) -> int:
+        return a
+
+    def python_ns() -> float:
+        c = time.thread_time_ns()
+        for _ in range(200):
+            pause(1)
+        return (time.thread_time_ns() - c) / 200
+
+    if not device.startswith("cuda"):
+        return python_ns, lambda: 0.0
+    one = torch.zeros(1, device=device)
+
+    def gpu_us() -> float:
+        t = time.perf_counter()
+        one.add_(1)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e6
+
+    return python_ns, gpu_us
+
+
+def _loop(model: Any, inputs: dict[str, Any], device: str, until: Any) -> list[list[float]]:
+    """Calls until ``until()``: [start (monotonic s), wall ms, thread CPU ms, python ns, gpu µs]."""
+    python_ns, gpu_us = _probes(device)
+    calls = []
+    with torch.no_grad():
+        while not until():
+            start, cpu = time.monotonic(), time.thread_time()
+            model(**inputs)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            wall = (time.monotonic() - start) * 1e3
+            calls.append([start, wall, (time.thread_time() - cpu) * 1e3, python_ns(), gpu_us()])
+    return calls
+
+
+def _side(variant: str, folder: str) -> tuple[subprocess.Popen[str], list[list[Any]]]:
+    device, dtype, threads = VARIANTS[variant]
+    cpus = isolation.worker_cpus()
+    env = dict(os.environ)
+    env.update(isolation.worker_env(2, len(cpus) if cpus else None))
+    env["TORCHINDUCTOR_CACHE_DIR"] = folder  # cold: a folder of its own
+    if threads:
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
+    nice = config.jit_worker_nice
+
+    def place() -> None:
+        os.nice(nice)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIDE, device, dtype, folder],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=place,
+    )
+    marks: list[list[Any]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            marks.append(json.loads(line))
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, marks
+
+
+def _report(
+    calls: list[list[float]], marks: list[list[Any]], alone_ms: float, origin: float
+) -> dict[str, Any]:
+    spans = [m for m in marks if len(m) == 3 and isinstance(m[1], float)]
+    walls = [c[1] for c in calls]
+    slow = [c for c in calls if c[1] > 2 * alone_ms]
+
+    def during(c: list[float]) -> list[str]:
+        end = c[0] + c[1] / 1e3
+        return sorted({m[0] for m in spans if m[1] < end and m[2] > c[0]})
+
+    by_step: dict[str, list[int]] = {}  # step: [calls, calls over 2x]
+    for c in calls:
+        for step in during(c) or ["(none marked)"]:
+            counts = by_step.setdefault(step, [0, 0])
+            counts[0] += 1
+            counts[1] += c[1] > 2 * alone_ms
+    return {
+        "calls": len(calls),
+        "median_ms": round(statistics.median(walls), 3) if walls else None,
+        "over_2x": len(slow),
+        "slowest_ms": round(max(walls), 3) if walls else None,
+        "python_ns_median": round(statistics.median(c[3] for c in calls), 1) if calls else None,
+        "gpu_us_median": round(statistics.median(c[4] for c in calls), 1) if calls else None,
+        "slow_calls": [
+            [round(c[0] - origin, 3), *(round(x, 3) for x in c[1:]), during(c)] for c in slow
+        ][:200],
+        "by_step": by_step,
+        "steps": [[m[0], round(m[1] - origin, 3), round(m[2] - origin, 3)] for m in spans][:400],
+        "said": [m for m in marks if m not in spans][:20],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--alone-seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=150.0, help="the longest a side runs")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    config_patch = config.patch(worker_spare_cores=config.jit_spare_cores)
+    config_patch.__enter__()  # the CPUs JIT's workers get
+    model, inputs = _model(args.device, small=False)
+    warm = time.monotonic()
+    _loop(model, inputs, args.device, lambda: time.monotonic() - warm > 2.0)
+    out: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if args.device != "cpu" else "cpu"
+    }
+    out["worker_cpus"] = isolation.worker_cpus()
+    origin = time.monotonic()
+    alone = _loop(
+        model, inputs, args.device, lambda: time.monotonic() - origin > args.alone_seconds
+    )
+    alone_ms = statistics.median(c[1] for c in alone)
+    out["alone"] = _report(alone, [], alone_ms, origin)
+    print(f"alone: {alone_ms:.3f} ms median, {out['alone']['over_2x']} over 2x", flush=True)
+    for variant in args.variants:
+        with tempfile.TemporaryDirectory(prefix="compile-beside-") as folder:
+            proc, marks = _side(variant, folder)
+            origin = time.monotonic()
+            calls = _loop(
+                model,
+                inputs,
+                args.device,
+                lambda p=proc, t=origin: (
+                    p.poll() is not None or time.monotonic() - t > args.seconds
+                ),
+            )
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            time.sleep(0.2)  # the reader's last lines
+            r = _report(calls, marks, alone_ms, origin)
+            r["exit"], r["seconds"] = proc.returncode, round(time.monotonic() - origin, 1)
+            out[variant] = r
+        print(
+            f"{variant}: {r['seconds']} s (exit {r['exit']}), {r['calls']} calls, median "
+            f"{r['median_ms']} ms, {r['over_2x']} over 2x (slowest {r['slowest_ms']} ms); "
+            f"probes {r['python_ns_median']} ns, {r['gpu_us_median']} µs",
+            flush=True,
+        )
+        for step, (n, over) in sorted(r["by_step"].items(), key=lambda kv: -kv[1][1]):
+            print(f"  {step}: {n} calls, {over} over 2x", flush=True)
+        for c in r["slow_calls"][:25]:
+            print(f"  slow {c}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
