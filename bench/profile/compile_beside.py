@@ -14,7 +14,9 @@ builds. Variants, one side process each:
 - ``gpu``: the bf16 model on the GPU, as JIT's AOTInductor candidate with bf16 weights builds;
 - ``gpu-threads1``: the same with one Inductor compile thread (fewer busy CPUs);
 - ``cpu``: the fp32 model compiled for the CPU: the host's share of a compile (processes, files,
-  the C++ compiler) with no GPU context at all.
+  the C++ compiler) with no GPU context at all;
+- ``gpu-two``: two side processes at once, the bf16 and the fp32 model, as JIT's two AOTInductor
+  candidates build side by side.
 
 Printed per variant: the calls while the side process ran (median, calls over twice the loop
 alone's median, the slowest), each call over 2x with its thread's CPU time, its probes and the
@@ -93,10 +95,12 @@ with torch.no_grad():
     print(json.dumps(["aoti_compile_and_package", t, time.monotonic()]), flush=True)
 """
 
-VARIANTS = {
-    "gpu": ("cuda", "bfloat16", None),
-    "gpu-threads1": ("cuda", "bfloat16", 1),
-    "cpu": ("cpu", "float32", None),
+# variant: the side processes, each (device, dtype, Inductor compile threads or None)
+VARIANTS: dict[str, list[tuple[str, str, int | None]]] = {
+    "gpu": [("cuda", "bfloat16", None)],
+    "gpu-threads1": [("cuda", "bfloat16", 1)],
+    "cpu": [("cpu", "float32", None)],
+    "gpu-two": [("cuda", "bfloat16", None), ("cuda", "float32", None)],
 }
 
 
@@ -138,8 +142,11 @@ def _loop(model: Any, inputs: dict[str, Any], device: str, until: Any) -> list[l
     return calls
 
 
-def _side(variant: str, folder: str) -> tuple[subprocess.Popen[str], list[list[Any]]]:
-    device, dtype, threads = VARIANTS[variant]
+def _side(
+    side: tuple[str, str, int | None], folder: str, marks: list[list[Any]]
+) -> subprocess.Popen[str]:
+    device, dtype, threads = side
+    os.makedirs(folder)
     cpus = isolation.worker_cpus()
     env = dict(os.environ)
     env.update(isolation.worker_env(2, len(cpus) if cpus else None))
@@ -160,7 +167,6 @@ def _side(variant: str, folder: str) -> tuple[subprocess.Popen[str], list[list[A
         text=True,
         preexec_fn=place,
     )
-    marks: list[list[Any]] = []
 
     def read() -> None:
         assert proc.stdout is not None
@@ -168,7 +174,7 @@ def _side(variant: str, folder: str) -> tuple[subprocess.Popen[str], list[list[A
             marks.append(json.loads(line))
 
     threading.Thread(target=read, daemon=True).start()
-    return proc, marks
+    return proc
 
 
 def _report(
@@ -230,22 +236,25 @@ def main() -> None:
     print(f"alone: {alone_ms:.3f} ms median, {out['alone']['over_2x']} over 2x", flush=True)
     for variant in args.variants:
         with tempfile.TemporaryDirectory(prefix="compile-beside-") as folder:
-            proc, marks = _side(variant, folder)
+            marks: list[list[Any]] = []
+            procs = [
+                _side(side, os.path.join(folder, str(i)), marks)
+                for i, side in enumerate(VARIANTS[variant])
+            ]
             origin = time.monotonic()
-            calls = _loop(
-                model,
-                inputs,
-                args.device,
-                lambda p=proc, t=origin: (
-                    p.poll() is not None or time.monotonic() - t > args.seconds
-                ),
-            )
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            time.sleep(0.2)  # the reader's last lines
+
+            def done(ps: list[Any] = procs, t: float = origin) -> bool:
+                return all(p.poll() is not None for p in ps) or time.monotonic() - t > args.seconds
+
+            calls = _loop(model, inputs, args.device, done)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+            time.sleep(0.2)  # the readers' last lines
             r = _report(calls, marks, alone_ms, origin)
-            r["exit"], r["seconds"] = proc.returncode, round(time.monotonic() - origin, 1)
+            r["exit"] = [p.returncode for p in procs]
+            r["seconds"] = round(time.monotonic() - origin, 1)
             out[variant] = r
         print(
             f"{variant}: {r['seconds']} s (exit {r['exit']}), {r['calls']} calls, median "
