@@ -20,7 +20,10 @@ builds. Variants, one side process each:
 
 Printed per variant: the calls while the side process ran (median, calls over twice the loop
 alone's median, the slowest), each call over 2x with its thread's CPU time, its probes and the
-side's steps it overlapped, and how many calls fell in each step.
+side's steps it overlapped, and how many calls fell in each step. A sampler process reads each
+CPU's busy share from /proc/stat every 50 ms, and each call keeps the CPU it ended on: per CPU
+the program ran on, the other CPU whose being busy went with the most calls over 2x (a hidden
+hyperthread sibling shows as one partner that slows it whenever busy).
 
     python bench/profile/compile_beside.py [--variants gpu cpu ...] [--seconds 150] [--json FILE]
 """
@@ -28,6 +31,8 @@ side's steps it overlapped, and how many calls fell in each step.
 from __future__ import annotations
 
 import argparse
+import bisect
+import ctypes
 import json
 import os
 import statistics
@@ -96,6 +101,22 @@ with torch.no_grad():
 """
 
 # variant: the side processes, each (device, dtype, Inductor compile threads or None)
+# Each CPU's busy share (0-1) over the last period, one JSON line per period: [monotonic, [...]].
+_SAMPLER = r"""
+import json, time
+def read():
+    with open("/proc/stat") as f:
+        rows = [l.split() for l in f if l.startswith("cpu") and l[3] != " "]
+    return [(sum(map(int, r[1:9])), int(r[4]) + int(r[5])) for r in rows]
+before = read()
+while True:
+    time.sleep(0.05)
+    now = read()
+    busy = [round(1 - (i1 - i0) / max(1, t1 - t0), 2) for (t0, i0), (t1, i1) in zip(before, now)]
+    print(json.dumps([time.monotonic(), busy]), flush=True)
+    before = now
+"""
+
 VARIANTS: dict[str, list[tuple[str, str, int | None]]] = {
     "gpu": [("cuda", "bfloat16", None)],
     "gpu-threads1": [("cuda", "bfloat16", 1)],
@@ -128,8 +149,10 @@ def _probes(device: str) -> tuple[Any, Any]:
 
 
 def _loop(model: Any, inputs: dict[str, Any], device: str, until: Any) -> list[list[float]]:
-    """Calls until ``until()``: [start (monotonic s), wall ms, thread CPU ms, python ns, gpu µs]."""
+    """Calls until ``until()``: [start (monotonic s), wall ms, thread CPU ms, python ns, gpu µs,
+    the CPU it ended on]."""
     python_ns, gpu_us = _probes(device)
+    getcpu = ctypes.CDLL(None).sched_getcpu
     calls = []
     with torch.no_grad():
         while not until():
@@ -138,7 +161,8 @@ def _loop(model: Any, inputs: dict[str, Any], device: str, until: Any) -> list[l
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             wall = (time.monotonic() - start) * 1e3
-            calls.append([start, wall, (time.thread_time() - cpu) * 1e3, python_ns(), gpu_us()])
+            thread_ms = (time.thread_time() - cpu) * 1e3
+            calls.append([start, wall, thread_ms, python_ns(), gpu_us(), getcpu()])
     return calls
 
 
@@ -177,6 +201,58 @@ def _side(
     return proc
 
 
+def _sampler() -> tuple[subprocess.Popen[str], list[list[Any]]]:
+    samples: list[list[Any]] = []
+    proc = subprocess.Popen([sys.executable, "-c", _SAMPLER], stdout=subprocess.PIPE, text=True)
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            samples.append(json.loads(line))
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, samples
+
+
+def _partners(
+    calls: list[list[float]], samples: list[list[Any]], alone_ms: float
+) -> dict[str, Any]:
+    """Per CPU the program's calls ended on: for each other CPU, calls over 2x when it was busy
+    (over half the period of the sample that covers the call's end) and when it was not; the
+    partner is the CPU with the largest difference of those rates."""
+    if not samples:
+        return {}
+    times = [x[0] for x in samples]
+    table: dict[int, dict[int, list[int]]] = {}  # cpu: other: [busy calls, busy slow, idle, slow]
+    for c in calls:
+        at = bisect.bisect_left(times, c[0] + c[1] / 1e3)
+        if at >= len(samples):
+            continue
+        busy, slow, mine = samples[at][1], c[1] > 2 * alone_ms, int(c[5])
+        rows = table.setdefault(mine, {})
+        for other, share in enumerate(busy):
+            if other == mine:
+                continue
+            row = rows.setdefault(other, [0, 0, 0, 0])
+            k = 0 if share > 0.5 else 2
+            row[k] += 1
+            row[k + 1] += slow
+    out: dict[str, Any] = {}
+    for mine, rows in sorted(table.items()):
+        n = sum(rows[next(iter(rows))][::2]) if rows else 0
+
+        def rate(r: list[int]) -> float:
+            return (r[1] / r[0] if r[0] else 0.0) - (r[3] / r[2] if r[2] else 0.0)
+
+        ranked = sorted(rows.items(), key=lambda kv: -rate(kv[1]))
+        out[str(mine)] = {
+            "calls": n,
+            "slow": sum(rows[next(iter(rows))][1::2]) if rows else 0,
+            "partners": [[o, *r] for o, r in ranked[:3]],  # other, busy calls, slow, idle, slow
+        }
+    return out
+
+
 def _report(
     calls: list[list[float]], marks: list[list[Any]], alone_ms: float, origin: float
 ) -> dict[str, Any]:
@@ -212,7 +288,9 @@ def _report(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument(
+        "--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), help="repeatable"
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--alone-seconds", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=150.0, help="the longest a side runs")
@@ -246,7 +324,10 @@ def main() -> None:
             def done(ps: list[Any] = procs, t: float = origin) -> bool:
                 return all(p.poll() is not None for p in ps) or time.monotonic() - t > args.seconds
 
+            sampler, samples = _sampler()
             calls = _loop(model, inputs, args.device, done)
+            sampler.kill()
+            sampler.wait()
             for p in procs:
                 if p.poll() is None:
                     p.kill()
@@ -255,7 +336,8 @@ def main() -> None:
             r = _report(calls, marks, alone_ms, origin)
             r["exit"] = [p.returncode for p in procs]
             r["seconds"] = round(time.monotonic() - origin, 1)
-            out[variant] = r
+            r["partners"] = _partners(calls, samples, alone_ms)
+            out[variant if variant not in out else f"{variant}-{len(out)}"] = r
         print(
             f"{variant}: {r['seconds']} s (exit {r['exit']}), {r['calls']} calls, median "
             f"{r['median_ms']} ms, {r['over_2x']} over 2x (slowest {r['slowest_ms']} ms); "
@@ -266,6 +348,12 @@ def main() -> None:
             print(f"  {step}: {n} calls, {over} over 2x", flush=True)
         for c in r["slow_calls"][:25]:
             print(f"  slow {c}", flush=True)
+        for mine, p in r["partners"].items():
+            print(
+                f"  on CPU {mine}: {p['calls']} calls, {p['slow']} over 2x; partners (CPU, "
+                f"calls with it busy, over 2x, idle, over 2x): {p['partners']}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
