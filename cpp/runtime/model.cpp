@@ -28,6 +28,13 @@ using json = nlohmann::json;
 constexpr const char* kPackage = "model.pt2";  // backend/torch_inductor_aot.py PAYLOAD_PACKAGE
 constexpr const char* kCalling = "calling.json";
 
+}  // namespace
+
+// Named, not anonymous: Model::Impl holds them, and GCC warns of a class with external linkage
+// holding a type with internal linkage from a file included into another, as the runtime's
+// sources are (one translation unit, cpp/runtime/CMakeLists.txt).
+namespace model_detail {
+
 // A graph key split into its structure and per-leaf template: a tensor leaf takes the call's
 // dtype and rank (and the stored device string), a constant is fixed.
 struct KeyTemplate {
@@ -47,6 +54,13 @@ struct Graph {
   InputGuard guard;       // the profile the package was compiled for (the engine checks it)
   std::unique_ptr<detail::Package> package;
 };
+
+}  // namespace model_detail
+
+using model_detail::Graph;
+using model_detail::KeyTemplate;
+
+namespace {
 
 KeyTemplate key_template(const std::string& key) {
   ParsedKey parsed;
