@@ -266,6 +266,45 @@ def test_tune_on_cuda_without_cuda_stops_with_the_diagnosis() -> None:
     assert "honed doctor --device cuda" in message
 
 
+def test_cuda_problems_are_what_diagnose_says_of_cuda() -> None:
+    """The device's own check is the CUDA part of the full diagnosis: its lines come first in
+    diagnose("cuda")'s problems, word for word ([] where CUDA runs)."""
+    problems = doctor.cuda_problems()
+    assert doctor.diagnose("cuda").problems[: len(problems)] == problems
+    assert bool(problems) == (not torch.cuda.is_available())
+
+
+@pytest.fixture
+def no_package_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA taken away, and the optional packages' and backends' probes made to fail: a check
+    of the device alone never reaches them."""
+
+    def probed(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the packages and backends were probed for a device check")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(doctor, "_probe_packages", probed)
+    monkeypatch.setattr(doctor, "_backends", probed)
+
+
+@pytest.mark.usefixtures("no_package_probes")
+def test_a_cuda_device_that_cannot_run_is_refused_without_probing_the_packages() -> None:
+    """`--device cuda` and tune(device="cuda") where CUDA cannot run say why at once: the
+    driver and torch's build, not seconds of importing every backend's packages first."""
+    from honed.cli.model_commands import check_device
+    from honed.errors import ConfigError
+
+    why = doctor.cuda_problems()
+    with pytest.raises(ConfigError) as cli:
+        check_device("cuda")
+    assert "--device cuda: CUDA cannot run here (" in str(cli.value)
+    assert (why[0].split(". Fix:")[0] if why else "is_available() is False") in str(cli.value)
+    with pytest.raises(honed.TuneError) as api:
+        honed.tune(honed.Module(TinyMLP().eval(), "m"), batches(2), device="cuda")
+    assert "never falls back to the CPU silently" in str(api.value)
+    assert all(line in str(api.value) for line in why)
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed here"
 )

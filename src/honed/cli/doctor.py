@@ -309,6 +309,24 @@ def _cuda_problems(probe: Any, torch_info: dict[str, Any], diag: Any) -> list[st
     return problems
 
 
+def _cuda_state() -> tuple[Any, dict[str, Any], Any]:
+    """The GPUs and driver the engine sees, torch's CUDA build, and the engine's verdict on the
+    two together."""
+    probe = _core.probe_gpus()
+    torch_info = _torch_cuda()
+    diag = _core.diagnose_driver(
+        probe.driver_cuda_version, torch_info["version"], torch_info["cuda"] or ""
+    )
+    return probe, torch_info, diag
+
+
+def cuda_problems() -> list[str]:
+    """Why CUDA cannot run here, one line per cause with its fix ([] when it can): what
+    ``diagnose("cuda")`` says of the driver and torch's build, without its probes of the
+    optional packages and the backends (seconds of imports), for an error about the device."""
+    return _cuda_problems(*_cuda_state())
+
+
 def diagnose(device: str = "cpu", fresh: bool = False) -> DoctorReport:
     """What this machine can run; ``.ok`` when ``device`` ("cpu" or "cuda") can run here.
 
@@ -317,11 +335,7 @@ def diagnose(device: str = "cpu", fresh: bool = False) -> DoctorReport:
     device = device.split(":")[0]
     if device not in ("cpu", "cuda"):
         raise ValueError(f"honed doctor checks device 'cpu' or 'cuda', not {device!r}")
-    probe = _core.probe_gpus()
-    torch_info = _torch_cuda()
-    diag = _core.diagnose_driver(
-        probe.driver_cuda_version, torch_info["version"], torch_info["cuda"] or ""
-    )
+    probe, torch_info, diag = _cuda_state()
     packages: list[PackageStatus] = []
     package_warnings: list[str] = []
     for (status, how), (_name, dists, _use) in zip(

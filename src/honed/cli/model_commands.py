@@ -170,9 +170,9 @@ def check_device(device: str | None) -> None:
         ) from None
     if wanted.type == "cuda":
         if not torch.cuda.is_available():
-            from honed.cli.doctor import diagnose
+            from honed.cli.doctor import cuda_problems
 
-            problems = diagnose("cuda").problems
+            problems = cuda_problems()
             why = (
                 problems[0].split(". Fix:")[0] if problems else "torch.cuda.is_available() is False"
             )

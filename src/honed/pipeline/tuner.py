@@ -451,9 +451,9 @@ def _resolve_device(device: str | torch.device | None, modules: list[Module]) ->
         return found
     wanted = torch.device(device)
     if wanted.type == "cuda" and not torch.cuda.is_available():
-        from honed.cli.doctor import diagnose
+        from honed.cli.doctor import cuda_problems
 
-        problems = diagnose("cuda").problems or ["torch.cuda.is_available() is False"]
+        problems = cuda_problems() or ["torch.cuda.is_available() is False"]
         raise TuneError(
             f"honed.tune: device={str(wanted)!r} was asked for but CUDA cannot start here, and "
             "honed never falls back to the CPU silently:\n  - "
