@@ -191,26 +191,25 @@ def _side(
         text=True,
         preexec_fn=place,
     )
+    _collect(proc, marks)
+    return proc
+
+
+def _collect(proc: subprocess.Popen[str], into: list[list[Any]]) -> None:
+    """Each JSON line ``proc`` writes, appended to ``into`` by a thread as it comes."""
 
     def read() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            marks.append(json.loads(line))
+            into.append(json.loads(line))
 
     threading.Thread(target=read, daemon=True).start()
-    return proc
 
 
 def _sampler() -> tuple[subprocess.Popen[str], list[list[Any]]]:
     samples: list[list[Any]] = []
     proc = subprocess.Popen([sys.executable, "-c", _SAMPLER], stdout=subprocess.PIPE, text=True)
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            samples.append(json.loads(line))
-
-    threading.Thread(target=read, daemon=True).start()
+    _collect(proc, samples)
     return proc, samples
 
 
