@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,43 +50,35 @@ from beside_stall import _model  # the program's model, shared with that profile
 from honed import config
 from honed.pipeline import isolation
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jit_bert import MARKING  # bench/jit_bert.py's wrapper of marked functions
+
 # The side process: argv = device, dtype, cache folder. Each marked step's span goes to stdout
-# as one JSON line (time.monotonic: one clock for every process of the machine).
+# as one JSON line (perf_counter and monotonic: CLOCK_MONOTONIC, one clock for every process of
+# the machine).
 _SIDE = r"""
-import functools, importlib, json, sys, time
+import json, sys, time
 import torch
 from transformers import BertConfig, BertModel
-
+__MARKING__
 device, dtype = sys.argv[1], getattr(torch, sys.argv[2])
 
-def mark(where, qualname):
-    owner = importlib.import_module(where)
-    *path, attr = qualname.split(".")
-    for part in path:
-        owner = getattr(owner, part)
-    fn = getattr(owner, attr)
-    @functools.wraps(fn)
-    def wrapper(*a, **k):
-        began = time.monotonic()
-        try:
-            return fn(*a, **k)
-        finally:
-            print(json.dumps([attr, began, time.monotonic()]), flush=True)
-    setattr(owner, attr, wrapper)
+def note(item, thread, began, ended):
+    print(json.dumps([item.rsplit(".", 1)[-1], began, ended]), flush=True)
 
 began = time.monotonic()
 import torch._inductor
-for where, name in (
-    ("torch._inductor.async_compile", "AsyncCompile.wait"),
-    ("torch._inductor.codegen.wrapper", "PythonWrapperCodegen.generate_and_run_autotune_block"),
-    ("torch._inductor.runtime.benchmarking", "InductorBenchmarker.benchmark_gpu"),
-    ("torch._inductor.cpp_builder", "CppBuilder.build"),
-    ("torch.export", "export"),
+for item in (
+    "torch._inductor.async_compile:AsyncCompile.wait",
+    "torch._inductor.codegen.wrapper:PythonWrapperCodegen.generate_and_run_autotune_block",
+    "torch._inductor.runtime.benchmarking:InductorBenchmarker.benchmark_gpu",
+    "torch._inductor.cpp_builder:CppBuilder.build",
+    "torch.export:export",
 ):
     try:
-        mark(where, name)
+        mark_all(item, note)
     except Exception as e:
-        print(json.dumps(["unmarked " + name, repr(e)]), flush=True)
+        print(json.dumps(["unmarked " + item, repr(e)]), flush=True)
 model = BertModel(BertConfig()).to(device=device, dtype=dtype).eval()
 ids = torch.randint(0, 30522, (8, 128), device=device)
 kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -98,7 +91,7 @@ with torch.no_grad():
         inductor_configs={"aot_inductor.package_constants_in_so": False},
     )
     print(json.dumps(["aoti_compile_and_package", t, time.monotonic()]), flush=True)
-"""
+""".replace("__MARKING__\n", MARKING)
 
 # variant: the side processes, each (device, dtype, Inductor compile threads or None)
 # Each CPU's busy share (0-1) over the last period, one JSON line per period: [monotonic, [...]].
