@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -324,6 +325,36 @@ def test_a_restart_installs_the_cached_winner_then_tries_the_rest(
     with jit.patch(strategy=PreferInductor([inductor, onnx])):
         run(model, batches(2, 4))
     assert [r.reason for r in honed.jit.tunes()] == ["first tune"]
+
+
+def test_a_first_run_starts_no_cached_pass_and_a_restart_does(
+    jit: honed.jit.JitConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module no earlier run checked for graph breaks has nothing in the cache: its first tune
+    goes straight to the candidates, without a cached pass recording the samples beside the
+    program's calls first. A restart (the check's answer cached) looks in the cache first."""
+    from honed.jit import tuner as jit_tuner
+
+    passes: list[str] = []
+    real = jit_tuner._cached_pass
+
+    def counted(node: Any, *args: Any, **kwargs: Any) -> bool:
+        passes.append(node.short())
+        return bool(real(node, *args, **kwargs))
+
+    monkeypatch.setattr(jit_tuner, "_cached_pass", counted)
+    assert jit.detect_graph_breaks
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    run(model, batches(2, 4))
+    assert [r.status for r in honed.jit.tunes()] == ["installed"]
+    assert passes == []
+
+    honed.jit.reset()  # the restart: the same weights, the same cache
+    honed.jit.enable_jit_tuning()
+    run(model, batches(2, 4))
+    assert passes == ["TinyMLP 📊676"]
+    assert honed.jit.roots()[0].state is State.TUNED
 
 
 def test_graph_break_check_is_cached(jit: honed.jit.JitConfig) -> None:

@@ -11,6 +11,7 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
@@ -238,6 +239,32 @@ def test_beside_a_program_the_check_spins_no_calibration(
     assert section["calibration_slowdown"] is None
     assert section["load_checked"].startswith("beside the program")
     assert caplog.text == ""  # the program's output is left alone
+
+
+def test_beside_a_program_the_gpus_other_processes_are_counted_once(
+    monkeypatch: pytest.MonkeyPatch, beside_a_program: None
+) -> None:
+    """Counting them reads the children of every thread of the process, beside the program's
+    calls: the load verdict and the machine section share one count."""
+    gpu = SimpleNamespace(
+        processes_known=True,
+        process_pids=[],
+        name="a GPU",
+        driver_version="1.0",
+        sm_clock_mhz=-1,
+        max_sm_clock_mhz=-1,
+        mem_clock_mhz=-1,
+        power_limit_w=-1,
+        nvml=True,
+    )
+    monkeypatch.setattr(machine, "_gpu", lambda device, fresh=True: gpu)
+    reads: list[int] = []
+    real = machine._own_pids
+    monkeypatch.setattr(machine, "_own_pids", lambda: reads.append(1) or real())
+    section = machine.start_of_tune(torch.device("cpu"))
+    assert reads == [1]
+    assert section["gpu"] == "a GPU" and section["gpu_other_processes"] == 0
+    assert section["gpu_shared"] is False
 
 
 def test_without_a_program_the_check_calibrates(monkeypatch: pytest.MonkeyPatch) -> None:

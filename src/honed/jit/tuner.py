@@ -98,14 +98,17 @@ def _first_tune(node: Node, dataset: list[Any], outputs: list[Any] | None = None
     workers = _Workers(_device_of(node.module, dataset[0]))
     fingerprints: dict[int, str] = {}  # the weights are hashed once for the check and the tune
     try:
-        if config.detect_graph_breaks and _breaks(node, dataset[0], workers, fingerprints):
-            _eager(node, "graph breaks")
-            return
+        seen_before = True  # unknown without the check: the cached pass looks
+        if config.detect_graph_breaks:
+            breaks, seen_before = _breaks(node, dataset[0], workers, fingerprints)
+            if breaks:
+                _eager(node, "graph breaks")
+                return
         if config.dry_run:
             node.reason = "dry run"
             add_step(f"Dry run: would tune {node.describe()} on {len(dataset)} sample(s)")
             return
-        _tune(node, dataset, "first tune", workers, fingerprints, outputs)
+        _tune(node, dataset, "first tune", workers, fingerprints, outputs, seen_before)
     finally:
         workers.close()
 
@@ -196,8 +199,9 @@ def _breaks(
     sample: tuple[tuple[Any, ...], dict[str, Any]],
     workers: _Workers | None = None,
     fingerprints: dict[int, str] | None = None,
-) -> bool:
-    """Whether torch._dynamo.explain finds a graph break (or cannot trace) on a recorded sample.
+) -> tuple[bool, bool]:
+    """Whether torch._dynamo.explain finds a graph break (or cannot trace) on a recorded sample,
+    and whether an earlier run had answered that already (from the cache).
 
     The trace runs in a worker process (isolation "process"): in this process it would hold the
     GIL beside the program's calls. A worker that ends without an answer (crash, hang) counts as
@@ -219,12 +223,12 @@ def _breaks(
     took = time.perf_counter() - started
     if count == 0:
         add_step(f"No graph breaks in {node.short()}. {how} took {took:.2f}s")
-        return False
+        return False, found is not None
     add_step(
         f"{count} graph break(s) in {node.short()}: {'; '.join(reasons)}. "
         f"{how} took {took:.2f}s; trying its children"
     )
-    return True
+    return True, found is not None
 
 
 def _check(
@@ -315,10 +319,14 @@ def _tune(
     workers: _Workers | None = None,
     fingerprints: dict[int, str] | None = None,
     outputs: list[Any] | None = None,
+    seen_before: bool = True,
 ) -> None:
     """On JIT's thread: tune ``node`` on ``dataset`` with Tuner.start, then swap the winner in.
     ``fingerprints``: model fingerprints by id(module) already made (the graph-break check's);
-    ``outputs``: the program's output for each sample, where known."""
+    ``outputs``: the program's output for each sample, where known; ``seen_before``: False when
+    no earlier run got this far with the module (its graph-break check was not cached), so the
+    cached pass is left out: it would record the samples and start a tune beside the program's
+    calls only to find nothing cached."""
     from honed.module import Module
 
     module = node.module
@@ -328,7 +336,7 @@ def _tune(
     sizes = headroom_sizes(dataset)
     budget = config.time_budget_s or None
     fingerprints = {} if fingerprints is None else fingerprints  # hashed once for both passes
-    if reason == "first tune" and _flags.cache_enabled:
+    if reason == "first tune" and _flags.cache_enabled and seen_before:
         # The program's calls (live) tell the cached pass which candidates stay out beside it.
         cached = _new_tuner(
             strategy, fingerprints, None, True, _program_calls(node, dataset), workers

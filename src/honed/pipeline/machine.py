@@ -104,18 +104,21 @@ def _other_gpu_processes(gpu: _core.GpuDetails | None) -> int:
 
 
 def check_load(
-    device: torch.device | None, gpu: _core.GpuDetails | None = None, calibrate: bool = True
+    device: torch.device | None,
+    gpu: _core.GpuDetails | None = None,
+    calibrate: bool = True,
+    others: int | None = None,
 ) -> _core.LoadVerdict:
     """The engine's LoadVerdict for this machine now: a short CPU calibration on the threads the
     measurement will use (one, the launching thread, for a GPU; none unless ``calibrate``), the
-    load average, and other processes on the GPU."""
+    load average, and other processes on the GPU (``others``: counted already)."""
     gpu = gpu if gpu is not None else _gpu(device)
     threads = cpu_threads() if device is None or device.type == "cpu" else 1
     signals = _core.LoadSignals(
         calibration_ms=_core.calibrate_cpu(threads) if calibrate else [],
         load_avg_1m=_core.load_average_1m(),
         logical_cpus=int(cpu().logical_cpus),
-        gpu_other_processes=_other_gpu_processes(gpu),
+        gpu_other_processes=_other_gpu_processes(gpu) if others is None else others,
     )
     return _core.assess_load(signals, config.busy_slowdown, config.busy_load_per_cpu)
 
@@ -143,7 +146,10 @@ def start_of_tune(device: torch.device) -> dict[str, Any]:
     """
     if courtesy.beside_program():
         gpu = _gpu(device, fresh=False)
-        section = describe(device, check_load(device, gpu, calibrate=False), gpu)
+        # Counting the GPU's other processes reads every thread's children: once, for both.
+        others = _other_gpu_processes(gpu)
+        verdict = check_load(device, gpu, calibrate=False, others=others)
+        section = describe(device, verdict, gpu, others)
         section["load_checked"] = "beside the program: no CPU calibration, GPU as at JIT's start"
         return section
     gpu = _gpu(device)
@@ -162,10 +168,12 @@ def start_of_tune(device: torch.device) -> dict[str, Any]:
     return describe(device, verdict, gpu)
 
 
-def describe(device: torch.device | None, verdict: Any = None, gpu: Any = None) -> dict[str, Any]:
+def describe(
+    device: torch.device | None, verdict: Any = None, gpu: Any = None, others: int | None = None
+) -> dict[str, Any]:
     """The machine section of a report and an artifact (the compatibility fingerprint is
     environment.fingerprint; nothing here decides whether an artifact loads); ``gpu``: details
-    already probed (else probed now)."""
+    already probed (else probed now); ``others``: the GPU's other processes, counted already."""
     info = cpu()
     on_cpu = device is None or device.type == "cpu"
     section: dict[str, Any] = {
@@ -181,7 +189,7 @@ def describe(device: torch.device | None, verdict: Any = None, gpu: Any = None) 
     }
     gpu = gpu if gpu is not None else _gpu(device)
     if gpu is not None:
-        others = _other_gpu_processes(gpu)
+        others = _other_gpu_processes(gpu) if others is None else others
         section.update(
             gpu=gpu.name or torch.cuda.get_device_name(device),
             gpu_driver=gpu.driver_version or None,

@@ -436,6 +436,7 @@ def _record(
                 with observed_output(seen):
                     _call(func, sample)
                 for b in sizes:
+                    give_way()
                     _call(func, _resize_batch(sample, b))
     except Exception as e:
         raise InputError(
