@@ -32,7 +32,12 @@ TEST_JOBS ?= auto
 demo: $(STAMP)/package
 	$(VENV)/bin/honed demo
 
-test: lint test-cpp test-py
+# Set up first (one pip at a time), then the linters (mypy on one core) beside the C++ build and
+# tests, then the Python tests.
+test:
+	$(MAKE) --no-print-directory setup
+	$(MAKE) --no-print-directory -j2 -O lint test-cpp
+	$(MAKE) --no-print-directory test-py
 
 setup: $(STAMP)/package $(STAMP)/bench-deps $(STAMP)/test-deps
 
@@ -99,7 +104,7 @@ $(CPP_BUILD)/build.ninja: $(STAMP)/venv CMakeLists.txt
 
 test-cpp: $(CPP_BUILD)/build.ninja
 	$(VENV)/bin/cmake --build $(CPP_BUILD)
-	cd $(CPP_BUILD) && $(abspath $(VENV)/bin/ctest) --output-on-failure
+	cd $(CPP_BUILD) && $(abspath $(VENV)/bin/ctest) --output-on-failure -j $(shell nproc)
 
 # Every CPU tier (tests/conftest.py: unit, integration; gpu tests skip without CUDA), side by side
 # in pytest-xdist workers (a test file stays on one worker, so its module fixtures are made once);
