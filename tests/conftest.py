@@ -138,22 +138,6 @@ def load_in_new_process(
 # Using one of these fixtures makes a test an integration test (they compile on first use).
 COMPILED_FIXTURES = {"inductor_tuned"}
 
-# The files whose tests take longest, longest first. `make test` hands whole files to its
-# pytest-xdist workers as they free up, in collection order: one of these started near the end
-# would run alone while the other workers sit idle. `--durations=0` says which they are.
-LONG_FILES = (
-    "test_docs.py",
-    "test_pool.py",
-    "test_backend_aot.py",
-    "test_cli_entrypoint.py",
-    "test_runtime_cpp.py",
-    "test_bench_suite.py",
-    "test_doctor.py",
-    "test_jit_program.py",
-    "test_isolation.py",
-    "test_jit_live.py",
-)
-
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -165,8 +149,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         if no_cuda is not None and item.get_closest_marker("gpu"):
             item.add_marker(no_cuda)
-    rank = {name: i for i, name in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as found
 
 
 # Short warm-up and windows: tests check behaviour, never timings.
