@@ -153,10 +153,12 @@ def start_of_tune(device: torch.device) -> dict[str, Any]:
         section["load_checked"] = "beside the program: no CPU calibration, GPU as at JIT's start"
         return section
     gpu = _gpu(device)
+    counted = None  # after a wait for quiet the section counts them anew
     if config.wait_for_quiet_s > 0:
         verdict = wait_for_quiet(device, config.wait_for_quiet_s)
     else:
-        verdict = check_load(device, gpu)
+        counted = _other_gpu_processes(gpu)
+        verdict = check_load(device, gpu, others=counted)
     if verdict.busy:
         log.warning(
             "honed: this machine is %s; figures may be noisy, and a candidate wins only with "
@@ -165,7 +167,7 @@ def start_of_tune(device: torch.device) -> dict[str, Any]:
         )
     else:
         log.info("honed: machine %s", verdict.summary)
-    return describe(device, verdict, gpu)
+    return describe(device, verdict, gpu, counted)
 
 
 def describe(
