@@ -7,16 +7,20 @@ selection (bench/results/jit). This tunes BERT-base (b8, s128) with one candidat
 with bf16 weights and CUDA graphs, saves it, loads it into a copy of the model, and calls the two
 in turns (blocks of 25 calls, 40 rounds): the wall time of a call with its sync, the time to
 return (launch), the GPU time between two events. Then a program's loop (call, then sync) in
-this process, in a fresh process that loads the artifact, and here again, by 5 s windows: is the
-speed the variant's or the process's?
+this process, in fresh processes that load the artifact (``--fresh``: each one's steps, the
+loaded variant's loop or the plain model's), and here again, by 5 s windows with a pure-Python
+call's time, the GPU's SM clock and the CPU the loop ran on: is the speed the variant's, the
+process's or the host's?
 
-    python bench/profile/live_vs_loaded.py --out bench/results/profile/live-vs-loaded-<tag>.json
+    python bench/profile/live_vs_loaded.py --loop-seconds 15 --fresh loop,loop \
+        --fresh eager,loop --out bench/results/profile/live-vs-loaded-<tag>.json
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import json
 import shutil
 import statistics
@@ -65,9 +69,36 @@ def turns(ways: dict[str, Callable[[], Any]], rounds: int = 40, block: int = 26)
     }
 
 
+def _cpu() -> int:
+    """The CPU this thread runs on now."""
+    return int(ctypes.CDLL(None).sched_getcpu())
+
+
+def _python_ns() -> float:
+    """A pure-Python call's time now (ns): the host CPU's own speed, whatever the GPU does."""
+
+    def nothing(a: int) -> int:
+        return a
+
+    t0 = time.perf_counter()
+    for _ in range(20_000):
+        nothing(1)
+    return (time.perf_counter() - t0) / 20_000 * 1e9
+
+
+def _sm_clock() -> int | None:
+    """The GPU's SM clock now (MHz), through NVML where torch finds it."""
+    try:
+        return int(torch.cuda.clock_rate())
+    except Exception:
+        return None
+
+
 def loop(call: Callable[[], Any], seconds: float) -> dict[str, Any]:
-    """A program's loop: call, then torch.cuda.synchronize(); medians per 5 s window."""
+    """A program's loop: call, then torch.cuda.synchronize(); per 5 s window the medians of the
+    wall time and the launch, a pure-Python call's ns, the SM clocks seen and the CPUs run on."""
     calls: list[tuple[float, float, float]] = []
+    probes: list[tuple[float, float, int | None, int]] = []
     with torch.no_grad():
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
@@ -77,13 +108,25 @@ def loop(call: Callable[[], Any], seconds: float) -> dict[str, Any]:
             torch.cuda.synchronize()
             t1 = time.perf_counter()
             calls.append((t0 - start, (t1 - t0) * 1e3, (tl - t0) * 1e3))
+            if len(calls) % 2000 == 0:  # the host's and the GPU's state now and then
+                probes.append((t1 - start, _python_ns(), _sm_clock(), _cpu()))
     windows = []
     for w in range(0, int(seconds), 5):
         inside = [c for c in calls[10:] if w <= c[0] < w + 5]
         if inside:
             wall = statistics.median(c[1] for c in inside)
             launch = statistics.median(c[2] for c in inside)
-            windows.append([w, round(wall, 4), round(launch, 4)])
+            seen = [p for p in probes if w <= p[0] < w + 5]
+            windows.append(
+                [
+                    w,
+                    round(wall, 4),
+                    round(launch, 4),
+                    round(statistics.median(p[1] for p in seen), 1) if seen else None,
+                    [p[2] for p in seen],
+                    sorted({p[3] for p in seen}),
+                ]
+            )
     return {
         "calls": len(calls),
         "median_ms": round(statistics.median(c[1] for c in calls[10:]), 4),
@@ -105,12 +148,28 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--loop-seconds", type=float, default=30.0)
     parser.add_argument("--load", help="(the fresh process) load this artifact and loop")
+    parser.add_argument(
+        "--plan",
+        default="loop",
+        help="(the fresh process) its steps, comma-separated: loop (the loaded variant), eager "
+        "(the plain model), each --loop-seconds long",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="append",
+        default=[],
+        help="a fresh process's --plan (repeatable; default: one that loops)",
+    )
     args = parser.parse_args()
     model, kw = bert()
     if args.load:
-        fresh = honed.Module(model, "bert")
+        steps: list[Any] = []
+        fresh = honed.Module(copy.deepcopy(model), "bert")
         honed.load(fresh, args.load, trust_native_code=True)
-        print(json.dumps(loop(lambda: fresh(**kw), args.loop_seconds)))
+        for step in args.plan.split(","):
+            target = fresh if step == "loop" else model
+            steps.append([step, loop(lambda m=target: m(**kw), args.loop_seconds)])
+        print(json.dumps(steps))
         return
     original = copy.deepcopy(model)
     live = honed.Module(model, "bert")
@@ -126,6 +185,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(),
     }
     print(f"tuned in {result['tune_s']} s: {result['selected']}", flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="live-vs-loaded-")
     path = Path(tmp) / "bert.honed"
     honed.save(live, path)
@@ -151,26 +211,17 @@ def main() -> None:
     # in a fresh process that loads it from the artifact: a process's own speed, window by window.
     result["loop_here"] = loop(lambda: live(**kw), args.loop_seconds)
     print(f"loop in the tuning process: {result['loop_here']}", flush=True)
-    result["loop_fresh"] = json.loads(
-        subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--load",
-                str(path),
-                "--loop-seconds",
-                str(args.loop_seconds),
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.splitlines()[-1]
-    )
-    print(f"loop in a fresh process: {result['loop_fresh']}", flush=True)
+    result["fresh"] = []
+    for plan in args.fresh or ["loop"]:
+        argv = [sys.executable, __file__, "--load", str(path), "--plan", plan]
+        argv += ["--loop-seconds", f"{args.loop_seconds}"]
+        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+        result["fresh"].append(json.loads(out.splitlines()[-1]))
+        print(f"a fresh process, {plan}: {result['fresh'][-1]}", flush=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))  # kept if a later step is cut
     result["loop_here_again"] = loop(lambda: live(**kw), args.loop_seconds)
     print(f"loop in the tuning process again: {result['loop_here_again']}", flush=True)
     shutil.rmtree(tmp)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"JSON: {args.out}")
 
