@@ -239,6 +239,31 @@ def test_a_library_it_cannot_open_goes_to_torchs_loader_with_the_reason(
     assert why.startswith("torch: cannot open the AOTInductor library"), why
 
 
+def test_opening_a_package_gives_way_before_its_listing_and_each_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside a JIT program, the archive's listing and each file copied out of it wait for the
+    program's call to end (courtesy.give_way): a CUDA package holds a kernel binary per kernel,
+    and their copies held the GIL through one of the program's calls on the GPU machine."""
+    monkeypatch.setattr(honed.config, "aoti_loader", "direct")
+    path = tmp_path / "kernels.pt2"
+    kernels = [f"k{i}/kernel.cubin" for i in range(12)]
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("model/data/aotinductor/model/abc.so", b"not a library")
+        z.writestr("model/data/aotinductor/model/abc.cpp", b"// a source: not copied")
+        for name in kernels:
+            z.writestr(f"model/data/aotinductor/model/{name}", bytes(64))
+    asked: list[int] = []
+
+    def give_way() -> float:
+        asked.append(1)
+        return 0.0
+
+    monkeypatch.setattr(_aoti_direct, "give_way", give_way, raising=False)
+    assert _aoti_direct.open_package(str(path), "cpu", False) is None  # not a library
+    assert len(asked) == 1 + 1 + len(kernels)  # the listing, the library, each kernel
+
+
 def test_constants_through_the_cxx_map_older_libraries_take(
     package: tuple[nn.Module, Path, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

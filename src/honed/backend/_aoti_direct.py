@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from honed.pipeline.courtesy import give_way
+
 log = logging.getLogger("honed")
 
 # honed's AOTInductor packages hold one model, under this folder of the archive.
@@ -181,6 +183,9 @@ def open_package(
         return None
     from honed._core import AotiContainer
 
+    # Beside a JIT program, the archive's listing and each file's copy are Python holding the
+    # GIL (a CUDA package holds a kernel binary per kernel): between the program's calls.
+    give_way()
     with zipfile.ZipFile(path) as archive:
         # The model folder's files by their path inside it (kernel binaries may sit deeper).
         members = {rel: m for m in archive.infolist() if (rel := _in_model_dir(m.filename))}
@@ -195,6 +200,7 @@ def open_package(
         for rel, member in members.items():
             if rel.endswith((".cpp", ".h")):
                 continue  # sources: nothing loads them
+            give_way()
             target = os.path.join(folder.name, *rel.split("/"))
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with archive.open(member) as src, open(target, "wb") as dst:
