@@ -241,7 +241,7 @@ def test_select_all_failed() -> None:
     d = _core.select_max_throughput(cands)
     assert d.index == -1
     failures = "eager: oom; inductor: incorrect: max abs err 3"
-    assert d.reason == f"no candidate passed: 2 failed ({failures})"
+    assert d.reason == f"none of 2 candidates passed ({failures})"
 
 
 # ---- sweep ----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ void bind_select(nb::module_& m) {
           "__init__",
           [](C* self, std::string name, std::string backend, bool ok, bool correct,
              std::string reason, std::optional<Measurement> measurement, int64_t memory_bytes,
-             int portability, bool is_baseline) {
+             int portability, bool is_baseline, bool tried) {
             new (self) C{std::move(name),
                          std::move(backend),
                          ok,
@@ -28,16 +28,18 @@ void bind_select(nb::module_& m) {
                          measurement.value_or(Measurement{}),
                          memory_bytes,
                          portability,
-                         is_baseline};
+                         is_baseline,
+                         tried};
           },
           "name"_a, "backend"_a, "ok"_a, "correct"_a, "reason"_a = "",
           "measurement"_a.none() = nb::none(), "memory_bytes"_a = 0, "portability"_a = 0,
-          "is_baseline"_a = false)
+          "is_baseline"_a = false, "tried"_a = true)
       .def_rw("name", &C::name)
       .def_rw("backend", &C::backend)
       .def_rw("ok", &C::ok)
       .def_rw("correct", &C::correct)
       .def_rw("reason", &C::reason)
+      .def_rw("tried", &C::tried)
       .def_prop_rw(
           "measurement",
           [](const C& c) {

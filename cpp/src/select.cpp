@@ -36,12 +36,13 @@ std::string brief(const std::string& reason) {
 // Why a candidate cannot be picked by a strategy that needs measurements ("" when it can).
 std::string why_not(const CandidateResult& c) {
   if (!c.ok) return c.reason.empty() ? "failed" : brief(c.reason);
+  if (!c.tried) return c.reason.empty() ? "not tried" : "not tried: " + brief(c.reason);
   if (!c.correct) return c.reason.empty() ? "incorrect" : "incorrect: " + brief(c.reason);
   if (!rankable(c)) return "not measured";
   return "";
 }
 
-// "no candidate passed: 3 failed (a: x; b: y; c: z)" (or "no candidates").
+// "none of 3 candidates passed (a: x; b: y; c: z)" (or "no candidates").
 std::string none_reason(const Cands& cands) {
   if (cands.empty()) return "no candidates";
   std::string list;
@@ -50,7 +51,8 @@ std::string none_reason(const Cands& cands) {
     if (why.empty()) continue;
     list += (list.empty() ? "" : "; ") + c.name + ": " + why;
   }
-  return "no candidate passed: " + std::to_string(cands.size()) + " failed (" + list + ")";
+  if (cands.size() == 1) return "the one candidate did not pass (" + list + ")";
+  return "none of " + std::to_string(cands.size()) + " candidates passed (" + list + ")";
 }
 
 std::vector<int> indices_where(const Cands& cands, const std::function<bool(int)>& keep) {
@@ -380,6 +382,10 @@ Decision select_one_backend(const Cands& cands) {
   const CandidateResult& c = cands[target];
   if (!c.ok) {
     return {-1, c.name + " failed: " + (c.reason.empty() ? "no reason given" : brief(c.reason)),
+            ""};
+  }
+  if (!c.tried) {
+    return {-1, c.name + " not tried: " + (c.reason.empty() ? "no reason given" : brief(c.reason)),
             ""};
   }
   if (!c.correct) {

@@ -58,10 +58,24 @@ TEST(Select, AllFailed) {
         honed::select_latency_budget(cands, 5), honed::select_first_wins(cands, 1.1)}) {
     EXPECT_EQ(d.index, -1);
     EXPECT_EQ(d.reason,
-              "no candidate passed: 3 failed (eager: oom; inductor: compile error; "
+              "none of 3 candidates passed (eager: oom; inductor: compile error; "
               "trt: incorrect: max abs err 3.1)");
   }
   EXPECT_EQ(honed::select_max_throughput({}).index, -1);
+}
+
+TEST(Select, NotTriedIsSaidSoNotIncorrect) {
+  // Built and checked, but never measured (too few of a program's calls, out of time): the
+  // decision says so, and never calls it incorrect.
+  CandidateResult skipped = failed("aot", "fewer than 20 of the program's calls ran it", true);
+  skipped.tried = false;
+  const std::vector<CandidateResult> cands = {skipped, failed("trt", "max abs err 3.1", true)};
+  EXPECT_EQ(honed::select_max_throughput(cands).reason,
+            "none of 2 candidates passed (aot: not tried: fewer than 20 of the program's "
+            "calls ran it; trt: incorrect: max abs err 3.1)");
+  EXPECT_EQ(honed::select_one_backend({skipped}).reason,
+            "aot not tried: fewer than 20 of the program's calls ran it");
+  EXPECT_EQ(honed::select_one_backend({skipped}).index, -1);
 }
 
 TEST(Select, FailedOrIncorrectNeverPicked) {
@@ -388,5 +402,5 @@ TEST(Select, UnmeasuredCandidatesAreSkippedByRankingStrategies) {
   const std::vector<CandidateResult> cands = {measured("eager", 0, around(1.0)), unmeasured};
   EXPECT_EQ(honed::select_min_latency(cands).index, 0);
   EXPECT_EQ(honed::select_min_latency({unmeasured}).reason,
-            "no candidate passed: 1 failed (aot: not measured)");
+            "the one candidate did not pass (aot: not measured)");
 }

@@ -24,6 +24,7 @@ struct CandidateResult {
   int64_t memory_bytes = 0;
   int portability = 0;
   bool is_baseline = false;
+  bool tried = true;  // false: never judged (out of time, too few calls): ``reason`` says why
 };
 
 // What a strategy ranks by. Each figure carries the statistic its evidence is bootstrapped on:

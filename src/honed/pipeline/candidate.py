@@ -137,6 +137,7 @@ class Outcome:
             memory_bytes=self.memory_bytes,
             portability=int(getattr(type(self.backend), "portability", 5)),
             is_baseline=self.is_baseline,
+            tried=self.status != "not tried",
         )
 
 
