@@ -136,7 +136,9 @@ class Program:
     def promote(self, label: str, arm: Any, sample: Sample) -> None:
         self.promoted.append((label, arm))
 
-    def measure(self, arms: list[tuple[str, Any]], sample: Sample) -> list[list[float]]:
+    def measure(
+        self, arms: list[tuple[str, Any]], sample: Sample, until: float | None = None
+    ) -> list[list[float]]:
         self.arms = arms
         return [
             [(2.0 if fn is None else 1.0) * (1 + 0.001 * (k % 5)) for k in range(40)]
@@ -353,7 +355,9 @@ class NoisyProgram(Program):
         super().__init__()
         self.noisy, self.rounds = noisy, 0
 
-    def measure(self, arms: list[tuple[str, Any]], sample: Sample) -> list[list[float]]:
+    def measure(
+        self, arms: list[tuple[str, Any]], sample: Sample, until: float | None = None
+    ) -> list[list[float]]:
         figures = super().measure(arms, sample)
         self.rounds += 1
         if self.rounds <= self.noisy:

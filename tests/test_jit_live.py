@@ -197,6 +197,64 @@ def test_a_trial_that_runs_out_of_time_with_few_calls_keeps_the_pick(
     assert min(verdicts[0].pick_calls, verdicts[0].rivals[0].calls) < live._MIN_SAMPLES
 
 
+@pytest.mark.parametrize("patient", [False, True])
+def test_a_measuring_trial_on_calls_of_a_second_waits_for_enough_rounds(patient: bool) -> None:
+    """A tune's finalists measured on the program's calls (ProgramCalls.measure: patient) go on
+    past the trial's usual time until they have taken MIN_PROGRAM_ROUNDS rounds of turns, which
+    the tune counts: BERT-base's calls on two CPU cores take about a second, and 20 s gave each
+    variant three counted calls, too few, so the tune kept eager without a figure. A trial that
+    judges a promotion stops on time."""
+    from honed.pipeline.graph_tuner import MIN_PROGRAM_ROUNDS, Turns, program_measurement
+
+    clock = FakeClock()
+    costs = (("Eager", 1100.0), ("Onnx", 1000.0), ("Aot", 700.0))
+    arms = [live.Arm(name, Costs(clock, _jitter(ms))) for name, ms in costs]
+    trial = live.Trial(
+        arms[0], arms[1:], 1.0, lambda _: None, clock=clock, judge=False, patient=patient
+    )
+    while not trial.finished:
+        trial.call(None, None, ("x",), {})
+    rounds = live.rounds_of(arms)
+    measured = [program_measurement(Turns(*live.turns_of(a, rounds)), 8) for a in arms]
+    if patient:
+        assert rounds == MIN_PROGRAM_ROUNDS
+        assert all(m is not None for m in measured)
+        assert live._MAX_S < clock.now < live._PATIENT_MAX_S
+        medians = [m.stats.median_ms for m in measured if m is not None]
+        assert medians == sorted(medians, reverse=True)  # eager, ONNX, AOT: as they ran
+    else:
+        assert all(m is None for m in measured)  # a round or two: three counted calls each
+        assert clock.now < live._MAX_S + 5.0
+
+
+def test_a_patient_trial_ends_at_the_tunes_deadline_or_its_cap() -> None:
+    clock = FakeClock()
+    arms = [live.Arm(name, Costs(clock, lambda k: 1000.0)) for name in ("Eager", "Aot")]
+    trial = live.Trial(
+        arms[0],
+        arms[1:],
+        1.0,
+        lambda _: None,
+        clock=clock,
+        judge=False,
+        patient=True,
+        until=clock.now + 30.0,
+    )
+    while not trial.finished:
+        trial.call(None, None, ("x",), {})
+    assert 30.0 <= clock.now < 32.0  # the deadline, not the rounds
+    rare = [live.Arm(name, Costs(clock, lambda k: 60_000.0)) for name in ("Eager", "Aot")]
+    start, calls = clock.now, 0
+    trial = live.Trial(
+        rare[0], rare[1:], 1.0, lambda _: None, clock=clock, judge=False, patient=True
+    )
+    while not trial.finished:
+        trial.call(None, None, ("x",), {})
+        calls += 1
+    assert clock.now - start <= live._PATIENT_MAX_S + 60.0  # a call a minute: the cap
+    assert calls <= live._PATIENT_MAX_S / 60 + 1
+
+
 class LateFigures:
     """A timer whose figures are readable only ``lag`` calls after their call, as CUDA events
     are while the GPU is behind the host: ``answered`` lists who answered each call so far,

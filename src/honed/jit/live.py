@@ -50,6 +50,12 @@ _MIN_BLOCK_CALLS = 4
 _ROUNDS = 12
 _MAX_S = 20.0
 _MIN_SAMPLES = 20
+# A trial that only measures (a tune's finalists on the program's calls) goes on past _MAX_S
+# until its variants have taken graph_tuner.MIN_PROGRAM_ROUNDS rounds of turns, up to the tune's
+# deadline and this long at most: on a CPU a call may take a second (BERT-base on two cores),
+# and 20 s gave each variant three calls, too few to count, so the tune kept eager without a
+# figure. The program's calls are answered all along.
+_PATIENT_MAX_S = 300.0
 _CONFIDENCE = 0.99
 
 
@@ -187,10 +193,14 @@ class Trial:
         clock: Callable[[], float] = time.perf_counter,
         timer: Any = None,
         judge: bool = True,
+        patient: bool = False,
+        until: float | None = None,
     ) -> None:
         """``timer``: how a call is timed (HostClock, the default, or CudaEvents); ``clock``
         keeps the trial's own time (its blocks' sizing on the host, its time limit).
-        ``judge=False``: only measure (``done`` gets None; the arms hold the figures)."""
+        ``judge=False``: only measure (``done`` gets None; the arms hold the figures).
+        ``patient``: past _MAX_S, go on until the arms have taken MIN_PROGRAM_ROUNDS rounds,
+        until ``until`` (a ``clock`` time) and _PATIENT_MAX_S at most."""
         if not rivals and judge:
             raise ValueError("a live trial needs at least one rival")
         self.judge = judge
@@ -206,6 +216,8 @@ class Trial:
         self.started = clock()
         self.finished = False
         self.stopped = False  # the blocks are done; the verdict waits for the last figures
+        self.patient = patient
+        self.until = until
 
     def call(self, module: Any, eager: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Run this call on the variant whose turn it is; MISS when that variant does not take
@@ -238,10 +250,23 @@ class Trial:
                 self.rounds += 1
                 if self.rounds == 1:
                     self._size_blocks()
-        if self.rounds >= _ROUNDS or self.clock() - self.started > _MAX_S:
+        if self.rounds >= _ROUNDS or self._out_of_time():
             self.stopped = True
             self._decide()
         return out
+
+    def _out_of_time(self) -> bool:
+        from honed.pipeline.graph_tuner import MIN_PROGRAM_ROUNDS
+
+        now = self.clock()
+        took = now - self.started
+        if took <= _MAX_S:
+            return False
+        if not self.patient or took >= _PATIENT_MAX_S:
+            return True
+        if self.until is not None and now >= self.until:
+            return True
+        return self.rounds >= MIN_PROGRAM_ROUNDS
 
     def _decide(self) -> None:
         """Give the verdict once every counted call's figure is readable (at once on the
@@ -383,18 +408,21 @@ class ProgramCalls:
         """The program is in no call and ended none during the last _IDLE_S."""
         return self.quiet(_IDLE_S)
 
-    def measure(self, arms: list[tuple[str, Any]], sample: Any) -> list[Any] | None:
+    def measure(
+        self, arms: list[tuple[str, Any]], sample: Any, until: float | None = None
+    ) -> list[Any] | None:
         """Each arm's times on the program's calls with ``sample``'s shapes (``sample`` is bound
         to the module's signature; each call is bound alike before it is compared), in turns (a
-        Trial that only measures), as graph_tuner.Turns of the rounds every arm finished; None
-        when the program stopped calling or ends first."""
+        patient Trial that only measures, to ``until`` at most: the tune's deadline), as
+        graph_tuner.Turns of the rounds every arm finished; None when the program stopped
+        calling or ends first."""
         from honed.pipeline.graph_tuner import Turns
 
         takes = self._taker(sample)
         if takes is None:  # the program dropped the module
             return None
         turns = [Arm(label, wrapper, takes=takes) for label, wrapper in arms]
-        if self._run(turns[0], turns[1:], judge=False) is None:
+        if self._run(turns[0], turns[1:], judge=False, patient=True, until=until) is None:
             return None
         rounds = rounds_of(turns)
         return [Turns(*turns_of(arm, rounds)) for arm in turns]
@@ -448,11 +476,18 @@ class ProgramCalls:
 
         return takes
 
-    def _run(self, pick: Arm, rivals: list[Arm], judge: bool) -> Verdict | bool | None:
+    def _run(
+        self,
+        pick: Arm,
+        rivals: list[Arm],
+        judge: bool,
+        patient: bool = False,
+        until: float | None = None,
+    ) -> Verdict | bool | None:
         """Route the module's calls through a Trial of ``pick`` and ``rivals`` until it is
         done: its verdict (``judge``; True for one that only measures), or None when the
         program stopped calling or ends first. The promoted variant, if any, answers the calls
-        again after."""
+        again after. ``patient``, ``until``: as Trial's."""
         given: list[Verdict | None] = []
         finished = threading.Event()
 
@@ -461,7 +496,9 @@ class ProgramCalls:
             finished.set()
 
         timer = CudaEvents() if self.device_type == "cuda" else None
-        trial = Trial(pick, rivals, 1.0, done, timer=timer, judge=judge)
+        trial = Trial(
+            pick, rivals, 1.0, done, timer=timer, judge=judge, patient=patient, until=until
+        )
         # this thread installed and checked the arms: its OpenMP team would slow the calls
         # measured (honed.pipeline.openmp)
         release_team()

@@ -78,8 +78,11 @@ TARGETS = ("python", "cpp")
 ON_PROGRAM = "the program's calls"
 # ... and of those measured by the tune itself once the program stopped calling.
 ON_IDLE_PROGRAM = "this process, the program having stopped calling"
-# A candidate measured on the program's calls needs this many of them to count.
+# A candidate measured on the program's calls needs this many of them to count, or this many
+# rounds of turns (the unit the evidence rule draws): calls of a second each (BERT-base on two
+# CPU cores) give three counted calls a round, and 20 of them took longer than a tune's budget.
 _MIN_PROGRAM_CALLS = 20
+MIN_PROGRAM_ROUNDS = 5
 # Rounds of the program's calls at most, while a candidate's figures from them are unstable (a
 # busy machine's moment); the last round's figures decide, under the tune's evidence rule.
 _PROGRAM_ROUNDS = 3
@@ -93,12 +96,13 @@ class ProgramCalls(Protocol):
         ...
 
     def measure(
-        self, arms: list[tuple[str, Module | None]], sample: Sample
+        self, arms: list[tuple[str, Module | None]], sample: Sample, until: float | None = None
     ) -> list[list[float]] | list[Turns] | None:
         """Route the program's calls with ``sample``'s shapes to each arm in turn (a honed.Module
         with one candidate installed; None: the program's own eager call) and return each one's
         call times (ms), as Turns where the rounds are known; None when the program stopped
-        calling before they were measured."""
+        calling before they were measured. ``until``: the tune's deadline (perf_counter), which
+        long calls may measure up to."""
         ...
 
     promotes: bool  # whether the tune offers candidates to the calls as they pass (promote)
@@ -764,7 +768,7 @@ class GraphTuner:
         turns = [(o.backend.name, self._arm(o)) for o in arms]
         figures, measurements, noisy, steady = None, [], 0, True
         for _ in range(_PROGRAM_ROUNDS):  # figures too noisy to decide on: the calls again
-            figures = live.measure(turns, sample)
+            figures = live.measure(turns, sample, self.ctx.deadline)
             if figures is None:
                 break
             run = secrets.randbits(52) | 1  # one id for the arms measured together
@@ -792,7 +796,10 @@ class GraphTuner:
         for o, m in zip(arms, measurements, strict=True):
             if m is None:
                 o.status = "not tried"
-                o.reason = f"fewer than {_MIN_PROGRAM_CALLS} of the program's calls ran it"
+                o.reason = (
+                    f"fewer than {_MIN_PROGRAM_CALLS} of the program's calls ran it, in fewer "
+                    f"than {MIN_PROGRAM_ROUNDS} rounds"
+                )
                 continue
             o.measurement, o.device = m, ON_PROGRAM if figures is not None else ON_IDLE_PROGRAM
             if self.ctx.cache is not None and o.cache_key:
@@ -1105,7 +1112,7 @@ def program_measurement(figures: list[float] | Turns, batch_size: int, run: int 
     their rounds, with ``run`` (one id for the arms measured together)."""
     samples_ms = figures.samples_ms if isinstance(figures, Turns) else figures
     blocks = figures.blocks if isinstance(figures, Turns) else []
-    if len(samples_ms) < _MIN_PROGRAM_CALLS:
+    if len(samples_ms) < _MIN_PROGRAM_CALLS and len(blocks) < MIN_PROGRAM_ROUNDS:
         return None
     half = len(samples_ms) // 2
     first, second = sorted(samples_ms[:half]), sorted(samples_ms[half:])
