@@ -388,6 +388,39 @@ def test_the_programs_calls_measure_again_while_their_figures_are_too_noisy(
         assert decision.endswith(", 3 rounds, each too noisy to decide on"), decision
 
 
+class NoisyThenShortProgram(NoisyProgram):
+    """Its first round of calls is too noisy to decide on, its second too short to count (calls
+    of a second each, the tune's deadline reached)."""
+
+    def measure(
+        self, arms: list[tuple[str, Any]], sample: Sample, until: float | None = None
+    ) -> list[list[float]]:
+        figures = super().measure(arms, sample, until)
+        return figures if self.rounds == 1 else [f[:10] for f in figures]
+
+
+def test_a_round_of_the_programs_calls_too_short_to_count_leaves_the_one_before(
+    isolated: None, tmp_path: Path
+) -> None:
+    from honed.pipeline.graph_tuner import ON_PROGRAM
+    from honed.pipeline.tuner import Tuner
+
+    model = honed.Module(TinyMLP().eval(), "m")
+    program = NoisyThenShortProgram(noisy=1)
+    strategy = honed.MaxThroughputStrategy([Good()])
+    report = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=program).run(
+        model, batches(4, 4), []
+    )
+    assert program.rounds == 2
+    rows = {c.name: c for c in report.graphs[0].candidates}
+    for name in ("TorchEagerBackend", "Good"):  # the first round's figures, not "not tried"
+        assert rows[name].status == "ok" and rows[name].measured_on == ON_PROGRAM, rows[name]
+        assert rows[name].median_ms is not None
+    decision = report.graphs[0].decision
+    assert report.selected() == ["TorchEagerBackend"]  # noise is no evidence
+    assert decision.endswith(", 1 rounds, each too noisy to decide on"), decision
+
+
 def test_finalists_measured_side_by_side_in_a_worker_keep_their_rounds(
     isolated: None, tmp_path: Path
 ) -> None:

@@ -766,13 +766,19 @@ class GraphTuner:
         sample = self.samples[self.measure_at]
         fns = [None if o.is_baseline else o.fn for o in arms]
         turns = [(o.backend.name, self._arm(o)) for o in arms]
-        figures, measurements, noisy, steady = None, [], 0, True
+        figures: Any = None
+        measurements: list[Any] = []
+        noisy, steady = 0, True
         for _ in range(_PROGRAM_ROUNDS):  # figures too noisy to decide on: the calls again
-            figures = live.measure(turns, sample, self.ctx.deadline)
-            if figures is None:
+            got = live.measure(turns, sample, self.ctx.deadline)
+            if got is None:
+                figures = None
                 break
             run = secrets.randbits(52) | 1  # one id for the arms measured together
-            measurements = [program_measurement(f, self.batch, run) for f in figures]
+            this = [program_measurement(f, self.batch, run) for f in got]
+            if measurements and any(m is None for m in this):
+                break  # too few calls this time (long calls, the deadline): the last round stands
+            figures, measurements = got, this
             steady = all(m is not None and m.stable for m in measurements)
             if steady:
                 break
@@ -797,8 +803,8 @@ class GraphTuner:
             if m is None:
                 o.status = "not tried"
                 o.reason = (
-                    f"fewer than {_MIN_PROGRAM_CALLS} of the program's calls ran it, in fewer "
-                    f"than {MIN_PROGRAM_ROUNDS} rounds"
+                    f"under {_MIN_PROGRAM_CALLS} of the program's calls, in under "
+                    f"{MIN_PROGRAM_ROUNDS} rounds"
                 )
                 continue
             o.measurement, o.device = m, ON_PROGRAM if figures is not None else ON_IDLE_PROGRAM
