@@ -380,16 +380,10 @@ Decision select_one_backend(const Cands& cands) {
     }
   }
   const CandidateResult& c = cands[target];
-  if (!c.ok) {
-    return {-1, c.name + " failed: " + (c.reason.empty() ? "no reason given" : brief(c.reason)),
-            ""};
-  }
-  if (!c.tried) {
-    return {-1, c.name + " not tried: " + (c.reason.empty() ? "no reason given" : brief(c.reason)),
-            ""};
-  }
-  if (!c.correct) {
-    return {-1, c.name + " incorrect: " + (c.reason.empty() ? "no reason given" : brief(c.reason)),
+  const char* out = !c.ok ? "failed" : !c.tried ? "not tried" : !c.correct ? "incorrect" : nullptr;
+  if (out != nullptr) {
+    return {-1,
+            c.name + " " + out + ": " + (c.reason.empty() ? "no reason given" : brief(c.reason)),
             ""};
   }
   std::string line = c.name + ": the one backend requested, passed the correctness check";

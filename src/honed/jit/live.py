@@ -216,8 +216,12 @@ class Trial:
         self.started = clock()
         self.finished = False
         self.stopped = False  # the blocks are done; the verdict waits for the last figures
-        self.patient = patient
         self.until = until
+        self.enough_rounds = 0  # patient: past _MAX_S, the rounds that make a figure
+        if patient:
+            from honed.pipeline.graph_tuner import MIN_PROGRAM_ROUNDS
+
+            self.enough_rounds = MIN_PROGRAM_ROUNDS
 
     def call(self, module: Any, eager: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Run this call on the variant whose turn it is; MISS when that variant does not take
@@ -256,17 +260,15 @@ class Trial:
         return out
 
     def _out_of_time(self) -> bool:
-        from honed.pipeline.graph_tuner import MIN_PROGRAM_ROUNDS
-
         now = self.clock()
         took = now - self.started
         if took <= _MAX_S:
             return False
-        if not self.patient or took >= _PATIENT_MAX_S:
+        if not self.enough_rounds or took >= _PATIENT_MAX_S:
             return True
         if self.until is not None and now >= self.until:
             return True
-        return self.rounds >= MIN_PROGRAM_ROUNDS
+        return self.rounds >= self.enough_rounds
 
     def _decide(self) -> None:
         """Give the verdict once every counted call's figure is readable (at once on the
