@@ -882,13 +882,17 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         out["over_2x_by_phase"] = dict(sorted(by_phase.items(), key=lambda kv: -kv[1]))
     # Per 5 s of the loop: its start, the median and the slowest call, and the median call's
     # time until it returned and its thread's CPU time till then (a launch that waited, for
-    # the GIL or a core, took more time than CPU; one that ran slower took more CPU).
+    # the GIL or a core, took more time than CPU; one that ran slower took more CPU); where
+    # JIT's workers run on CPUs of their own, the share of the window's calls that ended on one
+    # of those.
     windows: dict[int, list[list[float]]] = {}
     for c in calls:
         windows.setdefault(int(c[0] // 5), []).append(c)
+    placed = set(data.get("worker_cpus") or ())
     out["timeline"] = [
         [5 * w, round(statistics.median(c[1] for c in v), 3), round(max(c[1] for c in v), 3)]
         + [round(statistics.median(c[k] for c in v), 3) for k in (2, 3) if len(v[0]) > k]
+        + ([round(sum(c[4] in placed for c in v) / len(v), 3)] if placed and len(v[0]) > 4 else [])
         for w, v in sorted(windows.items())
     ]
     if eager_ms:

@@ -111,6 +111,19 @@ def test_a_slow_calls_gpu_round_trip_is_kept_beside_the_runs_usual() -> None:
     )
 
 
+def test_each_window_says_how_many_of_its_calls_ran_on_the_workers_cpus() -> None:
+    """Per 5 s window the timeline keeps the share of calls that ended on a CPU of JIT's
+    workers (where they run on CPUs of their own), so a slow window can be told to be one
+    whose calls shared a CPU with a compile; with no workers placed it claims none."""
+    calls = [[i * 1.0, 1.0, 0.2, 0.2, 15 if i in (1, 2, 6) else 0] for i in range(10)]
+    data = {"calls": calls, "wall_s": 10.0, "stderr": "", "worker_cpus": [8, 15]}
+    out = jit_bert.summarize(data, eager_ms=1.0)
+    assert [w[0] for w in out["timeline"]] == [0, 5]
+    assert [w[-1] for w in out["timeline"]] == [0.4, 0.2]
+    unplaced = jit_bert.summarize(dict(data, worker_cpus=None), eager_ms=1.0)
+    assert [len(w) for w in unplaced["timeline"]] == [5, 5]
+
+
 @pytest.mark.parametrize(
     ("statuses", "tuned_after"),
     # installed at call 20: calls 18-22 are the first five whose median is the tuned speed

@@ -150,6 +150,87 @@ def test_each_of_the_programs_threads_takes_and_gives_back_its_own(
     assert torch.get_num_threads() == 2
 
 
+def _own_cpus_or_skip() -> set[int]:
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("this platform sets no thread's CPUs")
+    mine = set(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        pytest.skip("one CPU: nothing to keep the program's thread off")
+    return mine
+
+
+def test_while_jit_works_the_calling_thread_stays_off_the_cpus_of_placed_workers(
+    jit_that_tunes_nothing: list[bool],
+) -> None:
+    """A CUDA model's JIT workers run on CPUs of their own; the program's calling thread runs on
+    the others while JIT works, measuring calls too, and on all of its own once JIT is idle or
+    no pool keeps its workers apart. Another thread (JIT's) keeps its CPUs."""
+    from honed.jit.patcher import STATE
+    from honed.pipeline.pool import WorkerPool
+
+    busy = jit_that_tunes_nothing
+    mine = _own_cpus_or_skip()
+    workers = [max(mine)]
+    model = TinyMLP().eval()
+    expected = model.forward(batches(1, 4)[0])
+    elsewhere: list[set[int]] = []
+    go = threading.Event()
+
+    def jits_thread() -> None:
+        go.wait(30)
+        elsewhere.append(set(os.sched_getaffinity(0)))
+
+    other = threading.Thread(target=jits_thread)
+    other.start()  # before the program's thread is moved: a thread inherits its maker's CPUs
+    pool = WorkerPool(1, lazy=True, cpus=workers)
+    try:
+        call(model)
+        assert set(os.sched_getaffinity(0)) == mine  # JIT idle: where it was
+        busy[0] = True
+        torch.testing.assert_close(call(model), expected)
+        assert set(os.sched_getaffinity(0)) == mine - set(workers)
+        go.set()
+        other.join()
+        assert elsewhere == [mine]
+        node = STATE.nodes[model]
+        node.trial = object()  # a tune measuring its candidates on this module's calls
+        try:
+            call(model)
+            assert set(os.sched_getaffinity(0)) == mine - set(workers)
+        finally:
+            node.trial = None
+        busy[0] = False
+        call(model)
+        assert set(os.sched_getaffinity(0)) == mine
+        busy[0] = True
+        call(model)
+        assert set(os.sched_getaffinity(0)) == mine - set(workers)
+    finally:
+        go.set()
+        pool.close()
+    call(model)  # JIT still works, but no pool keeps its workers apart now
+    assert set(os.sched_getaffinity(0)) == mine
+
+
+@pytest.mark.parametrize("why", ["HONED_JIT_KEEP_OFF_WORKERS=0", "JIT turned off"])
+def test_the_calling_threads_cpus_are_left_or_given_back(
+    jit_that_tunes_nothing: list[bool], why: str
+) -> None:
+    from honed.pipeline.pool import WorkerPool
+
+    jit_that_tunes_nothing[0] = True
+    mine = _own_cpus_or_skip()
+    with WorkerPool(1, lazy=True, cpus=[min(mine)]):
+        if why == "JIT turned off":
+            call(TinyMLP().eval())
+            assert set(os.sched_getaffinity(0)) == mine - {min(mine)}
+            honed.jit.disable_jit_tuning()
+        else:
+            with honed.config.patch(jit_keep_off_workers=False):
+                call(TinyMLP().eval())
+        assert set(os.sched_getaffinity(0)) == mine
+
+
 def _threads() -> set[int]:
     """This process's threads now (an OpenMP team's workers included), by native id."""
     return {int(tid) for tid in os.listdir("/proc/self/task")}

@@ -478,6 +478,13 @@ worker_nice: int = _flag("worker_nice", "HONED_WORKER_NICE", 0, _Number(0, 19, T
 # and the tune took no longer (docs/jit.md).
 jit_spare_cores: float = _flag("jit_spare_cores", "HONED_JIT_SPARE_CORES", 0.5, _Number(0, 1))
 
+# While JIT's workers run on CPUs of their own (jit_spare_cores), the program's thread that calls
+# the model runs on the others, and gets its CPUs back when JIT is idle (honed.jit.cores): the
+# kernel otherwise may run it on a CPU that a compile shares.
+jit_keep_off_workers: bool = _flag(
+    "jit_keep_off_workers", "HONED_JIT_KEEP_OFF_WORKERS", True, _Bool()
+)
+
 # While a CUDA model's JIT workers build beside the program, a call of the program slower than
 # this many times its pace with no worker running stops them for a moment (honed.jit.pacing);
 # when the calls stay as slow without them, pacing backs off. 0 (the default) turns it off: in

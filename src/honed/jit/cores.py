@@ -16,10 +16,19 @@ since Inductor bakes the thread count into its CPU kernels. Each of the program'
 and gives back its own core count. A program that chose fewer threads itself is left alone, as
 is a torch whose intra-op threads are not OpenMP's; ``HONED_JIT_SHARE_CORES=0``
 (``honed.config.jit_share_cores``) turns this off.
+
+A CUDA model's JIT workers run on CPUs of their own (``isolation.worker_cpus``, the rest left to
+the program), but the kernel may still run the program's launching thread on one of theirs, and
+a call launched from a CPU that a compile shares runs slower. So while JIT works and a pool keeps
+its workers on some CPUs, the thread making the outermost calls runs on the others (its own
+affinity, not the process's), and gets its CPUs back when JIT is idle;
+``HONED_JIT_KEEP_OFF_WORKERS=0`` (``honed.config.jit_keep_off_workers``) turns this off. Threads
+and processes that thread starts meanwhile inherit the narrower set, as they would any affinity.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -29,12 +38,15 @@ from honed.jit import background
 from honed.jit.history import add as add_step
 from honed.pipeline.isolation import cpu_cores
 from honed.pipeline.openmp import runtime
+from honed.pipeline.pool import placed_cpus
 
 
 class _Shared(threading.local):
     """Per thread (an OpenMP count is the calling thread's): what JIT took from this thread."""
 
     reduced_from = 0  # the thread's count before JIT took a core (0: not taken)
+    kept_off: frozenset[int] = frozenset()  # the workers' CPUs this thread was last kept off
+    affinity: set[int] | None = None  # the thread's CPUs before it was kept off (None: not moved)
 
 
 _SHARED = _Shared()
@@ -43,19 +55,26 @@ _SAID = [False]  # the history says it once per process
 
 def at_outermost_call(measuring: bool = False) -> None:
     """On each outermost module call of the program: take a core while JIT works, give it back
-    when JIT is idle. Cheap when nothing changes (two reads).
+    when JIT is idle. Cheap when nothing changes (a few reads).
 
     ``measuring``: the call is one of a tune's measurements on the program's calls (a live
     trial). It runs with every thread, as the variant will once installed: with a core taken,
     a trial would judge torch's variants (eager, Inductor, AOTInductor: OpenMP in the calling
     thread) on one thread fewer than ONNX Runtime, whose own thread pool keeps them all. (Only
     the outermost module's own trial counts: a trial of a module called inside another's call
-    runs with the core taken.)"""
-    busy = background.busy() and not measuring
+    runs with the core taken.)
+
+    The thread also stays off the CPUs of JIT's placed workers while JIT works, measuring or
+    not: a variant is judged as it will run once installed, and that is on a CPU no compile
+    shares."""
+    working = background.busy()
+    if working or _SHARED.kept_off:
+        _keep_off_workers(placed_cpus() if working else frozenset())
+    busy = working and not measuring
     if busy == bool(_SHARED.reduced_from):
         return
     if not busy:
-        restore()
+        _give_core_back()
         return
     if not config.jit_share_cores or background.in_background():
         return
@@ -78,8 +97,46 @@ def at_outermost_call(measuring: bool = False) -> None:
 
 
 def restore() -> None:
-    """Give this thread's core back now (JIT idle, turned off or reset)."""
+    """Give this thread's core and CPUs back now (JIT turned off or reset)."""
+    _give_core_back()
+    _keep_off_workers(frozenset())
+
+
+def _give_core_back() -> None:
     omp = runtime()
     if _SHARED.reduced_from and omp is not None:
         omp.omp_set_num_threads(_SHARED.reduced_from)
     _SHARED.reduced_from = 0
+
+
+def _keep_off_workers(workers: frozenset[int]) -> None:
+    """Run this thread on its CPUs other than ``workers`` (none: on all of its own again).
+    Cheap when nothing changed (one comparison)."""
+    if workers == _SHARED.kept_off:
+        return
+    if _SHARED.affinity is not None:
+        _set_affinity(_SHARED.affinity)
+        _SHARED.affinity = None
+    _SHARED.kept_off = workers
+    if not workers or not config.jit_keep_off_workers or background.in_background():
+        return
+    mine = _affinity()
+    left = mine - workers if mine else set()
+    if left and left != mine and _set_affinity(left):
+        _SHARED.affinity = mine
+
+
+def _affinity() -> set[int]:
+    """The calling thread's CPUs (empty where the platform does not say)."""
+    try:
+        return set(os.sched_getaffinity(0))  # 0: the calling thread, on Linux
+    except (AttributeError, OSError):
+        return set()
+
+
+def _set_affinity(cpus: set[int]) -> bool:
+    try:
+        os.sched_setaffinity(0, cpus)
+    except (AttributeError, OSError):
+        return False
+    return True

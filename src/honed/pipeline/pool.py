@@ -550,6 +550,21 @@ class _Slot:
 
 
 _POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+# The CPUs that open pools keep their workers on: read on each of a JIT program's calls while JIT
+# works (honed.jit.cores), so it is worked out as such a pool opens or closes, not there.
+_PLACED: list[frozenset[int]] = [frozenset()]
+
+
+def placed_cpus() -> frozenset[int]:
+    """The CPUs that the open pools placed on some of them keep their workers on (empty: no
+    open pool is placed)."""
+    return _PLACED[0]
+
+
+def _update_placed() -> None:
+    _PLACED[0] = frozenset(
+        cpu for pool in list(_POOLS) if pool.cpus and not pool.closed for cpu in pool.cpus
+    )
 
 
 class WorkerPool:
@@ -593,6 +608,8 @@ class WorkerPool:
         for slot in self.slots:
             slot.thread.start()
         _POOLS.add(self)
+        if cpus:
+            _update_placed()
 
     @property
     def size(self) -> int:
@@ -642,6 +659,8 @@ class WorkerPool:
         if self.closed:
             return
         self.closed = True
+        if self.cpus:
+            _update_placed()
         self.cancelling = cancel
         with contextlib.suppress(queue.Empty):
             while True:
