@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -49,6 +50,21 @@ def fake_package(root: Path, name: str, version: str, body: str) -> None:
 
 
 @pytest.fixture(scope="module")
+def probes_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("probes")
+
+
+@pytest.fixture
+def probes_remembered(private_cache: None, probes_folder: Path) -> Iterator[None]:
+    """One cache folder for this file's in-process diagnoses, so the optional packages' imports
+    (a new interpreter each, torchao's importing torch) are probed once, then remembered as
+    `honed doctor` does (test_good_imports_are_remembered_and_failures_probed_again checks that
+    part, with a folder of its own)."""
+    with honed.config.patch(cache_dir=probes_folder):
+        yield
+
+
+@pytest.fixture(scope="module")
 def broken_packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """torchao raising the seed's error, onnx crashing on import, onnxruntime hanging."""
     root = tmp_path_factory.mktemp("site")
@@ -73,6 +89,7 @@ def broken_report(broken_packages: dict[str, str]) -> tuple[int, dict[str, Any]]
     return proc.returncode, json.loads(proc.stdout)
 
 
+@pytest.mark.usefixtures("probes_remembered")
 def test_json_schema_and_exit_status_on_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["doctor", "--json"])
     report = json.loads(capsys.readouterr().out)
@@ -121,6 +138,7 @@ def test_json_schema_and_exit_status_on_this_machine(capsys: pytest.CaptureFixtu
         assert "could not be loaded" in report["driver"]["error"]
 
 
+@pytest.mark.usefixtures("probes_remembered")
 @pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU-only torch build")
 def test_cpu_build_diagnosis() -> None:
     report = doctor.diagnose("cpu")
@@ -129,6 +147,7 @@ def test_cpu_build_diagnosis() -> None:
     assert "install" in report.driver_diagnosis["fix"]
 
 
+@pytest.mark.usefixtures("probes_remembered")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA works here")
 def test_cuda_exits_1_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--device", "cuda", "--json"]) == 1
@@ -143,6 +162,7 @@ def test_cuda_exits_1_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
         assert "no NVIDIA driver" in joined
 
 
+@pytest.mark.usefixtures("probes_remembered")
 def test_readable_report_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
@@ -247,6 +267,7 @@ def test_seed_machine_gives_one_problem_with_the_fix() -> None:
     ]
 
 
+@pytest.mark.usefixtures("probes_remembered")
 def test_diagnose_api() -> None:
     report = doctor.diagnose()
     assert report.ok and report.problems == []
@@ -266,6 +287,7 @@ def test_tune_on_cuda_without_cuda_stops_with_the_diagnosis() -> None:
     assert "honed doctor --device cuda" in message
 
 
+@pytest.mark.usefixtures("probes_remembered")
 def test_cuda_problems_are_what_diagnose_says_of_cuda() -> None:
     """The device's own check is the CUDA part of the full diagnosis: its lines come first in
     diagnose("cuda")'s problems, word for word ([] where CUDA runs)."""
@@ -305,6 +327,7 @@ def test_a_cuda_device_that_cannot_run_is_refused_without_probing_the_packages()
     assert all(line in str(api.value) for line in why)
 
 
+@pytest.mark.usefixtures("probes_remembered")
 @pytest.mark.skipif(
     importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed here"
 )
