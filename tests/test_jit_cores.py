@@ -192,6 +192,20 @@ def test_while_jit_works_the_calling_thread_stays_off_the_cpus_of_placed_workers
         go.set()
         other.join()
         assert elsewhere == [mine]
+        # A thread the program's thread starts meanwhile (an OpenMP team, say) inherits the
+        # narrower set, and gets its CPUs back with it.
+        started, release = threading.Event(), threading.Event()
+        tid: list[int] = []
+
+        def started_meanwhile() -> None:
+            tid.append(threading.get_native_id())
+            started.set()
+            release.wait(30)
+
+        late = threading.Thread(target=started_meanwhile)
+        late.start()
+        assert started.wait(30)
+        assert set(os.sched_getaffinity(tid[0])) == mine - set(workers)
         node = STATE.nodes[model]
         node.trial = object()  # a tune measuring its candidates on this module's calls
         try:
@@ -202,6 +216,9 @@ def test_while_jit_works_the_calling_thread_stays_off_the_cpus_of_placed_workers
         busy[0] = False
         call(model)
         assert set(os.sched_getaffinity(0)) == mine
+        assert set(os.sched_getaffinity(tid[0])) == mine
+        release.set()
+        late.join()
         busy[0] = True
         call(model)
         assert set(os.sched_getaffinity(0)) == mine - set(workers)

@@ -23,7 +23,8 @@ a call launched from a CPU that a compile shares runs slower. So while JIT works
 its workers on some CPUs, the thread making the outermost calls runs on the others (its own
 affinity, not the process's), and gets its CPUs back when JIT is idle;
 ``HONED_JIT_KEEP_OFF_WORKERS=0`` (``honed.config.jit_keep_off_workers``) turns this off. Threads
-and processes that thread starts meanwhile inherit the narrower set, as they would any affinity.
+that thread starts meanwhile (an OpenMP team made in one of its calls) inherit the narrower set
+and get theirs back with it; processes it starts meanwhile keep the narrower set.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class _Shared(threading.local):
     reduced_from = 0  # the thread's count before JIT took a core (0: not taken)
     kept_off: frozenset[int] = frozenset()  # the workers' CPUs this thread was last kept off
     affinity: set[int] | None = None  # the thread's CPUs before it was kept off (None: not moved)
+    narrowed: frozenset[int] = frozenset()  # the CPUs it ran on meanwhile
+    threads_before: frozenset[int] = frozenset()  # the process's threads when it was moved
 
 
 _SHARED = _Shared()
@@ -116,14 +119,39 @@ def _keep_off_workers(workers: frozenset[int]) -> None:
         return
     if _SHARED.affinity is not None:
         _set_affinity(_SHARED.affinity)
+        _give_threads_back(_SHARED.affinity)
         _SHARED.affinity = None
     _SHARED.kept_off = workers
     if not workers or not config.jit_keep_off_workers or background.in_background():
         return
     mine = _affinity()
     left = mine - workers if mine else set()
-    if left and left != mine and _set_affinity(left):
-        _SHARED.affinity = mine
+    if left and left != mine:
+        before = _threads()
+        if _set_affinity(left):
+            _SHARED.affinity = mine
+            _SHARED.narrowed, _SHARED.threads_before = frozenset(left), frozenset(before)
+
+
+def _give_threads_back(cpus: set[int]) -> None:
+    """The threads this thread started while it was kept off (an OpenMP team made in one of
+    its calls, say) inherited the narrower set: they get ``cpus`` back with it. Processes it
+    started keep theirs."""
+    for tid in _threads() - _SHARED.threads_before:
+        try:
+            if set(os.sched_getaffinity(tid)) == _SHARED.narrowed:
+                os.sched_setaffinity(tid, cpus)
+        except OSError:
+            continue  # ended meanwhile
+    _SHARED.narrowed, _SHARED.threads_before = frozenset(), frozenset()
+
+
+def _threads() -> set[int]:
+    """This process's threads by native id (empty where /proc does not say)."""
+    try:
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
 
 
 def _affinity() -> set[int]:
