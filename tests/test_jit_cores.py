@@ -235,16 +235,37 @@ def test_the_calling_threads_cpus_are_left_or_given_back(
 ) -> None:
     from honed.pipeline.pool import WorkerPool
 
+    """Turned off on one thread, JIT gives every thread it kept off the workers' CPUs its CPUs
+    back, another thread of the program's too (it may never call a module again)."""
     jit_that_tunes_nothing[0] = True
     mine = _own_cpus_or_skip()
+    model = TinyMLP().eval()
     with WorkerPool(1, lazy=True, cpus=[min(mine)]):
         if why == "JIT turned off":
-            call(TinyMLP().eval())
-            assert set(os.sched_getaffinity(0)) == mine - {min(mine)}
-            honed.jit.disable_jit_tuning()
+            called, release = threading.Event(), threading.Event()
+            tid: list[int] = []
+
+            def another_callers() -> None:
+                tid.append(threading.get_native_id())
+                call(model)
+                called.set()
+                release.wait(30)
+
+            other = threading.Thread(target=another_callers)
+            other.start()
+            try:
+                assert called.wait(30)
+                call(model)
+                assert set(os.sched_getaffinity(0)) == mine - {min(mine)}
+                assert set(os.sched_getaffinity(tid[0])) == mine - {min(mine)}
+                honed.jit.disable_jit_tuning()
+                assert set(os.sched_getaffinity(tid[0])) == mine
+            finally:
+                release.set()
+                other.join()
         else:
             with honed.config.patch(jit_keep_off_workers=False):
-                call(TinyMLP().eval())
+                call(model)
         assert set(os.sched_getaffinity(0)) == mine
 
 

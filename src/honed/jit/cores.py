@@ -29,6 +29,7 @@ and get theirs back with it; processes it starts meanwhile keep the narrower set
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
@@ -47,13 +48,28 @@ class _Shared(threading.local):
 
     reduced_from = 0  # the thread's count before JIT took a core (0: not taken)
     kept_off: frozenset[int] = frozenset()  # the workers' CPUs this thread was last kept off
-    affinity: set[int] | None = None  # the thread's CPUs before it was kept off (None: not moved)
-    narrowed: frozenset[int] = frozenset()  # the CPUs it ran on meanwhile
-    threads_before: frozenset[int] = frozenset()  # the process's threads when it was moved
+    generation = 0  # _MOVED's generation that kept_off belongs to
 
 
 _SHARED = _Shared()
 _SAID = [False]  # the history says it once per process
+
+
+@dataclasses.dataclass(frozen=True)
+class _Moved:
+    """A thread kept off the workers' CPUs: its CPUs before, the narrower set, and the
+    process's threads when it was moved (those started later inherited the narrower set)."""
+
+    affinity: frozenset[int]
+    narrowed: frozenset[int]
+    threads_before: frozenset[int]
+
+
+# The threads kept off now, by native id: JIT turned off or reset on one thread gives every
+# moved thread its CPUs back; a new generation tells the others their kept_off is stale.
+_MOVED: dict[int, _Moved] = {}
+_MOVED_LOCK = threading.Lock()
+_GENERATION = [1]
 
 
 def at_outermost_call(measuring: bool = False) -> None:
@@ -100,9 +116,16 @@ def at_outermost_call(measuring: bool = False) -> None:
 
 
 def restore() -> None:
-    """Give this thread's core and CPUs back now (JIT turned off or reset)."""
+    """Give this thread's core back, and every thread kept off the workers' CPUs its CPUs,
+    now (JIT turned off or reset)."""
     _give_core_back()
-    _keep_off_workers(frozenset())
+    with _MOVED_LOCK:
+        moved = list(_MOVED.items())
+        _MOVED.clear()
+        _GENERATION[0] += 1
+    for tid, was in moved:
+        _give_back(tid, was)
+    _SHARED.kept_off = frozenset()
 
 
 def _give_core_back() -> None:
@@ -114,13 +137,15 @@ def _give_core_back() -> None:
 
 def _keep_off_workers(workers: frozenset[int]) -> None:
     """Run this thread on its CPUs other than ``workers`` (none: on all of its own again).
-    Cheap when nothing changed (one comparison)."""
-    if workers == _SHARED.kept_off:
+    Cheap when nothing changed (two comparisons)."""
+    if workers == _SHARED.kept_off and _SHARED.generation == _GENERATION[0]:
         return
-    if _SHARED.affinity is not None:
-        _set_affinity(_SHARED.affinity)
-        _give_threads_back(_SHARED.affinity)
-        _SHARED.affinity = None
+    tid = threading.get_native_id()
+    with _MOVED_LOCK:
+        was = _MOVED.pop(tid, None)
+        _SHARED.generation = _GENERATION[0]
+    if was is not None:
+        _give_back(tid, was)
     _SHARED.kept_off = workers
     if not workers or not config.jit_keep_off_workers or background.in_background():
         return
@@ -128,22 +153,22 @@ def _keep_off_workers(workers: frozenset[int]) -> None:
     left = mine - workers if mine else set()
     if left and left != mine:
         before = _threads()
-        if _set_affinity(left):
-            _SHARED.affinity = mine
-            _SHARED.narrowed, _SHARED.threads_before = frozenset(left), frozenset(before)
+        if _set_affinity(0, left):
+            with _MOVED_LOCK:
+                _MOVED[tid] = _Moved(frozenset(mine), frozenset(left), frozenset(before))
 
 
-def _give_threads_back(cpus: set[int]) -> None:
-    """The threads this thread started while it was kept off (an OpenMP team made in one of
-    its calls, say) inherited the narrower set: they get ``cpus`` back with it. Processes it
-    started keep theirs."""
-    for tid in _threads() - _SHARED.threads_before:
+def _give_back(tid: int, was: _Moved) -> None:
+    """``tid`` on its CPUs again, and the threads started since it was moved that inherited
+    the narrower set (an OpenMP team made in one of its calls, say) with it. Processes started
+    meanwhile keep theirs."""
+    _set_affinity(tid, was.affinity)
+    for other in _threads() - was.threads_before:
         try:
-            if set(os.sched_getaffinity(tid)) == _SHARED.narrowed:
-                os.sched_setaffinity(tid, cpus)
+            if frozenset(os.sched_getaffinity(other)) == was.narrowed:
+                os.sched_setaffinity(other, was.affinity)
         except OSError:
             continue  # ended meanwhile
-    _SHARED.narrowed, _SHARED.threads_before = frozenset(), frozenset()
 
 
 def _threads() -> set[int]:
@@ -162,9 +187,11 @@ def _affinity() -> set[int]:
         return set()
 
 
-def _set_affinity(cpus: set[int]) -> bool:
+def _set_affinity(tid: int, cpus: set[int] | frozenset[int]) -> bool:
+    """``tid``'s CPUs (0: the calling thread's); False where that failed (a thread that
+    ended, a platform without affinity)."""
     try:
-        os.sched_setaffinity(0, cpus)
+        os.sched_setaffinity(tid, cpus)
     except (AttributeError, OSError):
         return False
     return True
