@@ -561,10 +561,14 @@ def placed_cpus() -> frozenset[int]:
     return _PLACED[0]
 
 
+_PLACED_LOCK = threading.Lock()  # pools open and close on several threads (JIT's, a tune's)
+
+
 def _update_placed() -> None:
-    _PLACED[0] = frozenset(
-        cpu for pool in list(_POOLS) if pool.cpus and not pool.closed for cpu in pool.cpus
-    )
+    with _PLACED_LOCK:
+        _PLACED[0] = frozenset(
+            cpu for pool in list(_POOLS) if pool.cpus and not pool.closed for cpu in pool.cpus
+        )
 
 
 class WorkerPool:
