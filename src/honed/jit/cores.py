@@ -164,11 +164,8 @@ def _give_back(tid: int, was: _Moved) -> None:
     meanwhile keep theirs."""
     _set_affinity(tid, was.affinity)
     for other in _threads() - was.threads_before:
-        try:
-            if frozenset(os.sched_getaffinity(other)) == was.narrowed:
-                os.sched_setaffinity(other, was.affinity)
-        except OSError:
-            continue  # ended meanwhile
+        if _affinity(other) == was.narrowed:  # empty for a thread that ended meanwhile
+            _set_affinity(other, was.affinity)
 
 
 def _threads() -> set[int]:
@@ -179,10 +176,11 @@ def _threads() -> set[int]:
         return set()
 
 
-def _affinity() -> set[int]:
-    """The calling thread's CPUs (empty where the platform does not say)."""
+def _affinity(tid: int = 0) -> set[int]:
+    """``tid``'s CPUs (0: the calling thread's, on Linux); empty where the platform does not
+    say or the thread ended."""
     try:
-        return set(os.sched_getaffinity(0))  # 0: the calling thread, on Linux
+        return set(os.sched_getaffinity(tid))
     except (AttributeError, OSError):
         return set()
 
