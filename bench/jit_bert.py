@@ -181,7 +181,14 @@ PROGRAM = textwrap.dedent(
                 seen = call[0]
                 me, main = threading.get_ident(), threading.main_thread().ident
                 for ident, frame in sys._current_frames().items():
-                    if ident not in (me, main):
+                    if ident == main:
+                        # the program's own thread, as soon as it lets the GIL go: the Python
+                        # line of the C call that held it up, or where it waits
+                        where = traceback.extract_stack(frame)[-10:][::-1]
+                        dumps.write(f"@@ {call[0]} program: " + " < ".join(
+                            f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})"
+                            for f in where) + "\\n")
+                    elif ident != me:
                         where = traceback.extract_stack(frame)[-6:][::-1]
                         # an import's module names (innermost first): which one compiles or runs
                         names, f = [], frame
@@ -503,6 +510,15 @@ def worker_marks(folder: Path, loop_started: float | None) -> list[list[Any]]:
     return out
 
 
+def cpu_list(spec: str) -> set[int]:
+    """``0-7,12`` -> {0, ..., 7, 12}; "" -> the empty set."""
+    out: set[int] = set()
+    for part in filter(None, spec.split(",")):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
 def run_program(
     args: argparse.Namespace,
     workdir: Path,
@@ -513,11 +529,13 @@ def run_program(
     compile_mode: str = "max-autotune",
     may_fail: bool = False,
     artifact: str = "",
+    cpus: str = "",
 ) -> dict[str, Any]:
     """One run of the program in a fresh process; its JSON with the wall time, its slow calls'
     stacks and its stderr. A run that fails ends the benchmark, unless ``may_fail``: then
     ``{"failed": the error's last line}``. ``artifact``: a tune run saves its selection there;
-    a JIT run loads it and calls it in turns with its own route after its loop."""
+    a JIT run loads it and calls it in turns with its own route after its loop. ``cpus``
+    (``0-7,12``): the process runs on those CPUs only."""
     out = workdir / f"{tag}.json"
     script = workdir / "plain_bert.py"
     script.write_text(PROGRAM)
@@ -543,7 +561,15 @@ def run_program(
     started = time.perf_counter()
     host = HostSampler()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        pinned = cpu_list(cpus)
+        proc = subprocess.run(
+            cmd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
+            preexec_fn=(lambda: os.sched_setaffinity(0, pinned)) if pinned else None,
+        )
     finally:
         host.stop()
     wall = time.perf_counter() - started
@@ -636,8 +662,9 @@ def _host_at(host: list[list[float]], t: float) -> list[float] | None:
 
 def slow_call_stacks(text: str) -> list[dict[str, Any]]:
     """What JIT's threads were doing while a call ran past ``--watch-ms``: the program's
-    watchdog lines ``@@ I thread T: frames`` and ``@@ I took MS ms at T s``, for the slowest
-    calls (innermost frame first)."""
+    watchdog lines ``@@ I thread T: frames`` (``others``), ``@@ I program: frames`` (the
+    program's own thread, ``program``) and ``@@ I took MS ms at T s``, for the slowest calls
+    (innermost frame first)."""
     calls: dict[int, dict[str, Any]] = {}
     for line in text.splitlines():
         if not line.startswith("@@ "):
@@ -647,6 +674,8 @@ def slow_call_stacks(text: str) -> list[dict[str, Any]]:
         if rest.startswith("took "):
             words = rest.split()  # took MS ms at T s
             call["ms"], call["at_s"] = float(words[1]), float(words[4])
+        elif rest.startswith("program: "):
+            call["program"] = rest.partition(": ")[2].split(" < ")
         else:
             call["others"].append(rest.partition(": ")[2].split(" < "))
     timed = [c for c in calls.values() if "ms" in c]
@@ -757,6 +786,23 @@ def _by_cause(slow: list[list[float]], eager_ms: float) -> dict[str, int]:
         else:
             counts[_CAUSES[2]] += 1
     return counts
+
+
+_PINNED_KEYS = (
+    "calls",
+    "steady_median_ms",
+    "steady_launch_ms",
+    "seconds_to_tuned_speed",
+    "slowest_after_first_ms",
+    "python_ns_median",
+    "gpu_us_median",
+    "timeline",
+)
+
+
+def pinned_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A pinned warm run's figures: its speed, and where its calls ran (the timeline)."""
+    return {k: summary[k] for k in _PINNED_KEYS if k in summary}
 
 
 def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
@@ -1020,6 +1066,14 @@ def main() -> None:
         "it other data of the same shapes, as a restarted program's calls would carry",
     )
     parser.add_argument(
+        "--warm-cpus",
+        action="append",
+        default=[],
+        metavar="CPUS",
+        help="after the warm run, one more warm run on these CPUs only (0-7,12; repeatable, "
+        "in turns): does where the program's thread runs move the tuned speed?",
+    )
+    parser.add_argument(
         "--no-aot",
         dest="aot",
         action="store_false",
@@ -1080,6 +1134,10 @@ def main() -> None:
         cold = run_program(args, workdir, "cold", cold_env, cold_s)
         warm_env = dict(jit_env, JIT_BERT_IDS_SEED=str(args.warm_seed))
         warm = run_program(args, workdir, "warm", warm_env, seconds)
+        pinned = [
+            (spec, run_program(args, workdir, f"warm-cpus-{i}", warm_env, seconds, cpus=spec))
+            for i, spec in enumerate(args.warm_cpus)
+        ]
         one_liner = aot = warm_after = None
         pairs: list[Any] = []
 
@@ -1108,6 +1166,11 @@ def main() -> None:
                 "cold": summarize(cold, eager_ms),
                 "warm": summarize(warm, eager_ms),
             }
+            if pinned:
+                result["warm_pinned"] = [
+                    {"cpus": spec, **pinned_summary(summarize(run, eager_ms))}
+                    for spec, run in pinned
+                ]
             if aot is not None:
                 result["aot"] = summarize(aot, eager_ms)
                 result["warm_after"] = summarize(warm_after, eager_ms)
@@ -1261,6 +1324,15 @@ def main() -> None:
                 or "-"
             )
             print(f"  slow call {c['call']} at {c['at_s']:.1f} s, {c['ms']:.1f} ms: {doing}")
+            if c.get("program"):
+                print(f"    the program's thread: {' < '.join(c['program'][:4])}")
+    for w in result.get("warm_pinned", []):
+        share = [row[5] for row in w.get("timeline", []) if len(row) > 5]
+        print(
+            f"warm on CPUs {w['cpus']}: steady median {w['steady_median_ms']:.3f} ms, launch "
+            f"{w.get('steady_launch_ms')} ms, tuned speed after {w['seconds_to_tuned_speed']} s; "
+            f"share of calls on the workers' CPUs per window {share}"
+        )
     if aot is not None:
         v = result["warm_vs_aot"]
         ratios = ", ".join(

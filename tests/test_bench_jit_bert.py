@@ -6,6 +6,7 @@ here: warm JIT over AOT across processes, JIT over the one-liner, and a run that
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -262,3 +263,53 @@ def test_the_workers_sitecustomize_marks_only_a_jit_worker(
     assert sharing.loads([pickle.dumps(7)]) == 7
     (line,) = next(tmp_path.glob("*.txt")).read_text().splitlines()
     assert line.split("\t")[:2] == ["loads", "MainThread"]
+
+
+def test_a_slow_calls_stack_of_the_programs_own_thread_is_kept_apart() -> None:
+    text = (
+        "@@ 7 thread 140: wait (threading.py:355) < _loop (pool.py:407)\n"
+        "@@ 7 program: run (aoti.py:12) < __call__ (module.py:80) < <module> (plain_bert.py:3)\n"
+        "@@ 7 took 16.900 ms at 62.071 s\n"
+    )
+    (call,) = jit_bert.slow_call_stacks(text)
+    assert call["program"] == [
+        "run (aoti.py:12)",
+        "__call__ (module.py:80)",
+        "<module> (plain_bert.py:3)",
+    ]
+    assert call["others"] == [["wait (threading.py:355)", "_loop (pool.py:407)"]]
+    assert (call["ms"], call["at_s"]) == (16.9, 62.071)
+
+
+def test_cpu_lists_read_as_taskset_writes_them() -> None:
+    assert jit_bert.cpu_list("0-3,6") == {0, 1, 2, 3, 6}
+    assert jit_bert.cpu_list("5") == {5}
+    assert jit_bert.cpu_list("") == set()
+
+
+def test_a_pinned_run_runs_on_its_cpus_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--warm-cpus``: the run's process starts with the affinity asked for."""
+    mine = sorted(os.sched_getaffinity(0))
+    monkeypatch.setattr(
+        jit_bert,
+        "PROGRAM",
+        "import json, os, sys\n"
+        "json.dump({'calls': [], 'affinity': sorted(os.sched_getaffinity(0))}, "
+        "open(sys.argv[5], 'w'))\n",
+    )
+    args = argparse.Namespace(
+        small=True,
+        device="cpu",
+        calls=1,
+        out=str(tmp_path / "out.json"),
+        watch_ms=0,
+        routes=False,
+        aot_busy=False,
+        timeout=60.0,
+    )
+    run = jit_bert.run_program(args, tmp_path, "warm-cpus-0", {}, 1.0, cpus=str(mine[-1]))
+    assert run["affinity"] == [mine[-1]]
+    unpinned = jit_bert.run_program(args, tmp_path, "warm", {}, 1.0)
+    assert unpinned["affinity"] == mine
