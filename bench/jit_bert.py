@@ -256,6 +256,19 @@ PROGRAM = textwrap.dedent(
     else:
         gpu_us = None
 
+    if "honed" in sys.modules:  # JIT's: the CPUs its workers may use, and the physical cores
+        # before the first call: while JIT works it keeps this thread off its workers' CPUs,
+        # and these read the calling thread's CPUs
+        try:
+            import honed
+            from honed.pipeline.isolation import physical_cores, worker_cpus
+            # as JIT's tunes see it (JIT's flags hold only while it starts a pool)
+            spare = honed.config.jit_spare_cores if torch.device(device).type == "cuda" else 0
+            with honed.config.patch(worker_spare_cores=spare):
+                tuned["worker_cpus"] = worker_cpus()
+            tuned["cores"] = list(physical_cores().values())
+        except Exception as e:
+            tuned["worker_cpus_error"] = repr(e)
     with torch.no_grad():
         start = time.perf_counter()
         tuned["loop_started_unix"] = time.time()  # the host's samples (parent) line up with it
@@ -279,17 +292,6 @@ PROGRAM = textwrap.dedent(
                           getcpu(), *(b - a for a, b in zip(k0, k1)), python_ns(),
                           *((gpu_us(),) if gpu_us else ())))
     gc.callbacks.remove(on_gc)
-    if "honed" in sys.modules:  # JIT's: the CPUs its workers may use, and the physical cores
-        try:
-            import honed
-            from honed.pipeline.isolation import physical_cores, worker_cpus
-            # as JIT's tunes see it (JIT's flags hold only while it starts a pool)
-            spare = honed.config.jit_spare_cores if torch.device(device).type == "cuda" else 0
-            with honed.config.patch(worker_spare_cores=spare):
-                tuned["worker_cpus"] = worker_cpus()
-            tuned["cores"] = list(physical_cores().values())
-        except Exception as e:
-            tuned["worker_cpus_error"] = repr(e)
     tuned["collections"] = collections
     tuned["marks"] = [[m[0], m[1], round(m[2] - start, 4), round(m[3] - start, 4)] for m in marks]
     if watch_ms > 0:
