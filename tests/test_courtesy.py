@@ -493,8 +493,9 @@ def _recorded_spaced_runs(monkeypatch: pytest.MonkeyPatch, spaces: bool) -> list
 def test_the_graph_break_checks_graph_runs_are_spaced_where_runs_are(
     monkeypatch: pytest.MonkeyPatch, spaces: bool
 ) -> None:
-    """Dynamo's explain runs every graph it traced; where runs are spaced (beside a program on
-    a GPU) each of those runs is a spaced run, on the sample's device; elsewhere none is."""
+    """Where the check runs the graphs Dynamo traced (a module with breaks), each run is a
+    spaced run where runs are spaced (beside a program on a GPU), on the sample's device;
+    elsewhere none is. A module traced whole runs no graph at all."""
     from torch._dynamo.backends import debugging
 
     from honed.pipeline.graph_breaks import explain
@@ -505,8 +506,63 @@ def test_the_graph_break_checks_graph_runs_are_spaced_where_runs_are(
     assert runs == ([torch.device("cpu")] * 2 if spaces else [])
     runs.clear()
     assert explain(nn.Linear(3, 3), ((torch.ones(2, 3),), {})) == (0, [])
-    assert runs == ([torch.device("cpu")] if spaces else [])
+    assert runs == []
     assert debugging._explain_graph_detail is detail  # explain's own function again
+
+
+class _Counts(nn.Module):
+    """One graph; each run of it adds one to ``runs``; outputs nested and of several shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("runs", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> dict[str, Any]:
+        self.runs.add_(1)
+        return {"double": x * 2, "more": (x.t().contiguous(), x.sum(), x[:, :1])}
+
+
+class _NeedsRealValues(nn.Module):
+    """Breaks at ``.item()``; the code after the break fails on any other value than the
+    real one, as code after a break may on the empty outputs of a graph that did not run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("runs", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.runs.add_(1)
+        if x.sum().item() != 7:
+            raise ValueError("not the sample's sum")
+        return x + 1
+
+
+@pytest.mark.parametrize("spaces", [True, False])
+def test_the_check_runs_no_graph_of_a_module_traced_whole(
+    monkeypatch: pytest.MonkeyPatch, spaces: bool
+) -> None:
+    """The check traces first with each graph's outputs made empty instead of computed: one
+    graph and no break is the answer, and the module never ran (beside a program on a GPU a
+    run of it held one of the program's calls past twice its time). Breaks, or a failure of
+    the code after one on those empty outputs, send it to the real runs, whose answer is
+    Dynamo's own."""
+    import torch._dynamo
+
+    from honed.pipeline.graph_breaks import explain
+
+    runs = _recorded_spaced_runs(monkeypatch, spaces)
+    whole = _Counts()
+    assert explain(whole, ((torch.ones(2, 3),), {})) == (0, [])
+    assert int(whole.runs) == 0 and runs == []
+
+    sample = torch.tensor([3, 4])
+    needs = _NeedsRealValues()
+    count, reasons = explain(needs, ((sample,), {}))
+    assert int(needs.runs) == 1  # the real runs: once, after the dry pass failed
+    dynamo = torch._dynamo.explain(_NeedsRealValues())(sample)
+    assert count == dynamo.graph_break_count == 1
+    assert len(reasons) == 1 and "item" in reasons[0]
+    assert runs == ([torch.device("cpu")] * 2 if spaces else [])
 
 
 def test_a_check_beside_a_program_is_sent_with_its_call_clock(

@@ -5,15 +5,21 @@ the GIL for long stretches, so JIT runs it in a worker of the pool (``explain_jo
 its own process when isolation is off or the module cannot be sent.
 
 Dynamo runs each graph it traced (the sample's forward pass, eager). In a worker beside a
-program on a GPU that run is a neighbour's model run as long as one of the program's calls, so
-it is spaced like a build's runs (``courtesy.spaced_run``: started halfway through a call of
-the program), through the one place explain hands each graph back to Dynamo.
+program on a GPU that run is a neighbour's model run as long as one of the program's calls, and
+even started halfway through one of them (``courtesy.spaced_run``) it held a call of BERT-base
+past twice its time. So the check first traces without running: each graph hands back empty
+tensors shaped as its outputs (``_dry``). Where that finds one graph and no break, the answer is
+exact: a break is found while tracing, before any graph runs, and with one graph nothing of the
+program's runs on the outputs but the return. Where it finds breaks (the code after a break ran
+on those empty outputs, whose values are garbage) or fails, the check is made again with every
+graph run, spaced, which is the answer. Both go through the one place explain hands each graph
+back to Dynamo.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,39 +34,59 @@ def explain(
 ) -> tuple[int, list[str]]:
     """(graph breaks, their reasons) of ``module`` on ``sample``; a module Dynamo cannot trace
     at all counts as one break, its error the reason."""
+    device = device_of(module, [Sample(*sample)])
+    try:
+        count, reasons = _explained(module, sample, _graph_runs(device, dry=True))
+    except Exception:  # the code after a break, on empty outputs: decided by the real runs
+        count, reasons = -1, []
+    if count == 0 and not reasons:
+        return count, reasons
+    try:
+        return _explained(module, sample, _graph_runs(device, dry=False))
+    except Exception as e:  # dynamo could not trace it at all: as good as a break
+        return 1, [f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
+
+
+def _explained(
+    module: torch.nn.Module,
+    sample: tuple[tuple[Any, ...], dict[str, Any]],
+    runs: contextlib.AbstractContextManager[None],
+) -> tuple[int, list[str]]:
     import torch._dynamo
 
     args, kwargs = sample
-    try:
-        with torch.no_grad(), _graph_runs_spaced(device_of(module, [Sample(args, kwargs)])):
-            explained = torch._dynamo.explain(module)(*args, **kwargs)
-        count = int(explained.graph_break_count)
-        reasons = sorted({_reason(r) for r in explained.break_reasons})
-    except Exception as e:  # dynamo could not trace it at all: as good as a break
-        count, reasons = 1, [f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
-    return count, reasons
+    with torch.no_grad(), runs:
+        explained = torch._dynamo.explain(module)(*args, **kwargs)
+    return int(explained.graph_break_count), sorted({_reason(r) for r in explained.break_reasons})
 
 
 @contextlib.contextmanager
-def _graph_runs_spaced(device: torch.device) -> Iterator[None]:
-    """While explain runs: each traced graph's run is a ``courtesy.spaced_run`` where runs are
-    spaced here. Explain returns each graph's ``forward`` to Dynamo after passing the graph
-    through ``torch._dynamo.backends.debugging._explain_graph_detail``; wrapping that forward
-    there is the only hook it has. A torch without that function runs the graphs as they are."""
+def _graph_runs(device: torch.device, dry: bool) -> Iterator[None]:
+    """While explain runs: each traced graph's run is, with ``dry``, empty tensors shaped as its
+    outputs (``_dry``), else a ``courtesy.spaced_run`` where runs are spaced here. Explain
+    returns each graph's ``forward`` to Dynamo after passing the graph through
+    ``torch._dynamo.backends.debugging._explain_graph_detail``; wrapping that forward there is
+    the only hook it has. A torch without that function runs the graphs as they are."""
     try:
         from torch._dynamo.backends import debugging
 
         detail = debugging._explain_graph_detail
     except (ImportError, AttributeError):
         detail = None
-    if detail is None or not courtesy.spaces(device):
+    spaced = courtesy.spaces(device)
+    if detail is None or not (dry or spaced):
         yield
         return
 
-    def spaced_detail(gm: Any, *rest: Any) -> Any:
+    def wrapped_detail(gm: Any, *rest: Any) -> Any:
         gm, *more = detail(gm, *rest)
+        empty = _dry(gm) if dry else None
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            if empty is not None:
+                return empty()
+            if not spaced:
+                return gm(*args, **kwargs)
             with courtesy.spaced_run(device):
                 return gm(*args, **kwargs)
 
@@ -69,11 +95,50 @@ def _graph_runs_spaced(device: torch.device) -> Iterator[None]:
         # graph module's recompile. Disabled: Dynamo would trace into the wrapper.
         return (SimpleNamespace(forward=torch.compiler.disable(run)), *more)
 
-    debugging._explain_graph_detail = spaced_detail  # type: ignore[assignment]
+    debugging._explain_graph_detail = wrapped_detail  # type: ignore[assignment]
     try:
         yield
     finally:
         debugging._explain_graph_detail = detail
+
+
+def _dry(gm: Any) -> Callable[[], Any] | None:
+    """A function making empty tensors shaped as ``gm``'s outputs (from the fake values Dynamo
+    traced them with), so the graph need not run; None where an output is anything else (a
+    symbolic size, a value that is not a tensor): that graph runs."""
+    outputs = [n for n in gm.graph.nodes if n.op == "output"]
+    if len(outputs) != 1:
+        return None
+    shapes: list[Any] = []
+
+    def shape_of(node: Any) -> Any:
+        if not isinstance(node, torch.fx.Node):
+            raise _NotDry
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+            raise _NotDry
+        size, stride = value.size(), value.stride()
+        if not all(isinstance(d, int) for d in (*size, *stride)):
+            raise _NotDry
+        shapes.append((tuple(size), tuple(stride), value.dtype, value.device))
+        return len(shapes) - 1
+
+    try:
+        layout = torch.utils._pytree.tree_map(shape_of, outputs[0].args[0])
+    except _NotDry:
+        return None
+
+    def empty() -> Any:
+        made = [
+            torch.empty_strided(*shape[:2], dtype=shape[2], device=shape[3]) for shape in shapes
+        ]
+        return torch.utils._pytree.tree_map(lambda i: made[i], layout)
+
+    return empty
+
+
+class _NotDry(Exception):
+    """An output ``_dry`` cannot make."""
 
 
 def _reason(r: Any) -> str:
