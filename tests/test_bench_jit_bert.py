@@ -144,16 +144,9 @@ def test_a_run_whose_tune_did_not_end_claims_no_tuned_speed(
     assert out["tune_status"] == statuses
 
 
-def test_a_run_that_may_fail_reports_its_last_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(
-        jit_bert,
-        "PROGRAM",
-        "import sys\nprint('Traceback (most recent call last):', file=sys.stderr)\n"
-        "print('RuntimeError: the pool broke', file=sys.stderr)\nsys.exit(1)\n",
-    )
-    args = argparse.Namespace(
+def _run_args(tmp_path: Path) -> argparse.Namespace:
+    """The arguments ``run_program`` reads: a small CPU run writing into ``tmp_path``."""
+    return argparse.Namespace(
         small=True,
         device="cpu",
         calls=1,
@@ -163,6 +156,18 @@ def test_a_run_that_may_fail_reports_its_last_error(
         aot_busy=False,
         timeout=60.0,
     )
+
+
+def test_a_run_that_may_fail_reports_its_last_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        jit_bert,
+        "PROGRAM",
+        "import sys\nprint('Traceback (most recent call last):', file=sys.stderr)\n"
+        "print('RuntimeError: the pool broke', file=sys.stderr)\nsys.exit(1)\n",
+    )
+    args = _run_args(tmp_path)
     failed = jit_bert.run_program(args, tmp_path, "oneliner", {}, 1.0, "oneliner", may_fail=True)
     assert failed["failed"] == "RuntimeError: the pool broke" and failed["failed_after_s"] >= 0
     with pytest.raises(SystemExit, match="oneliner run failed"):
@@ -299,16 +304,7 @@ def test_a_pinned_run_runs_on_its_cpus_only(
         "json.dump({'calls': [], 'affinity': sorted(os.sched_getaffinity(0))}, "
         "open(sys.argv[5], 'w'))\n",
     )
-    args = argparse.Namespace(
-        small=True,
-        device="cpu",
-        calls=1,
-        out=str(tmp_path / "out.json"),
-        watch_ms=0,
-        routes=False,
-        aot_busy=False,
-        timeout=60.0,
-    )
+    args = _run_args(tmp_path)
     run = jit_bert.run_program(args, tmp_path, "warm-cpus-0", {}, 1.0, cpus=str(mine[-1]))
     assert run["affinity"] == [mine[-1]]
     unpinned = jit_bert.run_program(args, tmp_path, "warm", {}, 1.0)
