@@ -810,3 +810,20 @@ def test_installing_a_tuned_module_gives_way_while_detaching_its_children(
     assert root.state is State.TUNED
     assert [n.state for n in root.descendants()] == [State.DETACHED] * 4
     assert len(asked) == 4
+
+
+def test_a_graph_with_symbolic_output_sizes_runs_in_the_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Empty outputs need fixed sizes: a graph traced with a dynamic axis runs for real (spaced
+    where runs are), and the answer is the same."""
+    import torch._dynamo
+
+    from honed.pipeline.graph_breaks import explain
+
+    runs = _recorded_spaced_runs(monkeypatch, True)
+    x = torch.ones(4, 3)
+    torch._dynamo.mark_dynamic(x, 0)
+    module = _Counts()
+    assert explain(module, ((x,), {})) == (0, [])
+    assert int(module.runs) == 1 and runs == [torch.device("cpu")]
