@@ -543,7 +543,7 @@ def test_the_check_runs_no_graph_of_a_module_traced_whole(
 ) -> None:
     """The check traces first with each graph's outputs made empty instead of computed: one
     graph and no break is the answer, and the module never ran (beside a program on a GPU a
-    run of it held one of the program's calls past twice its time). Breaks, or a failure of
+    run of it can hold one of the program's calls up to twice its time). Breaks, or a failure of
     the code after one on those empty outputs, send it to the real runs, whose answer is
     Dynamo's own."""
     import torch._dynamo

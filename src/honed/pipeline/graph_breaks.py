@@ -6,8 +6,8 @@ its own process when isolation is off or the module cannot be sent.
 
 Dynamo runs each graph it traced (the sample's forward pass, eager). In a worker beside a
 program on a GPU that run is a neighbour's model run as long as one of the program's calls, and
-even started halfway through one of them (``courtesy.spaced_run``) it held a call of BERT-base
-past twice its time. So the check first traces without running: each graph hands back empty
+even started halfway through one of them (``courtesy.spaced_run``) it can hold that call up to
+twice its time (docs/jit.md). So the check first traces without running: each graph hands back empty
 tensors shaped as its outputs (``_dry``). Where that finds one graph and no break, the answer is
 exact: a break is found while tracing, before any graph runs, and with one graph nothing of the
 program's runs on the outputs but the return. Where it finds breaks (the code after a break ran
