@@ -180,24 +180,23 @@ PROGRAM = textwrap.dedent(
                     continue
                 seen = call[0]
                 me, main = threading.get_ident(), threading.main_thread().ident
+                def where(frame, depth):  # innermost first
+                    return " < ".join(
+                        f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})"
+                        for f in traceback.extract_stack(frame)[-depth:][::-1])
                 for ident, frame in sys._current_frames().items():
                     if ident == main:
                         # the program's own thread, as soon as it lets the GIL go: the Python
                         # line of the C call that held it up, or where it waits
-                        where = traceback.extract_stack(frame)[-10:][::-1]
-                        dumps.write(f"@@ {call[0]} program: " + " < ".join(
-                            f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})"
-                            for f in where) + "\\n")
+                        dumps.write(f"@@ {call[0]} program: {where(frame, 10)}\\n")
                     elif ident != me:
-                        where = traceback.extract_stack(frame)[-6:][::-1]
                         # an import's module names (innermost first): which one compiles or runs
                         names, f = [], frame
                         while f is not None:
                             if f.f_code.co_name == "_find_and_load":
                                 names.append(str(f.f_locals.get("name")))
                             f = f.f_back
-                        dumps.write(f"@@ {call[0]} thread {ident}: " + " < ".join(
-                            f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})" for f in where)
+                        dumps.write(f"@@ {call[0]} thread {ident}: {where(frame, 6)}"
                             + (f" < importing {' < '.join(names)}" if names else "") + "\\n")
                 dumps.flush()
         threading.Thread(target=watch, daemon=True).start()

@@ -106,39 +106,31 @@ def _dry(gm: Any) -> Callable[[], Any] | None:
     """A function making empty tensors shaped as ``gm``'s outputs (from the fake values Dynamo
     traced them with), so the graph need not run; None where an output is anything else (a
     symbolic size, a value that is not a tensor): that graph runs."""
-    outputs = [n for n in gm.graph.nodes if n.op == "output"]
-    if len(outputs) != 1:
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    leaves, spec = tree_flatten(gm.graph.output_node().args[0])
+    values: list[Any] = [
+        leaf.meta.get("example_value", leaf.meta.get("val"))
+        if isinstance(leaf, torch.fx.Node)
+        else None
+        for leaf in leaves
+    ]
+    if not all(_fixed(v) for v in values):
         return None
-    shapes: list[Any] = []
-
-    def shape_of(node: Any) -> Any:
-        if not isinstance(node, torch.fx.Node):
-            raise _NotDry
-        value = node.meta.get("example_value", node.meta.get("val"))
-        if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
-            raise _NotDry
-        size, stride = value.size(), value.stride()
-        if not all(isinstance(d, int) for d in (*size, *stride)):
-            raise _NotDry
-        shapes.append((tuple(size), tuple(stride), value.dtype, value.device))
-        return len(shapes) - 1
-
-    try:
-        layout = torch.utils._pytree.tree_map(shape_of, outputs[0].args[0])
-    except _NotDry:
-        return None
-
-    def empty() -> Any:
-        made = [
-            torch.empty_strided(*shape[:2], dtype=shape[2], device=shape[3]) for shape in shapes
-        ]
-        return torch.utils._pytree.tree_map(lambda i: made[i], layout)
-
-    return empty
+    shapes = [(tuple(v.size()), tuple(v.stride()), v.dtype, v.device) for v in values]
+    return lambda: tree_unflatten(
+        [torch.empty_strided(size, stride, dtype=t, device=d) for size, stride, t, d in shapes],
+        spec,
+    )
 
 
-class _NotDry(Exception):
-    """An output ``_dry`` cannot make."""
+def _fixed(value: Any) -> bool:
+    """A strided tensor of fixed sizes and strides (no symbolic ones)."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.layout == torch.strided
+        and all(isinstance(d, int) for d in (*value.size(), *value.stride()))
+    )
 
 
 def _reason(r: Any) -> str:
