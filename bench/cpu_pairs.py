@@ -85,6 +85,26 @@ def _with_busy(probe: int, busy: list[int], seconds: float) -> float:
         return _rate(probe, seconds)
 
 
+def neighbours(probe: int, cpus: list[int], seconds: float, sets: list[str]) -> dict[str, Any]:
+    """``probe``'s loop rate with each other of ``cpus`` busy, then each of ``sets`` (CPU-set
+    strings) busy, each over the mean of its rates alone just before and after it."""
+    alone = [_rate(probe, seconds)]
+    ratios: dict[str, float] = {}
+    busy = {str(cpu): [cpu] for cpu in cpus if cpu != probe}
+    busy.update({f"set {s}": [c for c in _cpus(s) if c != probe] for s in sets})
+    for name, on in busy.items():
+        rate = _with_busy(probe, on, seconds)
+        alone.append(_rate(probe, seconds))
+        ratios[name] = round(rate / ((alone[-2] + alone[-1]) / 2), 3)
+    return {
+        "alone_per_s_median": sorted(alone)[len(alone) // 2],
+        "alone_spread": round(min(alone) / max(alone), 3),
+        "alone": alone,
+        "one_busy": {k: v for k, v in ratios.items() if not k.startswith("set ")},
+        "sets_busy": {k[4:]: v for k, v in ratios.items() if k.startswith("set ")},
+    }
+
+
 def _drift_all(probes: list[int], seconds: float, what: str = "alone") -> dict[str, Any]:
     """The drift probe on every probe CPU at once."""
     ctx = multiprocessing.get_context("fork")
@@ -149,24 +169,11 @@ def main() -> None:
             with _busy(_cpus(args.load), copies=True):
                 result["drift_loaded"] = _drift_all(probes, args.drift, "loaded")
     for probe in probes if args.seconds > 0 else []:
-        alone = [_rate(probe, args.seconds)]
-        ratios: dict[str, float] = {}
-        busy = {str(cpu): [cpu] for cpu in allowed if cpu != probe}
-        busy.update({f"set {s}": [c for c in _cpus(s) if c != probe] for s in args.set})
-        for name, cpus in busy.items():
-            rate = _with_busy(probe, cpus, args.seconds)
-            alone.append(_rate(probe, args.seconds))
-            ratios[name] = round(rate / ((alone[-2] + alone[-1]) / 2), 3)
-        base = sorted(alone)[len(alone) // 2]
-        one = {k: v for k, v in ratios.items() if not k.startswith("set ")}
-        sets = {k[4:]: v for k, v in ratios.items() if k.startswith("set ")}
-        result["probes"][str(probe)] = {
-            "alone_per_s_median": base,
-            "alone_spread": round(min(alone) / max(alone), 3),
-            "alone": alone,
-            "one_busy": one,
-            "sets_busy": sets,
-        }
+        row = neighbours(probe, allowed, args.seconds, args.set)
+        result["probes"][str(probe)] = row
+        base, alone, one, sets = (
+            row[k] for k in ("alone_per_s_median", "alone", "one_busy", "sets_busy")
+        )
         worst = sorted(one.items(), key=lambda kv: kv[1])[:3]
         print(
             f"probe CPU {probe}: alone {base:.3g}/s (spread {min(alone) / max(alone):.3f}); "

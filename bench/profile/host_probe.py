@@ -7,8 +7,9 @@ Three measurements, none of them running honed's tuning:
    gaps between the stalls (runs of calls over 2x): a stall the host makes on a clock shows as one
    gap repeated.
 2. ``pairs``: this process pinned to one CPU, the rate of a Python spin loop there while a busy
-   process spins on each other CPU in turn. A CPU whose busy process slows the loop shares its
-   core (a hyperthread the virtual machine's topology does not show) or its clock.
+   process spins on each other CPU in turn (bench/cpu_pairs.py, which also measures how a CPU's
+   speed drifts by itself). A CPU whose busy process slows the loop shares its core (a
+   hyperthread the virtual machine's topology does not show) or its clock.
 3. ``busy``: the BERT loop, unpinned, with a busy process at JIT's worker niceness on every CPU
    JIT's workers may use (``honed.pipeline.isolation.worker_cpus``): its median and its thread's
    CPU time per call against the loop alone. A build's compilers keep those CPUs busy.
@@ -33,6 +34,9 @@ from typing import Any
 
 import torch
 from beside_stall import _model  # the program's model, shared with that profile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import cpu_pairs  # bench/cpu_pairs.py, one folder up
 
 from honed import config
 from honed.pipeline import isolation
@@ -128,41 +132,22 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
-def _spin_rate(seconds: float) -> float:
-    """Iterations per second of a Python loop on this thread."""
-    n = 0
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(1000):
-            pass
-        n += 1000
-    return n / seconds
-
-
 def _pairs(seconds: float) -> dict[str, Any]:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return {"skipped": "one CPU"}
     here = cpus[0]
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {here})
     try:
-        alone = statistics.median(_spin_rate(seconds) for _ in range(3))
-        beside: dict[str, float] = {}
-        for cpu in cpus[1:]:
-            procs = _spinners([cpu], 0)
-            try:
-                beside[str(cpu)] = round(_spin_rate(seconds) / alone, 3)
-            finally:
-                _stop(procs)
+        row = cpu_pairs.neighbours(here, cpus, seconds, [])
     finally:
         os.sched_setaffinity(0, before)
-    slowest = min(beside, key=beside.__getitem__)
+    beside = row["one_busy"]
     return {
         "cpu": here,
-        "rate_alone": round(alone),
-        "rate_beside": beside,
-        "slowest_beside": slowest,
+        "rate_alone": round(row["alone_per_s_median"]),
+        "rate_beside": beside,  # over the rate alone just before and after each
+        "slowest_beside": min(beside, key=beside.__getitem__),
     }
 
 
