@@ -1,8 +1,9 @@
-"""tests/test_bench_cpu_pairs.py: bench/cpu_pairs.py reads CPU sets and writes one row per CPU.
+"""tests/test_bench_cpu_pairs.py: bench/cpu_pairs.py reads CPU sets and writes one row per CPU;
+bench/profile/cpu_escape.py runs each policy on each set.
 
-Its figures are the host's (docs/jit.md); here: the CPU-set syntax, that a busy CPU's spinner
-really runs there and stops, and that a short run writes a ratio for every other CPU and a
-drift slice for every quarter second."""
+Their figures are the host's (docs/jit.md); here: the CPU-set syntax, that a busy CPU's spinner
+really runs there and stops, that a short run writes a ratio for every other CPU and a drift
+slice for every quarter second, and the escape profile's two halves."""
 
 from __future__ import annotations
 
@@ -101,3 +102,41 @@ def _cpu_seconds(pid: int) -> float:
 
 def _last_cpu(pid: int) -> int:
     return int(_stat(pid)[36])  # field 39, "processor"
+
+
+def test_the_escape_profile_runs_each_policy_on_each_set(tmp_path: Path) -> None:
+    """bench/profile/cpu_escape.py: two halves, the sets swapped between the policies; the
+    thread that stays never moves."""
+    allowed = sorted(os.sched_getaffinity(0))
+    a, b = str(allowed[0]), str(allowed[-1])
+    out = tmp_path / "escape.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "profile" / "cpu_escape.py"),
+            "--cpus-a",
+            a,
+            "--cpus-b",
+            b,
+            "--seconds",
+            "0.3",
+            "--work",
+            "2000",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    halves = json.loads(out.read_text())["halves"]
+    assert [(h["stays"]["cpus"], h["moves"]["cpus"]) for h in halves] == [
+        ([int(a)], [int(b)]),
+        ([int(b)], [int(a)]),
+    ]
+    for h in halves:
+        assert h["stays"]["moves"] == 0
+        for policy in h.values():
+            assert policy["calls"] > 10
+            assert policy["quickest_tenth_ms"] <= policy["median_ms"]
+            assert policy["over_2x"] <= policy["over_1_5x"] <= policy["calls"]
