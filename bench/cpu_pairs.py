@@ -91,7 +91,7 @@ def neighbours(probe: int, cpus: list[int], seconds: float, sets: list[str]) -> 
     alone = [_rate(probe, seconds)]
     ratios: dict[str, float] = {}
     busy = {str(cpu): [cpu] for cpu in cpus if cpu != probe}
-    busy.update({f"set {s}": [c for c in _cpus(s) if c != probe] for s in sets})
+    busy.update({f"set {s}": sorted(cpu_list(s) - {probe}) for s in sets})
     for name, on in busy.items():
         rate = _with_busy(probe, on, seconds)
         alone.append(_rate(probe, seconds))
@@ -136,11 +136,12 @@ def _drift_all(probes: list[int], seconds: float, what: str = "alone") -> dict[s
     return out
 
 
-def _cpus(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        a, _, b = part.partition("-")
-        out.extend(range(int(a), int(b or a) + 1))
+def cpu_list(spec: str) -> set[int]:
+    """``0-7,12`` -> {0, ..., 7, 12}; "" -> the empty set (taskset's syntax)."""
+    out: set[int] = set()
+    for part in filter(None, spec.split(",")):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
     return out
 
 
@@ -166,7 +167,7 @@ def main() -> None:
     if args.drift > 0:
         result["drift"] = _drift_all(probes, args.drift)
         if args.load:
-            with _busy(_cpus(args.load), copies=True):
+            with _busy(sorted(cpu_list(args.load)), copies=True):
                 result["drift_loaded"] = _drift_all(probes, args.drift, "loaded")
     for probe in probes if args.seconds > 0 else []:
         row = neighbours(probe, allowed, args.seconds, args.set)

@@ -59,6 +59,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cpu_pairs import cpu_list  # bench/cpu_pairs.py, beside this file
+
 # --marks: each named function (module:Qualified.name, where its callers look it up) wrapped to
 # report each call's span and thread; shared by the program and the workers' sitecustomize.
 MARKING = textwrap.dedent(
@@ -508,15 +510,6 @@ def worker_marks(folder: Path, loop_started: float | None) -> list[list[Any]]:
                     round(float(ended) - loop_started, 4),
                 ]
             )
-    return out
-
-
-def cpu_list(spec: str) -> set[int]:
-    """``0-7,12`` -> {0, ..., 7, 12}; "" -> the empty set."""
-    out: set[int] = set()
-    for part in filter(None, spec.split(",")):
-        first, _, last = part.partition("-")
-        out.update(range(int(first), int(last or first) + 1))
     return out
 
 

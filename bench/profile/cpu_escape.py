@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from cpu_pairs import _cpus  # bench/cpu_pairs.py, one folder up
+from cpu_pairs import cpu_list  # bench/cpu_pairs.py, one folder up
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # sched_getcpu: os has it from Python 3.13 only
 
@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     ctx = multiprocessing.get_context("fork")
-    sets = (_cpus(args.cpus_a), _cpus(args.cpus_b))
+    sets = (sorted(cpu_list(args.cpus_a)), sorted(cpu_list(args.cpus_b)))
     result: dict[str, Any] = {"halves": []}
     for half, (stay_on, move_on) in enumerate((sets, sets[::-1])):
         queue = ctx.Queue()
