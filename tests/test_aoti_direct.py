@@ -94,6 +94,77 @@ def test_constants_it_does_not_know_are_refused(
         direct(torch.zeros(1), y=torch.zeros(5))
 
 
+class _Recording:
+    """A container that notes each handful of constants it is handed, then hands it on."""
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+        self.updates: list[tuple[list[str], bool]] = []
+
+    def update_constants(self, pairs: list[tuple[str, Any]], validate: bool) -> None:
+        self.updates.append(([name for name, _ in pairs], validate))
+        self.container.update_constants(pairs, validate)
+
+    def __getattr__(self, name: str) -> Any:  # running it: the container's own
+        return getattr(self.container, name)
+
+
+def _unloaded(path: Path, monkeypatch: pytest.MonkeyPatch, exported: Any, model: Any) -> Any:
+    """A package opened by honed's loader, its constants planned but not handed over yet, its
+    container recording each update."""
+    monkeypatch.setattr(honed.config, "aoti_loader", "direct")
+    runner = _aoti_env.load_runner(str(path), "cpu")
+    live = _aoti_constants.plan(runner.loader, exported, model).live
+    runner.loader._container = _Recording(runner.loader._container)
+    return runner, live
+
+
+def test_beside_a_program_constants_go_over_a_handful_at_a_time_between_its_calls(
+    package: tuple[nn.Module, Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from honed.pipeline import courtesy
+
+    model, path, exported = package
+    waits: list[int] = []
+    monkeypatch.setattr(_aoti_direct, "give_way", lambda: waits.append(1) or 0.0)
+    monkeypatch.setattr(_aoti_direct, "HANDOVER_CHUNK", 1)
+
+    alone, live = _unloaded(path, monkeypatch, exported, model)
+    alone.loader.load_constants(live, False, True, False)
+    assert [(len(names), check) for names, check in alone.loader._container.updates] == [
+        (len(live), True)
+    ]
+
+    courtesy.watch(lambda: False)  # JIT's probe: a program runs beside
+    try:
+        beside, live = _unloaded(path, monkeypatch, exported, model)
+        waits.clear()
+        beside.loader.load_constants(live, False, True, False)
+        updates = beside.loader._container.updates
+        assert len(live) > 1
+        assert [len(names) for names, _ in updates] == [1] * len(live)
+        assert sorted(n for names, _ in updates for n in names) == sorted(
+            beside.loader._fqn_to_name[f] for f in live
+        )
+        assert not any(check for _, check in updates)  # each handful alone is not all of them
+        assert len(waits) == len(updates)  # the program's call ends between two handfuls
+
+        x, y = torch.randn(WIDTH, WIDTH), torch.randn(5)
+        with torch.no_grad():
+            want = model(x, y)
+        torch.testing.assert_close(beside(x, y)["out"], want["out"], rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(beside(x, y)["out"], alone(x, y)["out"])
+
+        # Some constant missing: one update, and the package's own check refuses it.
+        partial, live = _unloaded(path, monkeypatch, exported, model)
+        some = dict(list(live.items())[:-1])
+        with pytest.raises(RuntimeError):
+            partial.loader.load_constants(some, False, True, False)
+        assert [len(names) for names, _ in partial.loader._container.updates] == [len(some)]
+    finally:
+        courtesy.watch(None)
+
+
 def _longest_stop_of_another_thread(runner: Any) -> tuple[float, float]:
     """(the call's duration, the longest time the main thread ran no Python in its middle half)
     while another thread makes one call of the package."""

@@ -32,6 +32,7 @@ import ctypes
 import hashlib
 import json
 import os
+import resource
 import statistics
 import tempfile
 import threading
@@ -86,11 +87,17 @@ def _calls(
     until: threading.Event,
     out: list[float],
     starts: list[float] | None = None,
+    kernel: list[tuple[int, float]] | None = None,
 ) -> None:
     """The program: ``model`` called until ``until``, each call's ms in ``out`` (and its start,
-    perf_counter seconds, in ``starts`` when given; shared with install_stall.py)."""
+    perf_counter seconds, in ``starts`` when given; shared with install_stall.py). ``kernel``:
+    each call's voluntary context switches (waits: for the GIL, a lock, the GPU) and the
+    thread's CPU ms."""
     with torch.no_grad():
         while not until.is_set():
+            if kernel is not None:
+                switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+                cpu = time.thread_time()
             start = time.perf_counter()
             _IN_CALL[0] = True
             model(**inputs)
@@ -98,6 +105,13 @@ def _calls(
             courtesy.call_ended()
             _sync(device)
             out.append((time.perf_counter() - start) * 1e3)
+            if kernel is not None:
+                kernel.append(
+                    (
+                        resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - switches,
+                        (time.thread_time() - cpu) * 1e3,
+                    )
+                )
             if starts is not None:
                 starts.append(start)
 

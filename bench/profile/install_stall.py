@@ -8,10 +8,16 @@ JIT builds (fp32 and bf16 weights, CUDA graphs) in a child process, then, in a p
 thread calls BERT eager in a loop (each call synchronized and timed, as bench/jit_bert.py's
 program; honed's courtesy probe set as JIT sets it), installs each package step by step on
 another thread, ``--gap`` seconds apart, ``--reps`` times (the first install in the process
-first). Printed per step: how long it took, and the program's calls that overlapped it (how
-many, how many over twice the median of the loop alone, the slowest).
+first). Python's switch interval is JIT's jobs' (``--switch-us``), the install works
+``courtesy.SLICE_S`` at a time between its waits for a call's end (``--slice-ms``), and hands the
+package its constants a handful at a time (``--handover``); given several values, each
+repetition tries each. Printed per step and setting: how long it took, and the
+program's calls that overlapped it: how many, how many over twice the median of the loop alone,
+their time beyond that median, their voluntary context switches (the program's thread waiting:
+for the GIL, a lock of the driver's, the GPU) and the slowest.
 
     python bench/profile/install_stall.py [--reps 3] [--gap 0.4] [--json out.json]
+    python bench/profile/install_stall.py --switch-us 50 5000 --slice-ms 2 0.5 --reps 4
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 import multiprocessing
 import pickle
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -30,6 +37,8 @@ from typing import Any
 import beside_stall  # the program's loop (this folder: run as a script)
 import torch
 
+from honed.backend import _aoti_direct
+from honed.jit import background
 from honed.pipeline import correctness, courtesy
 
 PRECISIONS = ("fp32", "bf16")
@@ -76,6 +85,7 @@ def _install(
     gap: float,
     spans: list[Any],
     rep: int,
+    label: str,
 ) -> None:
     """One install, step by step, each step's span noted; ``gap`` s between steps."""
     from honed.backend import _aoti_constants, _aoti_env
@@ -90,7 +100,7 @@ def _install(
         start = time.perf_counter()
         with torch.no_grad(), courtesy.own_stream(device):
             work()
-        spans.append((f"{precision} {name}", rep, start, time.perf_counter()))
+        spans.append((label, f"{precision} {name}", rep, start, time.perf_counter()))
 
     def open_() -> None:
         state["runner"] = _aoti_env.load_package(files[PAYLOAD_PACKAGE], "cuda", True)
@@ -140,6 +150,30 @@ def main() -> None:
         default="direct",
         help="honed's GIL-free loader, as JIT loads packages (default), or torch's",
     )
+    ap.add_argument(
+        "--switch-us",
+        type=float,
+        nargs="+",
+        default=[background.SWITCH_INTERVAL_S * 1e6],
+        help="Python's switch interval during the installs, µs (default: as JIT's jobs run); "
+        "several: each repetition tries each",
+    )
+    ap.add_argument(
+        "--slice-ms",
+        type=float,
+        nargs="+",
+        default=[courtesy.SLICE_S * 1e3],
+        help="how long the install works between its waits for a call's end (courtesy.SLICE_S), "
+        "ms; several: each repetition tries each",
+    )
+    ap.add_argument(
+        "--handover",
+        type=int,
+        nargs="+",
+        default=[_aoti_direct.HANDOVER_CHUNK],
+        help="constants handed to the package at a time (_aoti_direct.HANDOVER_CHUNK; 0: all at "
+        "once); several: each repetition tries each",
+    )
     args = ap.parse_args()
     folder = Path(args.keep or tempfile.mkdtemp(prefix="honed-install-stall-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -159,8 +193,6 @@ def main() -> None:
         payloads[p] = pickle.loads((folder / f"{p}.pkl").read_bytes())
     print(f"built {', '.join(payloads)} in {time.perf_counter() - started:.1f} s", flush=True)
 
-    from honed.backend import _aoti_direct
-
     _aoti_direct.beside_a_program(args.loader == "direct")  # as JIT's start sets it
     import torch._inductor
 
@@ -169,9 +201,10 @@ def main() -> None:
         ref = model(**inputs)
     took_ms: list[float] = []
     starts: list[float] = []
+    kernel: list[tuple[int, float]] = []
     stop = threading.Event()
     program = threading.Thread(
-        target=beside_stall._calls, args=(model, inputs, "cuda", stop, took_ms, starts)
+        target=beside_stall._calls, args=(model, inputs, "cuda", stop, took_ms, starts, kernel)
     )
     program.start()
     time.sleep(3.0)
@@ -181,49 +214,82 @@ def main() -> None:
         f"loader: {args.loader}; alone: {len(alone)} calls, median {median:.3f} ms, "
         f"slowest {max(alone):.3f} ms"
     )
+    alone_switches = statistics.median(k[0] for k in kernel[len(kernel) // 3 : len(starts)])
+    print(f"  voluntary switches per call alone: median {alone_switches:g}")
     spans: list[Any] = []
+    configs = [(sw, sl, h) for sw in args.switch_us for sl in args.slice_ms for h in args.handover]
     courtesy.watch(lambda: beside_stall._IN_CALL[0])
+    before = sys.getswitchinterval(), courtesy.SLICE_S, _aoti_direct.HANDOVER_CHUNK
     try:
         for rep in range(args.reps):
-            for p in args.precisions:
-                _install(payloads[p], p, model, inputs, ref, args.gap, spans, rep)
+            for switch_us, slice_ms, handover in configs:
+                sys.setswitchinterval(switch_us / 1e6)
+                courtesy.SLICE_S = slice_ms / 1e3
+                _aoti_direct.HANDOVER_CHUNK = handover or 1 << 30
+                label = (
+                    f"switch {switch_us:g} us, slice {slice_ms:g} ms, "
+                    f"constants {handover or 'all'} at a time"
+                )
+                for p in args.precisions:
+                    _install(payloads[p], p, model, inputs, ref, args.gap, spans, rep, label)
         time.sleep(args.gap)
     finally:
+        sys.setswitchinterval(before[0])
+        courtesy.SLICE_S = before[1]
+        _aoti_direct.HANDOVER_CHUNK = before[2]
         courtesy.watch(None)
         stop.set()
         program.join()
-    calls = list(zip(starts, took_ms, strict=False))
-    rows: dict[str, Any] = {}
-    for name, _rep, start, end in spans:
-        hit = [ms for s, ms in calls if s < end and s + ms / 1e3 > start]
-        row = rows.setdefault(name, {"step_ms": [], "calls": 0, "over_2x": 0, "slowest_ms": []})
+    calls = list(zip(starts, took_ms, kernel, strict=False))
+    rows: dict[str, dict[str, Any]] = {}
+    for label, name, _rep, start, end in spans:
+        hit = [(ms, k) for s, ms, k in calls if s < end and s + ms / 1e3 > start]
+        row = rows.setdefault(label, {}).setdefault(
+            name,
+            {"step_ms": [], "calls": 0, "over_2x": 0, "slowest_ms": [], "extra_ms": 0.0,
+             "switches": 0, "most_switches": 0, "cpu_ms": []},
+        )  # fmt: skip
         row["step_ms"].append(round((end - start) * 1e3, 2))
         row["calls"] += len(hit)
-        row["over_2x"] += sum(ms > 2 * median for ms in hit)
-        row["slowest_ms"].append(round(max(hit), 2) if hit else None)
-    busy = [(s, e) for _, _, s, e in spans]
+        row["over_2x"] += sum(ms > 2 * median for ms, _ in hit)
+        row["slowest_ms"].append(round(max(ms for ms, _ in hit), 2) if hit else None)
+        # what the calls overlapping the step took beyond the loop's median alone
+        row["extra_ms"] = round(row["extra_ms"] + sum(ms - median for ms, _ in hit), 2)
+        row["switches"] += sum(k[0] for _, k in hit)
+        row["most_switches"] = max([row["most_switches"], *(k[0] for _, k in hit)])
+        row["cpu_ms"].append(round(max((k[1] for _, k in hit), default=0.0), 2))
+    busy = [(s, e) for _, _, _, s, e in spans]
     between = [
-        ms
-        for s, ms in calls
+        (ms, k)
+        for s, ms, k in calls
         if s > busy[0][0] and not any(s < e and s + ms / 1e3 > b for b, e in busy)
     ]
-    print(f"{'step':<22}{'took ms (per rep)':<34}{'calls':>6}{'>2x':>5}  slowest ms (per rep)")
-    for name, row in rows.items():
+    for label, steps in rows.items():
+        print(label)
         print(
-            f"{name:<22}{row['step_ms']!s:<34}{row['calls']:>6}{row['over_2x']:>5}  "
-            f"{row['slowest_ms']}"
+            f"  {'step':<20}{'took ms (per rep)':<26}{'calls':>6}{'>2x':>5}{'extra ms':>9}"
+            f"{'waits':>7}{'most':>6}  slowest ms (per rep)"
         )
+        for name, row in steps.items():
+            print(
+                f"  {name:<20}{row['step_ms']!s:<26}{row['calls']:>6}{row['over_2x']:>5}"
+                f"{row['extra_ms']:>9.1f}{row['switches']:>7}{row['most_switches']:>6}  "
+                f"{row['slowest_ms']}"
+            )
     print(
-        f"between steps: {len(between)} calls, {sum(ms > 2 * median for ms in between)} over 2x,"
-        f" slowest {max(between):.2f} ms"
+        f"between steps: {len(between)} calls, "
+        f"{sum(ms > 2 * median for ms, _ in between)} over 2x, "
+        f"slowest {max(ms for ms, _ in between):.2f} ms, "
+        f"voluntary switches per call: median {statistics.median(k[0] for _, k in between):g}"
     )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {
                     "alone_median_ms": median,
-                    "steps": rows,
-                    "between_over_2x": sum(ms > 2 * median for ms in between),
+                    "alone_switches_median": alone_switches,
+                    "configs": rows,
+                    "between_over_2x": sum(ms > 2 * median for ms, _ in between),
                 },
                 indent=1,
             )

@@ -35,10 +35,15 @@ from typing import Any
 
 import torch
 
-from honed.pipeline.courtesy import give_way
+from honed.pipeline.courtesy import beside_program, give_way
 
 log = logging.getLogger("honed")
 
+# Beside a program, a package takes its constants this many at a time, with a wait for the end of
+# the program's call between handfuls: it copies each one with a call into the CUDA runtime, and
+# a model's constants handed over in one go all fell within one of the program's calls, whose
+# thread then waited many times over (bench/profile/install_stall.py's voluntary switches).
+HANDOVER_CHUNK = 16
 # honed's AOTInductor packages hold one model, under this folder of the archive.
 _MODEL_DIR = "data/aotinductor/model/"
 _THIS_THREAD = threading.local()
@@ -123,18 +128,25 @@ class DirectLoader:
                 "another module"
             )
         fqns = list(constants)
-        tensors = [constants[f] for f in fqns]
-        handles = self._aoti.unsafe_alloc_void_ptrs_from_tensors(tensors)
-        try:
-            pairs = [(self._fqn_to_name[f], h) for f, h in zip(fqns, handles, strict=True)]
-            if self._cuda:
-                # The tensors' pending work (their copy onto the device) comes before the
-                # container's copy, whichever stream that uses.
-                torch.cuda.current_stream().synchronize()
-            self._container.update_constants(pairs, check_full_update)
-        finally:
-            # The container borrowed the handles; they are ours to free.
-            self._aoti.alloc_tensors_by_stealing_from_void_ptrs(handles)
+        if self._cuda:
+            # The tensors' pending work (their copy onto the device) comes before the
+            # container's copy, whichever stream that uses.
+            torch.cuda.current_stream().synchronize()
+        size = len(fqns)
+        # In handfuls only where every constant comes (the package's own check of a full
+        # update sees one handful at a time; with all there it could not fail).
+        if beside_program() and not set(self._fqn_to_name) - set(fqns):
+            size = HANDOVER_CHUNK
+        for first in range(0, len(fqns), size):
+            give_way()
+            part = fqns[first : first + size]
+            handles = self._aoti.unsafe_alloc_void_ptrs_from_tensors([constants[f] for f in part])
+            try:
+                pairs = [(self._fqn_to_name[f], h) for f, h in zip(part, handles, strict=True)]
+                self._container.update_constants(pairs, check_full_update and size == len(fqns))
+            finally:
+                # The container borrowed the handles; they are ours to free.
+                self._aoti.alloc_tensors_by_stealing_from_void_ptrs(handles)
 
     def boxed_run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         handles = self._aoti.unsafe_alloc_void_ptrs_from_tensors(inputs)
