@@ -18,6 +18,7 @@ from torch import nn
 
 import honed
 import honed.jit
+import honed.pipeline.tuner
 from honed.jit import State
 from honed.jit.patcher import _ORIGINAL_CALL
 
@@ -285,7 +286,7 @@ class PreferInductor(honed.TuneStrategy):
 
 
 def test_a_restart_installs_the_cached_winner_then_tries_the_rest(
-    jit: honed.jit.JitConfig,
+    jit: honed.jit.JitConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run that decided among some candidates (here: a shorter list; in practice a time budget
     that ran out) is replayed from the cache first, and only then are the others tried."""
@@ -322,9 +323,29 @@ def test_a_restart_installs_the_cached_winner_then_tries_the_rest(
 
     honed.jit.reset()  # a third run: every outcome is cached, the plain replay, no extra pass
     honed.jit.enable_jit_tuning()
+    starts: list[bool] = []
+    start = honed.pipeline.tuner.Tuner.start
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        starts.append(self.cached_only)
+        return start(self, *args, **kwargs)
+
+    monkeypatch.setattr(honed.pipeline.tuner.Tuner, "start", counted)
     with jit.patch(strategy=PreferInductor([inductor, onnx])):
-        run(model, batches(2, 4))
-    assert [r.reason for r in honed.jit.tunes()] == ["first tune"]
+        outs = run(model, batches(2, 4))
+    assert_close(outs, eager(model, batches(2, 4)))
+    (replay,) = honed.jit.tunes()
+    assert (replay.reason, replay.status, replay.evidence) == ("first tune", "installed", "cache")
+    assert replay.selected == "TorchInductorBackend"
+    assert replay.tried == {
+        "TorchEagerBackend": "ok (cached)",
+        "TorchInductorBackend": "ok (cached)",
+        "ONNXRuntimeBackend": replay.tried["ONNXRuntimeBackend"],
+    }
+    assert replay.tried["ONNXRuntimeBackend"].endswith("(cached)")
+    # The cached pass was the tune: the samples recorded and the cache keyed once.
+    assert starts == [True]
+    assert not [s for s in honed.jit.history() if "from the cached decision" in s]
 
 
 def test_a_first_run_starts_no_cached_pass_and_a_restart_does(

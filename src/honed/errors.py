@@ -38,8 +38,7 @@ class TuneCancelled(TuneError):
 
 class CachedPassDeclined(TuneError):
     """A cached-only tune (``Tuner(cached_only=True)``, JIT's first pass on a restart) has
-    nothing to add: no cached outcome to decide with (eager's, or every candidate's, is
-    missing), or every candidate's is cached, which a plain tune replays as it is."""
+    nothing to decide with: eager's cached outcome, or every candidate's, is missing."""
 
 
 class ArtifactError(HonedError):

@@ -9,6 +9,7 @@ running finishes on what it started with.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -336,22 +337,32 @@ def _tune(
     sizes = headroom_sizes(dataset)
     budget = config.time_budget_s or None
     fingerprints = {} if fingerprints is None else fingerprints  # hashed once for both passes
+    calls_before = node.queued_at_call
+    started = time.perf_counter()
+    replayed: _Replayed | None = None
     if reason == "first tune" and _flags.cache_enabled and seen_before:
         # The program's calls (live) tell the cached pass which candidates stay out beside it.
         cached = _new_tuner(
             strategy, fingerprints, None, True, _program_calls(node, dataset), workers
         )
-        if not _cached_pass(node, dataset, sizes, cached, outputs):
+        went = _cached_pass(node, dataset, sizes, cached, outputs)
+        if went is False:
             return
-    wrapper = Module(module, node.name, strategy=strategy)
+        if isinstance(went, _Replayed):
+            replayed = went
+        else:  # the cached decision's record has the time and calls before
+            started, calls_before = time.perf_counter(), node.queued_at_call
     record = TuneRecord(node.short(), reason, len(dataset), _batches(dataset, sizes), budget)
     record.ran_meanwhile = "the previous variant" if node.state is State.TUNED else "eager"
     background.add_record(record)
-    calls_before = node.queued_at_call
-    started = time.perf_counter()
     isolation = _flags.isolation
-    calls = _program_calls(node, dataset)
-    tuner = _new_tuner(strategy, fingerprints, budget, False, calls, workers)
+    if replayed is not None:  # every outcome was cached: that pass was the tune
+        wrapper, tuner = replayed.wrapper, replayed.tuner
+        calls = tuner.live
+    else:
+        wrapper = Module(module, node.name, strategy=strategy)
+        calls = _program_calls(node, dataset)
+        tuner = _new_tuner(strategy, fingerprints, budget, False, calls, workers)
     node.tuner = tuner
     record.progress = lambda: (node.call_count - calls_before, _tried_so_far(tuner))
     if not background.set_current(tuner):
@@ -360,9 +371,12 @@ def _tune(
     error: Exception | None = None
     try:
         try:
-            future = tuner.start(wrapper, dataset, sizes, outputs)
-            release_team()  # this thread waits now: its OpenMP team would slow the program's calls
-            report = future.result()
+            if replayed is not None:
+                report = replayed.report
+            else:
+                future = tuner.start(wrapper, dataset, sizes, outputs)
+                release_team()  # this thread waits now: its OpenMP team would slow the calls
+                report = future.result()
         except Exception as e:  # the tune failing is JIT's cue to try the children
             error = e
         finally:
@@ -597,13 +611,25 @@ def _backends(wrapper: Any) -> str:
     return ", ".join(sorted({v.backend.name for v in wrapper.variants}))
 
 
+@dataclasses.dataclass
+class _Replayed:
+    """A cached pass that found every outcome cached: its tune is the tune, nothing installed
+    by it yet (``_tune`` installs and records it as a first tune's)."""
+
+    wrapper: Any
+    tuner: Any
+    report: Any
+
+
 def _cached_pass(
     node: Node, dataset: list[Any], sizes: list[int], tuner: Any, outputs: list[Any] | None = None
-) -> bool:
+) -> _Replayed | bool:
     """A restart's first step: when an earlier run's tune stopped before every candidate (its
     time budget), install the winner among the candidates it decided, from the cache, before
     anything is built or measured; the tune then goes on with the rest. Returns whether the
-    tune should still run (False: the program is ending)."""
+    tune should still run (False: the program is ending), or, when every outcome was cached,
+    the replayed tune itself: recording the samples and keying the cache once more beside the
+    program's calls would only repeat what this pass did."""
     from honed.errors import CachedPassDeclined
     from honed.module import Module
     from honed.pipeline.graph_tuner import CACHED_ONLY_REASON
@@ -623,10 +649,12 @@ def _cached_pass(
         return True
     finally:
         background.set_current(None)
-    if not wrapper.is_tuned:
-        return True  # eager leads among the cached outcomes
     rows = [c for g in report.graphs for c in g.candidates]
     left = [c.name for c in rows if c.status == "not tried" and c.reason == CACHED_ONLY_REASON]
+    if not left:
+        return _Replayed(wrapper, tuner, report)
+    if not wrapper.is_tuned:
+        return True  # eager leads among the cached outcomes
     took = time.perf_counter() - started
     backend = _backends(wrapper)
     record = TuneRecord(node.short(), "cached decision", len(dataset), _batches(dataset, sizes))

@@ -146,7 +146,7 @@ class TuneContext:
     # False: the cache keys the samples by structure, shapes and dtypes, not values (JIT)
     inputs_by_value: bool = True
     # Decide from cached outcomes alone, candidates without one not tried; a graph with an
-    # uncached eager, no cached candidate or nothing uncached raises CachedPassDeclined.
+    # uncached eager or no cached candidate raises CachedPassDeclined.
     cached_only: bool = False
     live: ProgramCalls | None = None  # the program the tune runs beside (JIT)
 
@@ -370,11 +370,11 @@ class GraphTuner:
                     cost=o.backend.expected_build_cost(),
                 )
         if self.ctx.cached_only:
-            if baseline is None or not outcomes or not pending:
-                what = (
-                    "no cached outcome of eager" if baseline is None
-                    else "no cached candidate outcome" if not outcomes
-                    else "every candidate's outcome is cached"
+            # With every outcome cached the pass decides as the tune would: JIT takes it as the
+            # tune (jit.tuner._cached_pass).
+            if baseline is None or not outcomes:
+                what = "no cached outcome of eager" if baseline is None else (
+                    "no cached candidate outcome"
                 )  # fmt: skip
                 raise CachedPassDeclined(f"honed.tune: {self.module.name}: {what}")
             for i in pending:
