@@ -150,30 +150,35 @@ def main() -> None:
         default="direct",
         help="honed's GIL-free loader, as JIT loads packages (default), or torch's",
     )
-    ap.add_argument(
-        "--switch-us",
-        type=float,
-        nargs="+",
-        default=[background.SWITCH_INTERVAL_S * 1e6],
-        help="Python's switch interval during the installs, µs (default: as JIT's jobs run); "
-        "several: each repetition tries each",
-    )
-    ap.add_argument(
-        "--slice-ms",
-        type=float,
-        nargs="+",
-        default=[courtesy.SLICE_S * 1e3],
-        help="how long the install works between its waits for a call's end (courtesy.SLICE_S), "
-        "ms; several: each repetition tries each",
-    )
-    ap.add_argument(
-        "--handover",
-        type=int,
-        nargs="+",
-        default=[_aoti_direct.HANDOVER_CHUNK],
-        help="constants handed to the package at a time (_aoti_direct.HANDOVER_CHUNK; 0: all at "
-        "once); several: each repetition tries each",
-    )
+    settings: list[tuple[str, type, float, str]] = [
+        (
+            "--switch-us",
+            float,
+            background.SWITCH_INTERVAL_S * 1e6,
+            "Python's switch interval during the installs, µs (default: as JIT's jobs run)",
+        ),
+        (
+            "--slice-ms",
+            float,
+            courtesy.SLICE_S * 1e3,
+            "how long the install works between its waits for a call's end (courtesy.SLICE_S), ms",
+        ),
+        (
+            "--handover",
+            int,
+            _aoti_direct.HANDOVER_CHUNK,
+            "constants handed to the package at a time (_aoti_direct.HANDOVER_CHUNK; 0: all "
+            "at once)",
+        ),
+    ]
+    for flag, kind, default, what in settings:
+        ap.add_argument(
+            flag,
+            type=kind,
+            nargs="+",
+            default=[kind(default)],
+            help=f"{what}; several: each repetition tries each",
+        )
     args = ap.parse_args()
     folder = Path(args.keep or tempfile.mkdtemp(prefix="honed-install-stall-"))
     folder.mkdir(parents=True, exist_ok=True)
