@@ -172,8 +172,13 @@ PROGRAM = textwrap.dedent(
         import threading, traceback
         dumps = open(out + ".stacks", "w")
         now = {"call": None}
+        def where(frame, depth):  # innermost first
+            return " < ".join(
+                f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})"
+                for f in traceback.extract_stack(frame)[-depth:][::-1])
         def watch():
             seen = None
+            me, main = threading.get_ident(), threading.main_thread().ident
             while True:
                 time.sleep(watch_ms / 2e3)
                 call = now["call"]
@@ -181,11 +186,6 @@ PROGRAM = textwrap.dedent(
                 if not late or call[0] == seen:
                     continue
                 seen = call[0]
-                me, main = threading.get_ident(), threading.main_thread().ident
-                def where(frame, depth):  # innermost first
-                    return " < ".join(
-                        f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})"
-                        for f in traceback.extract_stack(frame)[-depth:][::-1])
                 for ident, frame in sys._current_frames().items():
                     if ident == main:
                         # the program's own thread, as soon as it lets the GIL go: the Python
