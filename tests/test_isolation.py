@@ -125,9 +125,10 @@ class Program:
     """What a JIT tune runs beside (graph_tuner.ProgramCalls), always calling: its calls take
     2 ms on eager and 1 ms on any variant built from the tune."""
 
-    def __init__(self, promotes: bool = False) -> None:
+    def __init__(self, promotes: bool = False, stands_in: bool = False) -> None:
         self.arms: list[tuple[str, Any]] = []
         self.promotes = promotes  # offered candidates as they pass (honed.jit.config.promote)
+        self.stands_in = stands_in  # offered those that compile nothing (config.stand_in)
         self.promoted: list[tuple[str, Any]] = []
 
     def idle(self) -> bool:
@@ -225,15 +226,29 @@ class WrongHere(Backend):
         return _OffHere(module)
 
 
-@pytest.mark.parametrize("promotes", [True, False])
+class StandsIn(Backend):
+    """Good, declared as compiling nothing (as CUDA graphs over eager are)."""
+
+    stands_in = True
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        return module
+
+
+@pytest.mark.parametrize(("promotes", "stands_in"), [(True, False), (False, True), (False, False)])
 def test_beside_a_program_a_candidate_built_while_others_build_is_promoted_at_once(
-    isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, promotes: bool
+    isolated: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    promotes: bool,
+    stands_in: bool,
 ) -> None:
     """A candidate whose build ends while others still build is installed and checked at once
     and offered to the program's calls (ProgramCalls.promote): they may run it meanwhile. One
     that fails its check here is not offered; the last one built is measured with the rest.
     Where the program's view does not ask for it (honed.jit.config.promote off), each is
-    installed only once all are built."""
+    installed only once all are built; but one that compiles nothing (Backend.stands_in) is
+    offered where the view asks for those (honed.jit.config.stand_in)."""
     from honed.pipeline.graph_tuner import GraphTuner
     from honed.pipeline.tuner import Tuner
 
@@ -248,25 +263,29 @@ def test_beside_a_program_a_candidate_built_while_others_build_is_promoted_at_on
     monkeypatch.setattr(GraphTuner, "_install", counted)
     torch.manual_seed(0)
     model = honed.Module(TinyMLP().eval(), "m")
-    strategy = honed.MaxThroughputStrategy([Good(), WrongHere(), BuiltLast()])
-    program = Program(promotes=promotes)
+    strategy = honed.MaxThroughputStrategy([Good(), StandsIn(), WrongHere(), BuiltLast()])
+    program = Program(promotes=promotes, stands_in=stands_in)
     report = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=program).run(
         model, batches(4, 4), []
     )
     rows = {c.name: c for c in report.graphs[0].candidates}
-    if promotes:
-        assert [label for label, _ in program.promoted] == ["Good"]
-        ((_, arm),) = program.promoted
-        x = batches(4, seed=1)[0]
-        torch.testing.assert_close(arm(x), model.module(x))  # installed here, from the worker
-    else:
-        assert program.promoted == []
+    expected = ["Good", "StandsIn"] if promotes else ["StandsIn"] if stands_in else []
+    assert sorted(label for label, _ in program.promoted) == expected
+    x = batches(4, seed=1)[0]
+    for _, arm in program.promoted:  # installed here, from the worker
+        torch.testing.assert_close(arm(x), model.module(x))
     assert rows["WrongHere"].status == "rejected"
     assert "checked in this process before installing" in rows["WrongHere"].reason
-    # Good was installed once (when promoted) and measured with the last one built.
-    assert sorted(installs) == ["BuiltLast", "Good", "WrongHere"]
-    assert [label for label, _ in program.arms] == ["TorchEagerBackend", "Good", "BuiltLast"]
-    assert rows["Good"].status == rows["BuiltLast"].status == "ok"
+    # Each was installed once (the promoted ones when promoted) and measured with the last
+    # one built.
+    assert sorted(installs) == ["BuiltLast", "Good", "StandsIn", "WrongHere"]
+    assert [label for label, _ in program.arms] == [
+        "TorchEagerBackend",
+        "Good",
+        "StandsIn",
+        "BuiltLast",
+    ]
+    assert rows["Good"].status == rows["StandsIn"].status == rows["BuiltLast"].status == "ok"
 
 
 @pytest.mark.parametrize("beside", [True, False])

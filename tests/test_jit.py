@@ -112,26 +112,63 @@ def test_config_defaults_come_from_honed_config() -> None:
             pass
 
 
-def test_jit_default_candidates_capture_no_cuda_graphs() -> None:
-    """JIT installs on its own thread beside the program's CUDA work: its defaults leave out the
-    candidates whose install captures CUDA graphs; named explicitly, they are still tried."""
+def test_jit_default_candidates_leave_out_inductors_cuda_graph_trees_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """JIT installs on its own thread beside the program's CUDA work: its defaults leave out
+    Inductor's modes that record CUDA-graph trees there; honed's own captures (CUDA graphs
+    over eager, AOTInductor's) stay, the first as stand-ins that compile nothing. Named
+    explicitly, the others are still tried."""
+    from honed.backend.base import Availability
     from honed.backend.cuda_graphs import CudaGraphsBackend
-    from honed.jit.strategy import captures_cuda_graphs
+    from honed.jit.strategy import records_graph_trees
 
+    # listed as on a machine with CUDA (the list leaves out what cannot run here)
+    monkeypatch.setattr(CudaGraphsBackend, "available", classmethod(lambda cls: Availability(True)))
     cuda = torch.device("cuda")
-    names = [b.name for b in honed.jit.JitConfig().tune_strategy().backends(cuda)]
+    listed = honed.jit.JitConfig().tune_strategy().backends(cuda)
+    names = [b.name for b in listed]
     every = honed.MaxThroughputStrategy().backends(cuda)
-    assert any(captures_cuda_graphs(b) for b in every)
-    assert names == [b.name for b in every if not captures_cuda_graphs(b)]
-    # AOTInductor's CUDA graphs are honed's own thread-local captures, made on JIT's thread.
+    assert any(records_graph_trees(b) for b in every)
+    assert names == [b.name for b in every if not records_graph_trees(b)]
+    assert not [n for n in names if "reduce-overhead" in n]
     assert "TorchInductorAotBackend(bf16 weights, CUDA graphs)" in names
-    assert not [n for n in names if "reduce-overhead" in n or n.startswith("CudaGraphs")]
+    stand_ins = [b.name for b in listed if b.stands_in]
+    assert stand_ins == [
+        "CudaGraphsBackend",
+        "CudaGraphsBackend(autocast_enabled=True, autocast_dtype=bfloat16)",
+    ]
+    assert all(isinstance(b, CudaGraphsBackend) for b in listed if b.stands_in)
     cpu = torch.device("cpu")
     assert [b.name for b in honed.jit.JitConfig().tune_strategy().backends(cpu)] == [
         b.name for b in honed.MaxThroughputStrategy().backends(cpu)
     ]
     named = honed.jit.JitConfig(backends=[CudaGraphsBackend()]).tune_strategy()
     assert [type(b) for b in named.backends(cuda)] == [CudaGraphsBackend]
+
+
+def test_the_tunes_view_of_the_program_offers_stand_ins_as_configured() -> None:
+    """honed.jit.config.stand_in (on by default) and promote reach the tune's view of the
+    program (honed.jit.live.ProgramCalls), which GraphTuner._promote asks."""
+    from honed.jit.hierarchy import Node
+    from honed.jit.tuner import _program_calls
+
+    model = TinyMLP().eval()
+    node = Node(model, None)
+    dataset = [((batches(1, 4)[0],), {})]
+    # (this file's tunes wait and the tests turn the live choice off; the figures must outlive
+    # the run: the cache on)
+    with (
+        honed.config.patch(cache_enabled=True),
+        honed.jit.config.patch(live_choice=True, wait=False),
+    ):
+        calls = _program_calls(node, dataset)
+        assert (calls.stands_in, calls.promotes) == (True, False)
+        with honed.jit.config.patch(stand_in=False, promote=True):
+            calls = _program_calls(node, dataset)
+        assert (calls.stands_in, calls.promotes) == (False, True)
+        with honed.jit.config.patch(live_choice=False):
+            assert _program_calls(node, dataset) is None  # no view: nothing is offered
 
 
 def test_config_from_environment_variables() -> None:
@@ -151,13 +188,14 @@ def test_config_from_environment_variables() -> None:
         HONED_JIT_WAIT="1",
         HONED_JIT_TIME_BUDGET_S="30",
         HONED_JIT_BATCH_HEADROOM="4",
+        HONED_JIT_STAND_IN="0",
     )
     code = (
         "import json, honed.jit as j; c = j.config; print(json.dumps([c.min_samples, "
         "c.skip_modules, c.detect_graph_breaks, c.max_depth_level, c.min_parameters, "
         "c.batch_axis_required, c.dry_run, c.device, c.cache_dir, "
         "[type(b).__name__ for b in c.backends], c.retune_on_new_shapes, c.wait, "
-        "c.time_budget_s, c.batch_headroom]))"
+        "c.time_budget_s, c.batch_headroom, c.stand_in]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
@@ -177,6 +215,7 @@ def test_config_from_environment_variables() -> None:
         True,
         30.0,
         4,
+        False,
     ]
     fresh = honed.jit.JitConfig()
     assert fresh.retune_on_new_shapes is True and fresh.wait is False

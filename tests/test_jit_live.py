@@ -750,6 +750,64 @@ def test_a_candidate_built_first_answers_the_calls_while_the_rest_build(
         assert honed.jit.roots() == [root]
 
 
+class CountsForward(Slow):
+    """Slow, counting its forward calls in this process (a CUDA graph's replay makes none)."""
+
+    forwards = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        CountsForward.forwards += 1
+        return super().forward(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.serial
+def test_cuda_graphs_over_eager_stand_in_for_the_program_while_the_rest_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With promote off (the default) but stand_in on (the default), CUDA graphs over eager,
+    which compile nothing, are captured in the program's process as soon as a worker has
+    checked them, win their trial on the program's calls (eager sleeps on the host; a replay
+    does not) and answer the calls while the other candidate builds: the module's forward
+    runs no more, and every answer is eager's. At the tune's end the record says what answered
+    meanwhile."""
+    from honed.backend.cuda_graphs import CudaGraphsBackend
+
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("HONED_TEST_GATE", str(gate))
+    torch.manual_seed(0)
+    model = CountsForward().eval().cuda()
+    x = batches(4, seed=1)[0].cuda()
+    with torch.no_grad():
+        want = model.body(x)
+    deadline = time.monotonic() + 120
+    with (
+        _live_jit(tmp_path / "jit-cache", CudaGraphsBackend(), wait=False, also=(BuiltOnCue(),)),
+        honed.jit.config.patch(stability_tolerance=1.0),
+        torch.no_grad(),
+    ):
+        assert (honed.jit.config.promote, honed.jit.config.stand_in) == (False, True)
+        while not [line for line in honed.jit.history() if "while the tune goes on" in line]:
+            torch.testing.assert_close(model(x), want)
+            assert time.monotonic() < deadline, "\n".join(honed.jit.history())
+        (root,) = honed.jit.roots()
+        assert isinstance(root.trial, live.Route) and root.trial.label == "CudaGraphsBackend"
+        forwards = CountsForward.forwards
+        for _ in range(50):
+            torch.testing.assert_close(model(x), want)
+        assert CountsForward.forwards == forwards  # replays answered, the other still builds
+        (record,) = honed.jit.tunes()
+        assert record.status == "running"
+        gate.touch()
+        while honed.jit.tunes()[0].status == "running":
+            torch.testing.assert_close(model(x), want)
+            assert time.monotonic() < deadline, "\n".join(honed.jit.history())
+        (record,) = honed.jit.tunes()
+        assert ", then CudaGraphsBackend," in record.line()
+        assert root.trial is None
+        torch.testing.assert_close(model(x), want)
+
+
 def _held_elsewhere(lock: Any) -> bool:
     """Whether another thread holds ``lock`` (asked from a thread of its own)."""
     free: list[bool] = []

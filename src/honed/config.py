@@ -510,6 +510,13 @@ jit_live_choice: bool = _flag("jit_live_choice", "HONED_JIT_LIVE_CHOICE", True, 
 # (docs/jit.md).
 jit_promote: bool = _flag("jit_promote", "HONED_JIT_PROMOTE", False, _Bool())
 
+# While the program calls, a candidate that compiles nothing (CUDA graphs over eager: a capture of
+# eager's own kernels, ready seconds into the tune) is promoted as above even with jit_promote
+# off: on a GPU its replays answer the program's calls while the packages build, with a call's
+# CPU time a fraction of eager's, which a slow vCPU or a compile beside it stretches past twice
+# eager's time less often (docs/jit.md).
+jit_stand_in: bool = _flag("jit_stand_in", "HONED_JIT_STAND_IN", True, _Bool())
+
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the
 # largest batch seen (rounded up to a power of two), so a few small first calls do not lock the
 # tuned range to small batches (1 = only the batch sizes seen).

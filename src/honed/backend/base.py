@@ -173,6 +173,10 @@ class Backend:
     # engine): honed.load then needs a trusted signature (docs/trust.md). Payload backends count
     # as native unless they declare otherwise.
     native_payload: ClassVar[bool] = True
+    # True when its build compiles nothing: its variant is the module's own kernels, captured in
+    # a moment (CUDA graphs over eager). Beside a calling program (JIT), such a candidate may
+    # answer the program's calls while the compiling ones build (honed.jit.config.stand_in).
+    stands_in: ClassVar[bool] = False
     # True when the C++ runtime (libhoned_runtime, honed-run) can run the saved payload;
     # honed.tune(target="cpp") keeps only such backends.
     cpp_runnable: ClassVar[bool] = False

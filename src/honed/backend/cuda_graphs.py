@@ -112,6 +112,7 @@ class CudaGraphsBackend(Backend):
     portability = 1
     build_cost = 1
     jit = True  # a new signature is captured on its first call
+    stands_in = True  # a capture of eager's own kernels: no compile
     config: CudaGraphsBackendConfig
 
     def tolerance(self) -> Tolerance | None:

@@ -62,6 +62,9 @@ class JitConfig:
         promote: while the program calls, a candidate built while others still build is
             installed at once and, when the program's calls show it faster than what answers
             them, answers them until the tune ends (honed.jit.live.ProgramCalls.promote).
+        stand_in: the same for the candidates that compile nothing (CUDA graphs over eager)
+            even with ``promote`` off: they are ready seconds into a tune, and answer the
+            program's calls while the compiling candidates build (on by default).
         stability_tolerance: how far the medians of a measurement's last windows may differ
             in a JIT tune (when larger than honed.config.stability_tolerance): the program's
             own calls share the device with the measuring worker.
@@ -101,6 +104,7 @@ class JitConfig:
     )
     live_choice: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_live_choice))
     promote: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_promote))
+    stand_in: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_stand_in))
     stability_tolerance: float = dataclasses.field(
         default_factory=lambda: _copy(_flags.jit_stability_tolerance)
     )

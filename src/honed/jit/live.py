@@ -384,6 +384,7 @@ class ProgramCalls:
     give up (the program ends); ``waiting()``: whether the program waits for JIT.
 
     ``promotes``: whether the tune offers a candidate built while others build (``promote``);
+    ``stands_in``: whether it offers those that compile nothing, promotes or not (``stand_in``);
     ``route``: the variant promoted so far, which answers the calls between the tune's
     measurements until ``end_route``; ``routed`` lists each promotion as (label, the module's
     call count then)."""
@@ -396,9 +397,11 @@ class ProgramCalls:
         stopped: Callable[[], bool],
         waiting: Callable[[], bool] = lambda: False,
         promotes: bool = False,
+        stands_in: bool = False,
     ) -> None:
         self.node = node
         self.promotes = promotes
+        self.stands_in = stands_in
         self.device_type = device_type
         self.quiet = quiet
         self.stopped = stopped

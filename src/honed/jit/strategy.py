@@ -5,31 +5,30 @@ from __future__ import annotations
 import torch
 
 from honed.backend.base import Backend, GraphInfo
-from honed.backend.cuda_graphs import CudaGraphsBackend
 from honed.backend.registry import installed_only
 from honed.backend.torch_inductor import TorchInductorBackend
 from honed.tune_strategy import MaxThroughputStrategy
 
 
-def captures_cuda_graphs(backend: Backend) -> bool:
-    """Whether installing ``backend``'s variant captures CUDA graphs in this process: CUDA
-    graphs over eager, and Inductor's modes with CUDA graphs (reduce-overhead, max-autotune)."""
-    if isinstance(backend, CudaGraphsBackend):
-        return True
+def records_graph_trees(backend: Backend) -> bool:
+    """Whether ``backend``'s variant records Inductor's CUDA-graph trees (reduce-overhead,
+    max-autotune), which honed does not capture itself."""
     if isinstance(backend, TorchInductorBackend):
         return backend.config.mode in ("reduce-overhead", "max-autotune")
     return False
 
 
 class JitDefaultStrategy(MaxThroughputStrategy):
-    """honed's default candidates, less those whose install captures CUDA graphs.
+    """honed's default candidates, less Inductor's modes that record CUDA-graph trees.
 
     JIT installs a winner on its own thread while the program keeps running CUDA work on its
-    thread: on the H100 the BERT script of issue 23 crashed with "operation not permitted when
-    stream is capturing" while JIT installed a CUDA-graph variant, and Inductor's CUDA-graph
-    trees recorded on JIT's thread failed on the program's. AOTInductor's CUDA graphs stay:
-    honed captures them itself in thread-local mode. Naming the others in
-    ``honed.jit.config.backends`` still tries them.
+    thread. Inductor's CUDA-graph trees recorded on JIT's thread failed on the program's, so
+    reduce-overhead and max-autotune are left out (named in ``honed.jit.config.backends`` they
+    are still tried). honed's own captures stay, AOTInductor's CUDA graphs and CUDA graphs over
+    eager: they are made in thread-local mode, and the program's ``torch.cuda.synchronize``
+    waits for them (honed.backend.cuda_graphs.guard_synchronize), where the program's device-wide
+    synchronize during a capture once failed both. CUDA graphs over eager compile nothing: they
+    answer the program's calls while the packages build (honed.jit.config.stand_in).
     """
 
     def backends(self, device: torch.device, graph: GraphInfo | None = None) -> list[Backend]:
@@ -37,4 +36,4 @@ class JitDefaultStrategy(MaxThroughputStrategy):
         # worker that builds it, not here (registry.installed_only)
         with installed_only():
             listed = super().backends(device, graph)
-        return [b for b in listed if not captures_cuda_graphs(b)]
+        return [b for b in listed if not records_graph_trees(b)]

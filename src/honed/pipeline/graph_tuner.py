@@ -106,6 +106,7 @@ class ProgramCalls(Protocol):
         ...
 
     promotes: bool  # whether the tune offers candidates to the calls as they pass (promote)
+    stands_in: bool  # whether it offers those that compile nothing (Backend.stands_in) anyway
 
     def promote(self, label: str, arm: Module, sample: Sample) -> None:
         """Judge ``arm`` (one checked candidate installed) against what answers the program's
@@ -829,12 +830,13 @@ class GraphTuner:
         build and install, and their installs' stalls fall on calls that much shorter. One
         whose install compiles here (torch.compile) waits for the end, as there
         (_measure_on_program). Only where the program's view asks for it (``promotes``:
-        honed.jit.config.promote)."""
+        honed.jit.config.promote), or, for a candidate that compiles nothing
+        (``Backend.stands_in``), ``stands_in`` (honed.jit.config.stand_in)."""
         live = self.ctx.live
+        if live is None or not (live.promotes or (outcome.backend.stands_in and live.stands_in)):
+            return
         if (
-            live is None
-            or not live.promotes
-            or outcome.is_baseline
+            outcome.is_baseline
             or outcome.status != "ok"
             or not outcome.deferred
             or _compiles_here(outcome.backend)
@@ -1046,8 +1048,9 @@ def capped(samples: list[float], cap: int = 2000) -> list[float]:
 
 
 def _compiles_here(backend: Backend) -> bool:
-    """Whether installing ``backend``'s build in this process compiles (torch.compile)."""
-    return bool(backend.jit) and backend.expected_build_cost() >= 1
+    """Whether installing ``backend``'s build in this process compiles (torch.compile); a
+    capture of eager's kernels (CUDA graphs) compiles nothing."""
+    return bool(backend.jit) and backend.expected_build_cost() >= 1 and not backend.stands_in
 
 
 def _installs_without_compiling(outcomes: Iterable[Outcome]) -> list[str]:
