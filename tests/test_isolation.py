@@ -125,11 +125,16 @@ class Program:
     """What a JIT tune runs beside (graph_tuner.ProgramCalls), always calling: its calls take
     2 ms on eager and 1 ms on any variant built from the tune."""
 
-    def __init__(self, promotes: bool = False, stands_in: bool = False) -> None:
+    def __init__(self, promotes: bool = False, stand_ins: bool = False) -> None:
         self.arms: list[tuple[str, Any]] = []
         self.promotes = promotes  # offered candidates as they pass (honed.jit.config.promote)
-        self.stands_in = stands_in  # offered those that compile nothing (config.stand_in)
+        self.stand_ins = stand_ins  # offered those that compile nothing (config.stand_in)
+        self.asked: list[tuple[str, float | None]] = []  # stands_in's questions
         self.promoted: list[tuple[str, Any]] = []
+
+    def stands_in(self, label: str, quickest_ms: float | None) -> bool:
+        self.asked.append((label, quickest_ms))
+        return True
 
     def idle(self) -> bool:
         return False
@@ -264,13 +269,18 @@ def test_beside_a_program_a_candidate_built_while_others_build_is_promoted_at_on
     torch.manual_seed(0)
     model = honed.Module(TinyMLP().eval(), "m")
     strategy = honed.MaxThroughputStrategy([Good(), StandsIn(), WrongHere(), BuiltLast()])
-    program = Program(promotes=promotes, stands_in=stands_in)
+    program = Program(promotes=promotes, stand_ins=stands_in)
     report = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=program).run(
         model, batches(4, 4), []
     )
     rows = {c.name: c for c in report.graphs[0].candidates}
     expected = ["Good", "StandsIn"] if promotes else ["StandsIn"] if stands_in else []
     assert sorted(label for label, _ in program.promoted) == expected
+    # asked only of a stand-in offered as such, with its worker's quickest check run
+    assert [label for label, _ in program.asked] == (
+        ["StandsIn"] if expected == ["StandsIn"] else []
+    )
+    assert all(ms is not None and ms > 0 for _, ms in program.asked)
     x = batches(4, seed=1)[0]
     for _, arm in program.promoted:  # installed here, from the worker
         torch.testing.assert_close(arm(x), model.module(x))

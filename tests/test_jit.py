@@ -163,10 +163,10 @@ def test_the_tunes_view_of_the_program_offers_stand_ins_as_configured() -> None:
         honed.jit.config.patch(live_choice=True, wait=False),
     ):
         calls = _program_calls(node, dataset)
-        assert (calls.stands_in, calls.promotes) == (True, False)
+        assert (calls.stand_ins, calls.promotes) == (True, False)
         with honed.jit.config.patch(stand_in=False, promote=True):
             calls = _program_calls(node, dataset)
-        assert (calls.stands_in, calls.promotes) == (False, True)
+        assert (calls.stand_ins, calls.promotes) == (False, True)
         with honed.jit.config.patch(live_choice=False):
             assert _program_calls(node, dataset) is None  # no view: nothing is offered
 

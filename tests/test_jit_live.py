@@ -750,6 +750,34 @@ def test_a_candidate_built_first_answers_the_calls_while_the_rest_build(
         assert honed.jit.roots() == [root]
 
 
+def test_a_stand_in_is_offered_only_where_its_check_ran_quicker_than_the_programs_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A candidate that compiles nothing stands in only where its quickest check run took less
+    than the program's last call (the call clock's third slot, seconds): CUDA graphs over a
+    model the GPU bounds are no quicker, and their install would only add runs beside the
+    calls. The history says why one did not; without a clock or a figure, it is offered."""
+    from honed.jit.hierarchy import Node
+    from honed.pipeline import courtesy
+
+    honed.jit.reset()
+    model = Slow()
+    calls = live.ProgramCalls(Node(model, None), "cuda", lambda s: False, lambda: False)
+    monkeypatch.setattr(courtesy, "CALL_CLOCK", [None])
+    assert calls.call_ms() is None
+    assert calls.stands_in("CudaGraphsBackend", 7.9)  # no clock: nothing to go by
+    monkeypatch.setattr(courtesy, "CALL_CLOCK", [[10.0, 10.0071, 0.0071]])
+    assert calls.call_ms() == pytest.approx(7.1)
+    assert calls.stands_in("CudaGraphsBackend(bf16)", 1.64)
+    assert calls.stands_in("CudaGraphsBackend(bf16)", None)
+    assert honed.jit.history() == []
+    assert not calls.stands_in("CudaGraphsBackend", 7.9)
+    (line,) = honed.jit.history()
+    assert "CudaGraphsBackend does not stand in for Slow" in line
+    assert "7.90 ms, the program's last call 7.10 ms" in line
+    honed.jit.reset()
+
+
 class CountsForward(Slow):
     """Slow, counting its forward calls in this process (a CUDA graph's replay makes none)."""
 

@@ -384,7 +384,8 @@ class ProgramCalls:
     give up (the program ends); ``waiting()``: whether the program waits for JIT.
 
     ``promotes``: whether the tune offers a candidate built while others build (``promote``);
-    ``stands_in``: whether it offers those that compile nothing, promotes or not (``stand_in``);
+    ``stand_ins``: whether it offers those that compile nothing, promotes or not (``stand_in``),
+    where ``stands_in`` finds one worth it;
     ``route``: the variant promoted so far, which answers the calls between the tune's
     measurements until ``end_route``; ``routed`` lists each promotion as (label, the module's
     call count then)."""
@@ -397,11 +398,11 @@ class ProgramCalls:
         stopped: Callable[[], bool],
         waiting: Callable[[], bool] = lambda: False,
         promotes: bool = False,
-        stands_in: bool = False,
+        stand_ins: bool = False,
     ) -> None:
         self.node = node
         self.promotes = promotes
-        self.stands_in = stands_in
+        self.stand_ins = stand_ins
         self.device_type = device_type
         self.quiet = quiet
         self.stopped = stopped
@@ -431,6 +432,28 @@ class ProgramCalls:
             return None
         rounds = rounds_of(turns)
         return [Turns(*turns_of(arm, rounds)) for arm in turns]
+
+    def call_ms(self) -> float | None:
+        """The program's last complete outermost call (ms), by its call clock; None where
+        no clock is open (a tune beside a CPU program) or no call ended since."""
+        from honed.pipeline.courtesy import CALL_CLOCK
+
+        view = CALL_CLOCK[0]
+        return view[2] * 1e3 if view is not None and view[2] > 0.0 else None
+
+    def stands_in(self, label: str, quickest_ms: float | None) -> bool:
+        """Whether a candidate that compiles nothing is worth its install and trial as a stand-in:
+        its quickest check run (``quickest_ms``, a worker's, beside the program) was quicker
+        than the program's last call. One no quicker (CUDA graphs over a model whose calls the
+        GPU bounds) would only add its install's runs beside the calls; the history says so."""
+        now = self.call_ms()
+        if quickest_ms is None or now is None or quickest_ms < now:
+            return True
+        add_step(
+            f"{label} does not stand in for {self.node.short()}'s calls: its quickest check run "
+            f"took {quickest_ms:.2f} ms, the program's last call {now:.2f} ms"
+        )
+        return False
 
     def promote(self, label: str, wrapper: Any, sample: Any) -> None:
         """Judge ``wrapper`` (a honed.Module with one checked candidate installed) against what

@@ -572,7 +572,7 @@ def _program_calls(node: Node, dataset: list[Any]) -> Any:
         background.exiting,
         background.waited_on,
         promotes=config.promote,
-        stands_in=config.stand_in,
+        stand_ins=config.stand_in,
     )
 
 

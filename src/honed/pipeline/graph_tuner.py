@@ -106,7 +106,12 @@ class ProgramCalls(Protocol):
         ...
 
     promotes: bool  # whether the tune offers candidates to the calls as they pass (promote)
-    stands_in: bool  # whether it offers those that compile nothing (Backend.stands_in) anyway
+    stand_ins: bool  # whether it offers those that compile nothing (Backend.stands_in) anyway
+
+    def stands_in(self, label: str, quickest_ms: float | None) -> bool:
+        """Whether a candidate that compiles nothing, its quickest check run ``quickest_ms``,
+        is worth offering as a stand-in (``promotes`` off)."""
+        ...
 
     def promote(self, label: str, arm: Module, sample: Sample) -> None:
         """Judge ``arm`` (one checked candidate installed) against what answers the program's
@@ -831,9 +836,10 @@ class GraphTuner:
         whose install compiles here (torch.compile) waits for the end, as there
         (_measure_on_program). Only where the program's view asks for it (``promotes``:
         honed.jit.config.promote), or, for a candidate that compiles nothing
-        (``Backend.stands_in``), ``stands_in`` (honed.jit.config.stand_in)."""
+        (``Backend.stands_in``), ``stand_ins`` (honed.jit.config.stand_in) where its check ran
+        quicker than the program's calls (ProgramCalls.stands_in)."""
         live = self.ctx.live
-        if live is None or not (live.promotes or (outcome.backend.stands_in and live.stands_in)):
+        if live is None or not (live.promotes or (outcome.backend.stands_in and live.stand_ins)):
             return
         if (
             outcome.is_baseline
@@ -842,6 +848,8 @@ class GraphTuner:
             or _compiles_here(outcome.backend)
             or self.ctx.out_of_time()
         ):
+            return
+        if not live.promotes and not live.stands_in(outcome.backend.name, outcome.check_ms):
             return
         if not self._installed_here(outcome):
             return
