@@ -87,6 +87,8 @@ class TuneRecord:
         budget = f", budget {self.budget_s:g}s" if self.budget_s else ""
         head = f"{self.module} ({self.reason}{budget}) beside the program"
         meanwhile = f"{self.calls_meanwhile} call(s) ran {self.ran_meanwhile} meanwhile"
+        if " until call " in self.ran_meanwhile:  # a variant answered from a call on
+            meanwhile = f"{self.calls_meanwhile} call(s) ran meanwhile: {self.ran_meanwhile}"
         if self.status in ("installed", "eager"):
             outcome = (
                 f"selected {self.selected} on {self.evidence}"

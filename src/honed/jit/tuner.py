@@ -386,7 +386,7 @@ def _tune(
             record.tried = _tried_so_far(tuner)
             if calls is not None and calls.routed:
                 label, at = calls.routed[-1]
-                record.ran_meanwhile += f" until call {at}, then {label},"
+                record.ran_meanwhile += f" until call {at}, then {label}"
         if isinstance(error, TuneCancelled):
             took = time.perf_counter() - started
             _cancelled(node, record, tuner.cancel_reason or str(error), took)
