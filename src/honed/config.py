@@ -512,9 +512,10 @@ jit_promote: bool = _flag("jit_promote", "HONED_JIT_PROMOTE", False, _Bool())
 
 # While the program calls, a candidate that compiles nothing (CUDA graphs over eager: a capture of
 # eager's own kernels, ready seconds into the tune) is promoted as above even with jit_promote
-# off: on a GPU its replays answer the program's calls while the packages build, with a call's
-# CPU time a fraction of eager's, which a slow vCPU or a compile beside it stretches past twice
-# eager's time less often (docs/jit.md).
+# off, where its worker's check ran quicker than the program's last call: on a GPU its replays
+# answer the program's calls while the packages build, with a call's CPU time a fraction of
+# eager's, which a slow vCPU or a compile beside it stretches past twice eager's time less
+# often (docs/jit.md).
 jit_stand_in: bool = _flag("jit_stand_in", "HONED_JIT_STAND_IN", True, _Bool())
 
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the
