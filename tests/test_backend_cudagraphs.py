@@ -287,6 +287,40 @@ class TestOnCuda:
         torch.testing.assert_close(out, ref, atol=5e-2, rtol=5e-2)
         torch.testing.assert_close(out, ref_bf16.float())
 
+    @pytest.mark.parametrize("known", [True, False])
+    def test_autocast_learns_eagers_dtypes_from_the_tunes_output_where_it_holds_one(
+        self, known: bool
+    ) -> None:
+        """Under autocast the capture casts back to the dtypes eager returns: taken from the
+        tune's output for the sample where it holds one (backend.base.known_outputs: a JIT
+        program's own outputs), without one more eager call beside the program; else from
+        that call. The answer is the same either way."""
+        from honed.backend.base import known_outputs
+
+        model = _cuda_mlp()
+        calls: list[torch.dtype] = []  # the dtype each forward call computed in
+        model.fc1.register_forward_hook(lambda m, i, o: calls.append(o.dtype))
+        sample = Sample((_x(4),), {})
+        with torch.no_grad():
+            reference = model(*sample.args)
+        calls.clear()
+        config = CudaGraphsBackendConfig(autocast_enabled=True, autocast_dtype=torch.bfloat16)
+        backend = CudaGraphsBackend(config)
+        info = GraphInfo(torch.device("cuda"))
+        if known:
+            with known_outputs([sample], [reference]):
+                fn = backend.build_graph(model, [sample], info)
+        else:
+            fn = backend.build_graph(model, [sample], info)
+        # the warm-up calls and the capture under autocast; the fp32 call only where unknown
+        want = [torch.bfloat16] * (config.warmup_iters + 1)
+        assert calls == (want if known else [torch.float32, *want])
+        x = _x(4, 5)
+        out = fn(x)
+        assert out.dtype == torch.float32
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            torch.testing.assert_close(out, model(x).float())
+
     def test_non_tensor_arguments_and_nested_outputs(self) -> None:
         torch.manual_seed(0)
         model = Scaled().cuda().eval()

@@ -298,6 +298,66 @@ def test_beside_a_program_a_candidate_built_while_others_build_is_promoted_at_on
     assert rows["Good"].status == rows["StandsIn"].status == rows["BuiltLast"].status == "ok"
 
 
+class CountsForward(TinyMLP):
+    """TinyMLP counting its forward calls in this process."""
+
+    forwards = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        CountsForward.forwards += 1
+        return super().forward(x)
+
+
+LEARNED: list[int] = []  # the model's forward calls each install here made to learn eager's output
+
+
+class _Unshippable:
+    """``module``, holding a lock: it does not pickle, so the tune's process builds it again
+    (as a CUDA graph's capture is)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        import threading
+
+        self.module, self.lock = module, threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+
+class LearnsFromEager(Backend):
+    """Builds the module as it is, after learning what eager returns (as a bf16 candidate
+    learns its output dtypes: backend.base.eager_output)."""
+
+    def build(self, module: torch.nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        from honed.backend.base import eager_output
+
+        before = CountsForward.forwards
+        eager_output(module, example_inputs[0])
+        if _in_the_tunes_process():
+            LEARNED.append(CountsForward.forwards - before)
+        return _Unshippable(module)
+
+
+def test_an_install_here_learns_what_eager_returns_from_the_references(
+    isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate shipped without a payload is built again in the tune's process to install
+    it; what it learns from eager's output there comes from the tune's references (beside a
+    JIT program: the program's own outputs), not from an eager run of its own."""
+    from honed.pipeline.tuner import Tuner
+
+    monkeypatch.setenv("HONED_TEST_TUNE_PID", str(os.getpid()))
+    LEARNED.clear()
+    torch.manual_seed(0)
+    model = honed.Module(CountsForward().eval(), "m")
+    strategy = honed.MaxThroughputStrategy([LearnsFromEager()])
+    report = Tuner(strategy, isolation="process", cache_dir=tmp_path, live=Program()).run(
+        model, batches(4, 4), []
+    )
+    assert report.selected() == ["LearnsFromEager"]
+    assert LEARNED == [0]  # installed here once, and learned without running the model
+
+
 @pytest.mark.parametrize("beside", [True, False])
 def test_beside_a_program_eager_runs_in_no_worker_and_the_workers_space_their_runs(
     isolated: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, beside: bool

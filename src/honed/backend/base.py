@@ -50,16 +50,25 @@ def known_outputs(samples: Sequence[Sample], outputs: Sequence[Any]) -> Iterator
         _KNOWN_OUTPUTS.reset(token)
 
 
+def known_output(sample: Sample) -> tuple[bool, Any]:
+    """(True, eager's output for ``sample``) where the tune holds it (``known_outputs``),
+    else (False, None): nothing is run."""
+    known = _KNOWN_OUTPUTS.get()
+    if known is not None:
+        for s, out in zip(*known, strict=False):
+            if s is sample:
+                return True, out
+    return False, None
+
+
 def eager_output(module: torch.nn.Module, sample: Sample) -> Any:
     """Eager's output of ``module`` for ``sample``, for what a build learns from it (output
     dtypes, structure): the one the tune holds when ``sample`` is one of its samples, else one
     eager run. Beside a program on a GPU such a run holds the program's calls back for as long
     as it lasts (the GPU time-slices the worker's context with the program's)."""
-    known = _KNOWN_OUTPUTS.get()
-    if known is not None:
-        for s, out in zip(*known, strict=False):
-            if s is sample:
-                return out
+    found, out = known_output(sample)
+    if found:
+        return out
     with torch.no_grad():
         return module(*sample.args, **sample.kwargs)
 

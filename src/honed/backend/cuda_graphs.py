@@ -35,7 +35,14 @@ from honed.backend._precision import (
     tolerance,
     with_precision,
 )
-from honed.backend.base import Availability, Backend, BackendConfig, GraphInfo, Sample
+from honed.backend.base import (
+    Availability,
+    Backend,
+    BackendConfig,
+    GraphInfo,
+    Sample,
+    known_output,
+)
 from honed.errors import ConfigError, InputError, TuneError
 from honed.pipeline import courtesy
 from honed.pipeline.correctness import Tolerance
@@ -158,8 +165,14 @@ class CudaGraphsBackend(Backend):
             if cfg.precision == "tf32":  # kernels are chosen while capturing
                 stack.enter_context(tf32_enabled())
             for sample in example_inputs:  # capture the recorded signatures now: build time
-                fn.capture_for(sample.args, sample.kwargs)
+                # under autocast, the dtypes eager returns from the tune's own output for the
+                # sample where it holds one, not from an eager run beside the program's calls
+                found, reference = known_output(sample) if cfg.autocast_enabled else (False, None)
+                fn.capture_for(sample.args, sample.kwargs, reference if found else _UNKNOWN)
         return with_precision(fn, cfg.precision, graph.device)
+
+
+_UNKNOWN = object()  # eager's output for a capture's call: not known, run eager to learn it
 
 
 @dataclasses.dataclass
@@ -214,14 +227,18 @@ class CudaGraphed:
             captured.graph.replay()
             return tree_map_only(torch.Tensor, torch.Tensor.clone, captured.static_output)
 
-    def capture_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Capture the graph for this call's signature now (if not captured yet)."""
+    def capture_for(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], eager_out: Any = _UNKNOWN
+    ) -> None:
+        """Capture the graph for this call's signature now (if not captured yet);
+        ``eager_out``: eager's output for this call where the caller knows it (under autocast
+        the capture then runs no eager call to learn the dtypes to cast back to)."""
         from torch.utils._pytree import tree_flatten
 
         leaves, spec = tree_flatten((args, kwargs))
         key = self._key(len(args), kwargs, leaves)
         if self._find(key, spec) is None:
-            self._capture(key, spec, leaves)
+            self._capture(key, spec, leaves, eager_out)
 
     # -- signature ---------------------------------------------------------------------------------
     def _key(self, nargs: int, kwargs: dict[str, Any], leaves: list[Any]) -> tuple[Any, ...]:
@@ -254,7 +271,9 @@ class CudaGraphed:
         with torch.autocast(device_type="cuda", dtype=dtype, cache_enabled=False):
             return self.module(*args, **kwargs)
 
-    def _capture(self, key: tuple[Any, ...], spec: Any, leaves: list[Any]) -> _Captured | None:
+    def _capture(
+        self, key: tuple[Any, ...], spec: Any, leaves: list[Any], eager_out: Any = _UNKNOWN
+    ) -> _Captured | None:
         from torch.utils._pytree import tree_unflatten
 
         cfg = self.config
@@ -274,7 +293,7 @@ class CudaGraphed:
             static_leaves = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
             static_inputs = [x for x in static_leaves if isinstance(x, torch.Tensor)]
             args, kwargs = tree_unflatten(static_leaves, spec)
-            eager_dtypes = self._warm_up(args, kwargs)
+            eager_dtypes = self._warm_up(args, kwargs, eager_out)
             graph = torch.cuda.CUDAGraph()
             try:
                 with (
@@ -306,8 +325,11 @@ class CudaGraphed:
         self.captures += 1
         return captured
 
-    def _warm_up(self, args: Any, kwargs: Any) -> list[torch.dtype | None] | None:
-        """Eager calls on the side stream; under autocast, also the dtypes eager returns.
+    def _warm_up(
+        self, args: Any, kwargs: Any, eager_out: Any = _UNKNOWN
+    ) -> list[torch.dtype | None] | None:
+        """Eager calls on the side stream; under autocast, also the dtypes eager returns (from
+        ``eager_out`` where known, else from one more call, without autocast).
 
         Beside a program (a JIT install, or a worker's build for one) each call is spaced
         (``courtesy.spaced_run``): queued back to back, the warm-up calls of a model slower than
@@ -319,11 +341,12 @@ class CudaGraphed:
         eager_dtypes = None
         with torch.cuda.stream(stream):
             if self.config.autocast_enabled:
-                with courtesy.spaced_run(self.device):
-                    eager_dtypes = [
-                        t.dtype if isinstance(t, torch.Tensor) else None
-                        for t in tree_leaves(self.module(*args, **kwargs))
-                    ]
+                if eager_out is _UNKNOWN:
+                    with courtesy.spaced_run(self.device):
+                        eager_out = self.module(*args, **kwargs)
+                eager_dtypes = [
+                    t.dtype if isinstance(t, torch.Tensor) else None for t in tree_leaves(eager_out)
+                ]
             for _ in range(self.config.warmup_iters):
                 with courtesy.spaced_run(self.device):
                     self._run(*args, **kwargs)

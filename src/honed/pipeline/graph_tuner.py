@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import torch
 
 from honed import _core, config
-from honed.backend.base import Backend, Sample
+from honed.backend.base import Backend, Sample, known_outputs
 from honed.backend.torch_eager import TorchEagerBackend
 from honed.environment import fingerprint
 from honed.errors import CachedPassDeclined, InputError, TuneCancelled
@@ -899,7 +899,9 @@ class GraphTuner:
         """Install ``chosen`` here and check it against eager; "" or what went wrong."""
         references = self.references  # on honed's stream too, where it is beside a program
         try:
-            with own_stream(self.ctx.device):
+            # a build here learns what eager returns from the references, not from an eager
+            # run of its own (beside a JIT program: a call's length of its GIL and GPU)
+            with own_stream(self.ctx.device), known_outputs(self.samples, references):
                 # Eager itself (the default TorchEagerBackend builds the module as it is) needs
                 # no install nor warm run; its check still tells a module that does not answer
                 # as the program's calls did (JIT's references) from one that does.

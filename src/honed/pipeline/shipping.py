@@ -18,6 +18,7 @@ hangs only there fails instead of stopping the tune.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import logging
 import pickle
@@ -250,7 +251,9 @@ def _timed(step: Callable[[], Any], timeout_s: float, backend: Backend) -> Any:
         except BaseException as e:
             box["error"] = e
 
-    thread = threading.Thread(target=run, name="honed-install", daemon=True)
+    # the caller's context goes with it (the eager outputs the tune holds: base.known_outputs)
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(run,), name="honed-install", daemon=True)
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
