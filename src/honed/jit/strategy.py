@@ -29,6 +29,10 @@ class JitDefaultStrategy(MaxThroughputStrategy):
     waits for them (honed.backend.cuda_graphs.guard_synchronize), where the program's device-wide
     synchronize during a capture once failed both. CUDA graphs over eager compile nothing: they
     answer the program's calls while the packages build (honed.jit.config.stand_in).
+
+    Listed likeliest winner first (``Backend.expected_gain``), which the tune's plan keeps among
+    candidates of one build cost: the program runs at a variant's speed only once it is built,
+    and the first free worker builds the first listed.
     """
 
     def backends(self, device: torch.device, graph: GraphInfo | None = None) -> list[Backend]:
@@ -36,4 +40,5 @@ class JitDefaultStrategy(MaxThroughputStrategy):
         # worker that builds it, not here (registry.installed_only)
         with installed_only():
             listed = super().backends(device, graph)
-        return [b for b in listed if not records_graph_trees(b)]
+        kept = [b for b in listed if not records_graph_trees(b)]
+        return sorted(kept, key=lambda b: -b.expected_gain)  # stable: honed's order among equals
