@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -799,6 +800,45 @@ def pinned_summary(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: summary[k] for k in _PINNED_KEYS if k in summary}
 
 
+# A tune's record where a variant answered the calls from some call on (a stand-in, or a
+# candidate promoted): "... ran meanwhile: eager until call K, then X" (", meanwhile" after X in
+# records written before session 34).
+_ANSWERED_FROM = re.compile(r" until call (\d+), then (.+?)(?:, meanwhile)?$")
+
+
+def stand_in(
+    calls: list[list[float]],
+    tunes: list[str],
+    phases: list[list[Any]],
+    eager_ms: float | None,
+) -> dict[str, Any] | None:
+    """The calls a variant answered while the tune went on (its record's "until call K, then
+    X"): from the call after K until the tune's final turns began (its "finalists" phase) or
+    the loop ended, with their median, slowest and count over 2x eager's median; None where no
+    variant answered meanwhile."""
+    found = next((m for line in tunes if (m := _ANSWERED_FROM.search(line))), None)
+    if found is None:
+        return None
+    first = int(found.group(1))
+    until = min((p[0] for p in phases if p[1] == "finalists"), default=float("inf"))
+    answered = [c for c in calls[first:] if c[0] < until]
+    if not answered:
+        return None
+    ms = [c[1] for c in answered]
+    out: dict[str, Any] = {
+        "label": found.group(2),
+        "from_call": first,
+        "from_s": round(answered[0][0], 3),
+        "until_s": round(answered[-1][0], 3),
+        "calls": len(ms),
+        "median_ms": round(statistics.median(ms), 4),
+        "slowest_ms": round(max(ms), 3),
+    }
+    if eager_ms:
+        out["over_2x"] = sum(m > 2 * eager_ms for m in ms)
+    return out
+
+
 def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     calls = data["calls"]
     ms = [c[1] for c in calls]
@@ -944,6 +984,9 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
     ]
     out["hierarchy"] = [s for s in lines if "├─" in s][:3]
     out["candidates"] = data.get("candidates", [])
+    answered = stand_in(calls, out["tunes"], data.get("phases") or [], eager_ms)
+    if answered is not None:
+        out["stand_in"] = answered
     out["stderr_tail"] = lines[-40:]  # what JIT said, for a run whose tune shows nothing
     if "slow_calls" in data:
         out["slow_calls"] = data["slow_calls"]
@@ -1269,6 +1312,14 @@ def main() -> None:
         )
         for line in r["tunes"]:
             print(f"  {line}")
+        if r.get("stand_in"):
+            a = r["stand_in"]
+            print(
+                f"  {a['label']} answered {a['calls']} call(s) meanwhile, {a['from_s']:.1f}-"
+                f"{a['until_s']:.1f} s: median {a['median_ms']:.3f} ms, slowest "
+                f"{a['slowest_ms']:.2f} ms"
+                + (f", {a['over_2x']} over 2x eager" if "over_2x" in a else "")
+            )
         if r.get("pacing"):
             p = r["pacing"]
             print(

@@ -63,6 +63,44 @@ def test_each_call_over_2x_is_listed_with_its_host_and_cpu_time() -> None:
     assert out["slowest_after_first_ms"] == 9.0
 
 
+@pytest.mark.parametrize(
+    "record",
+    [
+        "Tuned M (first tune) beside the program in 9.00s: tried ...; selected A on the "
+        "program's calls; 40 call(s) ran meanwhile: eager until call 10, then CudaGraphs(bf16)",
+        "Tuned M (first tune) beside the program in 9.00s: tried ...; selected A on the "
+        "program's calls; 40 call(s) ran eager until call 10, then CudaGraphs(bf16), meanwhile",
+    ],
+)
+def test_the_calls_a_stand_in_answered_are_summed_up(record: str) -> None:
+    """A tune's record that says a variant answered from call K on (both wordings): the calls
+    after K until the tune's final turns began, their median, slowest and count over 2x."""
+    calls = [[i * 0.1, 7.0] for i in range(10)] + [[1.0 + i * 0.1, 1.5] for i in range(20)]
+    calls[15][1] = 16.0  # a stand-in's call over 2x eager
+    calls += [[3.0 + i * 0.1, 0.9] for i in range(10)]  # the final turns and the winner
+    data = {
+        "calls": calls,
+        "wall_s": 4.0,
+        "stderr": record,
+        "phases": [[0.2, "CudaGraphs(bf16)", "build"], [3.0, "finalists", "on the calls"]],
+    }
+    out = jit_bert.summarize(data, eager_ms=7.0)
+    assert out["stand_in"] == {
+        "label": "CudaGraphs(bf16)",
+        "from_call": 10,
+        "from_s": 1.0,
+        "until_s": 2.9,
+        "calls": 20,
+        "median_ms": 1.5,
+        "slowest_ms": 16.0,
+        "over_2x": 1,
+    }
+    data["stderr"] = (
+        "Tuned M (first tune) beside the program in 9.00s: ...; 40 call(s) ran eager meanwhile"
+    )
+    assert "stand_in" not in jit_bert.summarize(data, eager_ms=7.0)
+
+
 def test_a_slow_calls_cpu_and_kernel_counts_and_the_workers_cpus_are_kept() -> None:
     """Where the program kept them, each call over 2x also carries the CPU it ended on and its
     thread's minor faults, involuntary and voluntary switches; JIT's worker CPUs and the
