@@ -129,10 +129,10 @@ class Program:
         self.arms: list[tuple[str, Any]] = []
         self.promotes = promotes  # offered candidates as they pass (honed.jit.config.promote)
         self.stand_ins = stand_ins  # offered those that compile nothing (config.stand_in)
-        self.asked: list[tuple[str, float | None]] = []  # stands_in's questions
+        self.asked: list[tuple[str, float | None]] = []  # worth_a_stand_in's questions
         self.promoted: list[tuple[str, Any]] = []
 
-    def stands_in(self, label: str, quickest_ms: float | None) -> bool:
+    def worth_a_stand_in(self, label: str, quickest_ms: float | None) -> bool:
         self.asked.append((label, quickest_ms))
         return True
 

@@ -766,13 +766,13 @@ def test_a_stand_in_is_offered_only_where_its_check_ran_quicker_than_the_program
     calls = live.ProgramCalls(Node(model, None), "cuda", lambda s: False, lambda: False)
     monkeypatch.setattr(courtesy, "CALL_CLOCK", [None])
     assert calls.call_ms() is None
-    assert calls.stands_in("CudaGraphsBackend", 7.9)  # no clock: nothing to go by
+    assert calls.worth_a_stand_in("CudaGraphsBackend", 7.9)  # no clock: nothing to go by
     monkeypatch.setattr(courtesy, "CALL_CLOCK", [[10.0, 10.0071, 0.0071]])
     assert calls.call_ms() == pytest.approx(7.1)
-    assert calls.stands_in("CudaGraphsBackend(bf16)", 1.64)
-    assert calls.stands_in("CudaGraphsBackend(bf16)", None)
+    assert calls.worth_a_stand_in("CudaGraphsBackend(bf16)", 1.64)
+    assert calls.worth_a_stand_in("CudaGraphsBackend(bf16)", None)
     assert honed.jit.history() == []
-    assert not calls.stands_in("CudaGraphsBackend", 7.9)
+    assert not calls.worth_a_stand_in("CudaGraphsBackend", 7.9)
     (line,) = honed.jit.history()
     assert "CudaGraphsBackend does not stand in for Slow" in line
     assert "7.90 ms, the program's last call 7.10 ms" in line

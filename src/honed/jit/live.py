@@ -385,7 +385,7 @@ class ProgramCalls:
 
     ``promotes``: whether the tune offers a candidate built while others build (``promote``);
     ``stand_ins``: whether it offers those that compile nothing, promotes or not (``stand_in``),
-    where ``stands_in`` finds one worth it;
+    where ``worth_a_stand_in`` finds one worth it;
     ``route``: the variant promoted so far, which answers the calls between the tune's
     measurements until ``end_route``; ``routed`` lists each promotion as (label, the module's
     call count then)."""
@@ -441,7 +441,7 @@ class ProgramCalls:
         view = CALL_CLOCK[0]
         return view[2] * 1e3 if view is not None and view[2] > 0.0 else None
 
-    def stands_in(self, label: str, quickest_ms: float | None) -> bool:
+    def worth_a_stand_in(self, label: str, quickest_ms: float | None) -> bool:
         """Whether a candidate that compiles nothing is worth its install and trial as a stand-in:
         its quickest check run (``quickest_ms``, a worker's, beside the program) was quicker
         than the program's last call. One no quicker (CUDA graphs over a model whose calls the

@@ -12,10 +12,8 @@ from honed.tune_strategy import MaxThroughputStrategy
 
 def records_graph_trees(backend: Backend) -> bool:
     """Whether ``backend``'s variant records Inductor's CUDA-graph trees (reduce-overhead,
-    max-autotune), which honed does not capture itself."""
-    if isinstance(backend, TorchInductorBackend):
-        return backend.config.mode in ("reduce-overhead", "max-autotune")
-    return False
+    max-autotune, or ``triton.cudagraphs`` asked for), which honed does not capture itself."""
+    return isinstance(backend, TorchInductorBackend) and backend.uses_cudagraphs
 
 
 class JitDefaultStrategy(MaxThroughputStrategy):

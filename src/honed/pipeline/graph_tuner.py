@@ -108,7 +108,7 @@ class ProgramCalls(Protocol):
     promotes: bool  # whether the tune offers candidates to the calls as they pass (promote)
     stand_ins: bool  # whether it offers those that compile nothing (Backend.stands_in) anyway
 
-    def stands_in(self, label: str, quickest_ms: float | None) -> bool:
+    def worth_a_stand_in(self, label: str, quickest_ms: float | None) -> bool:
         """Whether a candidate that compiles nothing, its quickest check run ``quickest_ms``,
         is worth offering as a stand-in (``promotes`` off)."""
         ...
@@ -837,7 +837,7 @@ class GraphTuner:
         (_measure_on_program). Only where the program's view asks for it (``promotes``:
         honed.jit.config.promote), or, for a candidate that compiles nothing
         (``Backend.stands_in``), ``stand_ins`` (honed.jit.config.stand_in) where its check ran
-        quicker than the program's calls (ProgramCalls.stands_in)."""
+        quicker than the program's calls (ProgramCalls.worth_a_stand_in)."""
         live = self.ctx.live
         if live is None or not (live.promotes or (outcome.backend.stands_in and live.stand_ins)):
             return
@@ -849,7 +849,7 @@ class GraphTuner:
             or self.ctx.out_of_time()
         ):
             return
-        if not live.promotes and not live.stands_in(outcome.backend.name, outcome.check_ms):
+        if not live.promotes and not live.worth_a_stand_in(outcome.backend.name, outcome.check_ms):
             return
         if not self._installed_here(outcome):
             return
