@@ -139,6 +139,9 @@ class Program:
     def idle(self) -> bool:
         return False
 
+    def answering(self) -> str | None:
+        return self.promoted[-1][0] if self.promoted else None
+
     def promote(self, label: str, arm: Any, sample: Sample) -> None:
         self.promoted.append((label, arm))
 

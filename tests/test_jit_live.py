@@ -779,6 +779,151 @@ def test_a_stand_in_is_offered_only_where_its_check_ran_quicker_than_the_program
     honed.jit.reset()
 
 
+class StandsInHere(Backend):
+    """Compiles nothing (as CUDA graphs over eager): skips the sleep, and says it answered one
+    of the program's calls (its runs on the tune's thread, a check's, are noted apart)."""
+
+    stands_in = True
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        assert isinstance(module, Slow)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            program = threading.current_thread() is threading.main_thread()
+            _answered("StandsInHere" if program else "StandsInHere, for the tune")
+            return module.body(x)
+
+        return run
+
+
+class StandsInWrong(StandsInHere):
+    """A stand-in whose answers are off by one."""
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        assert isinstance(module, Slow)
+        return lambda x: module.body(x) + 1
+
+
+@contextlib.contextmanager
+def _check_held(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """JIT's graph-break check waits until the event yielded is set (or 60 s), then finds no
+    break (Slow's sleep is one to Dynamo; these tests are about what answers meanwhile)."""
+    from honed.jit import tuner
+
+    release = threading.Event()
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        release.wait(60)
+        return 0, [], "Checking", False
+
+    monkeypatch.setattr(tuner, "_check", held)
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+# Serial: the stand-in's promotion needs its trial to find it faster than eager (as above).
+@pytest.mark.serial
+@pytest.mark.parametrize("early", [True, False])
+def test_a_stand_in_answers_the_calls_before_the_graph_break_check_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, early: bool
+) -> None:
+    """With stand_in_early (the default), a candidate that compiles nothing is built in the
+    program's process, checked against the program's own outputs and wins its trial while the
+    graph-break check has not even ended: the calls it takes skip eager's sleep from then on. The
+    tune later builds it as any candidate but does not promote it twice, and its record says
+    what answered meanwhile. Off, the calls stay eager until the tune promotes it."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("HONED_TEST_GATE", str(gate))
+    model, x, want = _slow_call()
+    deadline = time.monotonic() + 120
+    with (
+        _check_held(monkeypatch) as release,
+        _live_jit(tmp_path / "jit-cache", StandsInHere(), wait=False, also=(BuiltOnCue(),)),
+        honed.jit.config.patch(
+            stability_tolerance=1.0, detect_graph_breaks=True, stand_in_early=early
+        ),
+        honed.config.patch(isolation="none"),
+        torch.no_grad(),
+    ):
+        assert honed.jit.config.stand_in
+
+        def answers(line: str) -> bool:
+            return line.startswith("StandsInHere answers Slow") and line.split(": ")[0].endswith(
+                "'s calls while its graph-break check and tune go on"
+            )
+
+        if early:
+            while not [line for line in honed.jit.history() if answers(line)]:
+                torch.testing.assert_close(model(x), want)
+                assert time.monotonic() < deadline, "\n".join(honed.jit.history())
+        else:
+            for _ in range(100):  # a promotion would have taken about 70 of these
+                torch.testing.assert_close(model(x), want)
+        (root,) = honed.jit.roots()
+        assert honed.jit.tunes() == []  # the check holds the tune back
+        ANSWERED.clear()
+        for _ in range(30):
+            torch.testing.assert_close(model(x), want)
+        if not early:
+            assert ANSWERED == [] and root.trial is None
+            release.set()
+            gate.touch()
+            return
+        assert ANSWERED == ["StandsInHere"] * 30
+        assert isinstance(root.trial, live.Route) and root.trial.label == "StandsInHere"
+        release.set()
+        while not honed.jit.tunes():
+            torch.testing.assert_close(model(x), want)
+            assert time.monotonic() < deadline, "\n".join(honed.jit.history())
+        ANSWERED.clear()
+        for _ in range(30):  # the stand-in answers through the tune (the other waits)
+            torch.testing.assert_close(model(x), want)
+        assert [a for a in ANSWERED if a == "StandsInHere"] == ["StandsInHere"] * 30
+        gate.touch()
+        while honed.jit.tunes()[0].status == "running":
+            torch.testing.assert_close(model(x), want)
+            assert time.monotonic() < deadline, "\n".join(honed.jit.history())
+        (record,) = honed.jit.tunes()
+        assert record.line().endswith(", then StandsInHere"), record.line()
+        rows = {c.name: c.status for c in root.report.graphs[0].candidates}
+        assert rows["StandsInHere"] == "ok"  # built and checked by the tune as well
+        promoted = [line for line in honed.jit.history() if "StandsInHere answers" in line]
+        assert len(promoted) == 1, promoted
+        assert root.trial is None
+
+
+def test_a_stand_in_that_answers_otherwise_than_eager_never_takes_a_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An early stand-in is checked against the program's own outputs before any call is routed
+    to it: one that answers otherwise is named in the history and never answers."""
+    model, x, want = _slow_call()
+    deadline = time.monotonic() + 60
+    with (
+        _check_held(monkeypatch) as release,
+        _live_jit(tmp_path / "jit-cache", StandsInWrong(), wait=False),
+        honed.jit.config.patch(detect_graph_breaks=True),
+        honed.config.patch(isolation="none"),
+        torch.no_grad(),
+    ):
+
+        def said(line: str) -> bool:
+            return line.startswith("StandsInWrong does not stand in for Slow") and (
+                "'s calls: it failed the check against the program's outputs" in line
+            )
+
+        while not [line for line in honed.jit.history() if said(line)]:
+            torch.testing.assert_close(model(x), want)
+            assert time.monotonic() < deadline, "\n".join(honed.jit.history())
+        (root,) = honed.jit.roots()
+        for _ in range(20):
+            torch.testing.assert_close(model(x), want)
+        assert root.trial is None
+        release.set()
+
+
 class CountsForward(Slow):
     """Slow, counting its forward calls in this process (a CUDA graph's replay makes none)."""
 
@@ -791,15 +936,16 @@ class CountsForward(Slow):
 
 @pytest.mark.gpu
 @pytest.mark.serial
+@pytest.mark.parametrize("early", [True, False])
 def test_cuda_graphs_over_eager_stand_in_for_the_program_while_the_rest_build(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, early: bool
 ) -> None:
     """With promote off (the default) but stand_in on (the default), CUDA graphs over eager,
-    which compile nothing, are captured in the program's process as soon as a worker has
-    checked them, win their trial on the program's calls (eager sleeps on the host; a replay
-    does not) and answer the calls while the other candidate builds: the module's forward
-    runs no more, and every answer is eager's. At the tune's end the record says what answered
-    meanwhile."""
+    which compile nothing, are captured in the program's process (before the tune starts with
+    stand_in_early, the default; else once a worker has checked them), win their trial on the
+    program's calls (eager sleeps on the host; a replay does not) and answer the calls while
+    the other candidate builds: the module's forward runs no more, and every answer is eager's.
+    At the tune's end the record says what answered meanwhile."""
     from honed.backend.cuda_graphs import CudaGraphsBackend
 
     gate = tmp_path / "gate"
@@ -812,7 +958,7 @@ def test_cuda_graphs_over_eager_stand_in_for_the_program_while_the_rest_build(
     deadline = time.monotonic() + 120
     with (
         _live_jit(tmp_path / "jit-cache", CudaGraphsBackend(), wait=False, also=(BuiltOnCue(),)),
-        honed.jit.config.patch(stability_tolerance=1.0),
+        honed.jit.config.patch(stability_tolerance=1.0, stand_in_early=early),
         torch.no_grad(),
     ):
         assert (honed.jit.config.promote, honed.jit.config.stand_in) == (False, True)
@@ -821,6 +967,12 @@ def test_cuda_graphs_over_eager_stand_in_for_the_program_while_the_rest_build(
             assert time.monotonic() < deadline, "\n".join(honed.jit.history())
         (root,) = honed.jit.roots()
         assert isinstance(root.trial, live.Route) and root.trial.label == "CudaGraphsBackend"
+        built_here = [
+            line
+            for line in honed.jit.history()
+            if line.startswith("CudaGraphsBackend was built for") and "program's process" in line
+        ]
+        assert len(built_here) == (1 if early else 0), "\n".join(honed.jit.history())
         forwards = CountsForward.forwards
         for _ in range(50):
             torch.testing.assert_close(model(x), want)

@@ -65,6 +65,10 @@ class JitConfig:
         stand_in: the same for the candidates that compile nothing (CUDA graphs over eager)
             even with ``promote`` off: they are ready seconds into a tune, and answer the
             program's calls while the compiling candidates build (on by default).
+        stand_in_early: with ``stand_in``, the first stand-in is captured in the program's
+            process as soon as the module's calls are recorded, checked against the program's
+            own outputs and tried on its calls, before any worker is up (on by default; off:
+            it waits for a worker's build and check).
         stability_tolerance: how far the medians of a measurement's last windows may differ
             in a JIT tune (when larger than honed.config.stability_tolerance): the program's
             own calls share the device with the measuring worker.
@@ -105,6 +109,9 @@ class JitConfig:
     live_choice: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_live_choice))
     promote: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_promote))
     stand_in: bool = dataclasses.field(default_factory=lambda: _copy(_flags.jit_stand_in))
+    stand_in_early: bool = dataclasses.field(
+        default_factory=lambda: _copy(_flags.jit_stand_in_early)
+    )
     stability_tolerance: float = dataclasses.field(
         default_factory=lambda: _copy(_flags.jit_stability_tolerance)
     )

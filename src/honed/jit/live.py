@@ -455,11 +455,18 @@ class ProgramCalls:
         )
         return False
 
-    def promote(self, label: str, wrapper: Any, sample: Any) -> None:
+    def answering(self) -> str | None:
+        """The label of the variant promoted to answer the calls now; None: eager answers."""
+        return self.route.label if self.route is not None else None
+
+    def promote(
+        self, label: str, wrapper: Any, sample: Any, meanwhile: str = "the tune goes on"
+    ) -> None:
         """Judge ``wrapper`` (a honed.Module with one checked candidate installed) against what
         answers the calls now (eager, or the variant promoted before) on the program's calls
         with ``sample``'s shapes, by the live trial's rule; where it wins, it answers those
-        calls from now until ``end_route``. The history says which way it went."""
+        calls from now until ``end_route``. The history says which way it went (and that it
+        answers while ``meanwhile``)."""
         takes = self._taker(sample)
         if takes is None:
             return
@@ -476,9 +483,7 @@ class ProgramCalls:
         self.route = Route(label, wrapper, takes)
         node.trial = self.route
         self.routed.append((label, node.call_count))
-        add_step(
-            f"{label} answers {node.short()}'s calls while the tune goes on: {verdict.describe()}"
-        )
+        add_step(f"{label} answers {node.short()}'s calls while {meanwhile}: {verdict.describe()}")
 
     def end_route(self) -> None:
         """The tune is over: the promoted variant stops answering (its outcome is installed,

@@ -98,20 +98,105 @@ def _first_tune(node: Node, dataset: list[Any], outputs: list[Any] | None = None
         return  # the program dropped the module meanwhile
     workers = _Workers(_device_of(node.module, dataset[0]))
     fingerprints: dict[int, str] = {}  # the weights are hashed once for the check and the tune
+    calls = None if config.dry_run else _program_calls(node, dataset)
     try:
         seen_before = True  # unknown without the check: the cached pass looks
         if config.detect_graph_breaks:
-            breaks, seen_before = _breaks(node, dataset[0], workers, fingerprints)
+
+            def stand_in() -> None:  # the check is not cached: this module is new here
+                if calls is not None:
+                    _stand_in_early(
+                        node,
+                        dataset,
+                        outputs,
+                        calls,
+                        workers,
+                        "its graph-break check and tune go on",
+                    )
+
+            breaks, seen_before = _breaks(node, dataset[0], workers, fingerprints, stand_in)
             if breaks:
+                if calls is not None:
+                    calls.end_route()  # its children are tried now
                 _eager(node, "graph breaks")
                 return
         if config.dry_run:
             node.reason = "dry run"
             add_step(f"Dry run: would tune {node.describe()} on {len(dataset)} sample(s)")
             return
-        _tune(node, dataset, "first tune", workers, fingerprints, outputs, seen_before)
+        _tune(node, dataset, "first tune", workers, fingerprints, outputs, seen_before, calls)
     finally:
+        if calls is not None:
+            calls.end_route()
         workers.close()
+
+
+def _stand_in_early(
+    node: Node,
+    dataset: list[Any],
+    outputs: list[Any] | None,
+    calls: Any,
+    workers: _Workers | None,
+    meanwhile: str,
+) -> None:
+    """Before a first tune's workers are up: the strategy's candidates that compile nothing
+    (``Backend.stands_in``: CUDA graphs over eager), in its order, built on this thread, checked
+    against the program's own outputs for the recorded calls (``outputs``) and judged on the
+    program's calls against eager (ProgramCalls.promote): the first that builds and answers as
+    eager did is judged, and answers the calls until the tune ends where it wins. A worker's
+    first job waits seconds for it to import torch and map the model, beside eager calls; a
+    capture here takes a fraction of a second. Where a build fails or its check does, the
+    history says so and the next is tried. The tune itself still builds, checks and measures
+    each of them as any candidate (the promoted one is not promoted twice)."""
+    from honed.backend.base import Sample, known_outputs
+    from honed.module import Module, Variant
+    from honed.pipeline.candidate import check
+    from honed.pipeline.courtesy import own_stream
+    from honed.shapes import graph_info
+
+    module = node.module
+    if not (calls.stand_ins and config.stand_in_early) or module is None or calls.answering():
+        return
+    if not outputs or len(outputs) != len(dataset) or any(o is None for o in outputs):
+        return  # no eager outputs to check against: eager would have to run here
+    device = torch.device(_device_of(module, dataset[0]))
+    wrapper = Module(module, node.name)
+    bound = [wrapper.bind(a, k) for a, k in dataset]
+    samples = [Sample(a, k) for a, k in bound]
+    profile = _core.infer_profile([_core.signature(a, k) for a, k in bound])
+    info = graph_info(profile, device)
+    stand_ins = [b for b in config.tune_strategy().backends(device, info) if b.stands_in]
+    if not stand_ins:
+        return
+    if workers is not None and _flags.isolation == "process":
+        workers(1)  # its workers start (on their own threads) while this one captures
+    for backend in stand_ins:
+        started = time.perf_counter()
+        try:
+            with own_stream(device), known_outputs(samples, outputs):
+                fn = backend.build_graph(module, samples, info)
+                result = check(fn, samples, outputs, backend, module, device)
+        except Exception as e:  # a capture the module does not allow: the tune goes on without
+            add_step(
+                f"{backend.name} cannot stand in for {node.short()}'s calls: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            )
+            continue
+        if not result.ok:
+            add_step(
+                f"{backend.name} does not stand in for {node.short()}'s calls: it failed the "
+                f"check against the program's outputs ({result.reason})"
+            )
+            continue
+        add_step(
+            f"{backend.name} was built for {node.short()} in the program's process in "
+            f"{time.perf_counter() - started:.2f}s and answers as eager did; trying it on the "
+            "program's calls",
+            logging.DEBUG,
+        )
+        wrapper.install([Variant(profile, backend, fn, {}, None)])
+        calls.promote(backend.name, wrapper, samples[0], meanwhile)
+        return  # judged: the next would not do better against eager than this one did
 
 
 class _Workers:
@@ -200,9 +285,11 @@ def _breaks(
     sample: tuple[tuple[Any, ...], dict[str, Any]],
     workers: _Workers | None = None,
     fingerprints: dict[int, str] | None = None,
+    first: Any = None,
 ) -> tuple[bool, bool]:
     """Whether torch._dynamo.explain finds a graph break (or cannot trace) on a recorded sample,
-    and whether an earlier run had answered that already (from the cache).
+    and whether an earlier run had answered that already (from the cache). ``first``: called
+    before a check that is not cached.
 
     The trace runs in a worker process (isolation "process"): in this process it would hold the
     GIL beside the program's calls. A worker that ends without an answer (crash, hang) counts as
@@ -215,6 +302,9 @@ def _breaks(
     key = graph_break_key(module, sample, fingerprints)
     found = cached_graph_breaks(key)
     if found is None:
+        if first is not None:
+            first()
+            started = time.perf_counter()  # the check's own time
         count, reasons, how, keep = _check(node, module, sample, workers)
         if keep:
             store_graph_breaks(key, count, reasons)
@@ -321,13 +411,15 @@ def _tune(
     fingerprints: dict[int, str] | None = None,
     outputs: list[Any] | None = None,
     seen_before: bool = True,
+    calls: Any = None,
 ) -> None:
     """On JIT's thread: tune ``node`` on ``dataset`` with Tuner.start, then swap the winner in.
     ``fingerprints``: model fingerprints by id(module) already made (the graph-break check's);
     ``outputs``: the program's output for each sample, where known; ``seen_before``: False when
     no earlier run got this far with the module (its graph-break check was not cached), so the
     cached pass is left out: it would record the samples and start a tune beside the program's
-    calls only to find nothing cached."""
+    calls only to find nothing cached; ``calls``: the first tune's view of the program
+    (_program_calls), where a stand-in may answer its calls already."""
     from honed.module import Module
 
     module = node.module
@@ -361,7 +453,10 @@ def _tune(
         calls = tuner.live
     else:
         wrapper = Module(module, node.name, strategy=strategy)
-        calls = _program_calls(node, dataset)
+        if calls is None:
+            calls = _program_calls(node, dataset)
+        if calls is not None and reason == "first tune":
+            _stand_in_early(node, dataset, outputs, calls, workers, "the tune goes on")
         tuner = _new_tuner(strategy, fingerprints, budget, False, calls, workers)
     node.tuner = tuner
     record.progress = lambda: (node.call_count - calls_before, _tried_so_far(tuner))

@@ -113,6 +113,11 @@ class ProgramCalls(Protocol):
         is worth offering as a stand-in (``promotes`` off)."""
         ...
 
+    def answering(self) -> str | None:
+        """The label of the candidate promoted to answer the program's calls now (None:
+        eager answers them)."""
+        ...
+
     def promote(self, label: str, arm: Module, sample: Sample) -> None:
         """Judge ``arm`` (one checked candidate installed) against what answers the program's
         calls with ``sample``'s shapes now, on those calls; where it wins, it answers them
@@ -848,6 +853,8 @@ class GraphTuner:
             or _compiles_here(outcome.backend)
             or self.ctx.out_of_time()
         ):
+            return
+        if live.answering() == outcome.backend.name:  # promoted before the tune began (JIT)
             return
         if not live.promotes and not live.worth_a_stand_in(outcome.backend.name, outcome.check_ms):
             return
