@@ -1,0 +1,127 @@
+"""bench/profile/first_capture.py: where a first CUDA-graph capture of BERT spends its time.
+
+JIT's first stand-in (CUDA graphs over eager under bf16 autocast) is captured in the program's
+process seconds after its first call. In a cold run on the H200 host that capture took 0.83 s
+from its warm-up's end to its end, and the program's ``torch.cuda.synchronize``, which waits
+for a capture under way (``cuda_graphs.CAPTURING``), waited as long; the same capture in the
+program's process 18 s into another run took 0.15 s. This profile captures the model
+``--reps`` times in one fresh process, each on a new ``CudaGraphed`` (its own pool), timing the
+steps: the warm-up calls, ``capture_begin``, the forward recorded, ``capture_end`` (the graph's
+instantiation), with or without a program beside it (``--alone``): a thread calling BERT eager
+in a loop, each call synchronized through honed's guard, as bench/jit_bert.py's program. Printed
+per capture: each step's ms, and the program's slowest call overlapping the capture.
+
+    python bench/profile/first_capture.py [--reps 3] [--alone] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from typing import Any
+
+import beside_stall  # the program's loop (this folder: run as a script)
+import torch
+
+from honed.backend import cuda_graphs
+from honed.backend.base import GraphInfo, Sample, known_outputs
+from honed.pipeline import courtesy
+
+_SPANS: list[tuple[str, float, float]] = []
+
+
+def _timed(owner: Any, name: str, label: str) -> None:
+    real = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            _SPANS.append((label, start, time.perf_counter()))
+
+    setattr(owner, name, wrapper)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--alone", action="store_true", help="no program beside the captures")
+    parser.add_argument("--gap", type=float, default=1.0, help="seconds between captures")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+
+    model, inputs = beside_stall._model("cuda", small=False)
+    with torch.no_grad():
+        ref = model(**inputs)
+    torch.cuda.synchronize()
+    _timed(cuda_graphs.CudaGraphed, "_warm_up", "warm-up")
+    _timed(torch.cuda.CUDAGraph, "capture_begin", "capture_begin")
+    _timed(torch.cuda.CUDAGraph, "capture_end", "capture_end")
+
+    took_ms: list[float] = []
+    starts: list[float] = []
+    stop = threading.Event()
+    program = None
+    median = None
+    cuda_graphs.guard_synchronize(True)  # as JIT sets it beside a program
+    if not args.alone:
+        program = threading.Thread(
+            target=beside_stall._calls, args=(model, inputs, "cuda", stop, took_ms, starts)
+        )
+        program.start()
+        time.sleep(3.0)
+        median = statistics.median(took_ms[len(took_ms) // 3 :])
+        courtesy.watch(lambda: beside_stall._IN_CALL[0])
+        print(f"program alone: {len(took_ms)} calls, median {median:.3f} ms", flush=True)
+    backend = cuda_graphs.CudaGraphsBackend(autocast_enabled=True, autocast_dtype=torch.bfloat16)
+    sample = Sample((), dict(inputs))
+    rows = []
+    try:
+        for rep in range(args.reps):
+            _SPANS.clear()
+            start = time.perf_counter()
+            with known_outputs([sample], [ref]), courtesy.own_stream("cuda"):
+                fn = backend.build_graph(model, [sample], GraphInfo(device=torch.device("cuda")))
+            end = time.perf_counter()
+            spans = {label: (s, e) for label, s, e in _SPANS}
+            begin, ended = spans["capture_begin"], spans["capture_end"]
+            row = {
+                "rep": rep,
+                "build_ms": round((end - start) * 1e3, 1),
+                "warm_up_ms": round((spans["warm-up"][1] - spans["warm-up"][0]) * 1e3, 1),
+                "capture_begin_ms": round((begin[1] - begin[0]) * 1e3, 2),
+                "forward_recorded_ms": round((ended[0] - begin[1]) * 1e3, 1),
+                "capture_end_ms": round((ended[1] - ended[0]) * 1e3, 1),
+            }
+            if program is not None:
+                hit = [
+                    ms
+                    for s, ms in zip(starts, took_ms, strict=False)
+                    if s < ended[1] and s + ms / 1e3 > begin[0]
+                ]
+                row["program_calls_in_capture"] = len(hit)
+                row["program_slowest_in_capture_ms"] = round(max(hit), 2) if hit else None
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del fn
+            time.sleep(args.gap)
+    finally:
+        stop.set()
+        if program is not None:
+            program.join()
+        courtesy.watch(None)
+        cuda_graphs.guard_synchronize(False)
+    result = {"device": torch.cuda.get_device_name(), "alone": args.alone, "rows": rows}
+    if median is not None:
+        result["program_median_ms"] = round(median, 3)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
