@@ -77,7 +77,9 @@ def main() -> None:
         median = statistics.median(took_ms[len(took_ms) // 3 :])
         courtesy.watch(lambda: beside_stall._IN_CALL[0])
         print(f"program alone: {len(took_ms)} calls, median {median:.3f} ms", flush=True)
-    backend = cuda_graphs.CudaGraphsBackend(autocast_enabled=True, autocast_dtype=torch.bfloat16)
+    backend = cuda_graphs.CudaGraphsBackend(
+        cuda_graphs.CudaGraphsBackendConfig(autocast_enabled=True, autocast_dtype=torch.bfloat16)
+    )
     sample = Sample((), dict(inputs))
     rows = []
     try:
