@@ -181,7 +181,6 @@ class _Captured:
     graph: Any  # torch.cuda.CUDAGraph
     static_inputs: list[torch.Tensor]
     static_output: Any
-    pool: Any = None  # the graph's memory pool, kept as long as the graph (after it)
 
 
 class CudaGraphed:
@@ -202,7 +201,7 @@ class CudaGraphed:
         self.graphs: dict[tuple[Any, ...], list[_Captured]] = {}
         self.captures = 0
         self._stream: Any = None
-        self._pool: Any = None  # a MemPool where torch has them, else a graph pool's handle
+        self._pool: Any = None
         self._failed: list[Any] = []  # graphs whose capture did not end well
         self._warned_full = False
 
@@ -290,20 +289,18 @@ class CudaGraphed:
         with torch.no_grad(), torch.cuda.device(self.device):
             if self._stream is None:
                 self._stream = torch.cuda.Stream(self.device)
-            if self._pool is None or not cfg.pool_sharing:
-                self._pool = _new_pool()
-            pool = self._pool
+                self._pool = torch.cuda.graph_pool_handle() if cfg.pool_sharing else None
             static_leaves = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
             static_inputs = [x for x in static_leaves if isinstance(x, torch.Tensor)]
             args, kwargs = tree_unflatten(static_leaves, spec)
-            eager_dtypes = self._warm_up(args, kwargs, eager_out, pool)
+            eager_dtypes = self._warm_up(args, kwargs, eager_out)
             graph = torch.cuda.CUDAGraph()
             try:
                 with (
                     courtesy.spaced_run(self.device),  # after the last warm-up call's gap
                     CAPTURING,
                     _workspaces_in_graph_pool(),
-                    _graph_capture(graph, _pool_id(pool), self._stream),
+                    _graph_capture(graph, self._pool, self._stream),
                 ):
                     out = self._run(*args, **kwargs)
                     if eager_dtypes is not None:
@@ -313,8 +310,8 @@ class CudaGraphed:
                 # The allocator may still route the failed capture's pool, by a rule that
                 # refers to the graph object: the object stays alive, later captures get a pool
                 # of their own.
-                self._failed.append((graph, pool))
-                self._pool = None
+                self._failed.append(graph)
+                self._pool = torch.cuda.graph_pool_handle() if cfg.pool_sharing else None
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 raise TuneError(
                     f"CUDA graph capture of {self.what} failed "
@@ -323,26 +320,20 @@ class CudaGraphed:
                     "Python control flow, dynamic output shapes): remove those or use another "
                     "backend"
                 ) from e
-        captured = _Captured(spec, graph, static_inputs, out, pool)
+        captured = _Captured(spec, graph, static_inputs, out)
         self.graphs.setdefault(key, []).append(captured)
         self.captures += 1
         return captured
 
     def _warm_up(
-        self, args: Any, kwargs: Any, eager_out: Any = _UNKNOWN, pool: Any = None
+        self, args: Any, kwargs: Any, eager_out: Any = _UNKNOWN
     ) -> list[torch.dtype | None] | None:
         """Eager calls on the side stream; under autocast, also the dtypes eager returns (from
         ``eager_out`` where known, else from one more call, without autocast).
 
         Beside a program (a JIT install, or a worker's build for one) each call is spaced
         (``courtesy.spaced_run``): queued back to back, the warm-up calls of a model slower than
-        the program's own held its next call up for all of them at once.
-
-        The last call allocates from the capture's ``pool`` (a MemPool, where torch has them):
-        the capture then finds the memory it needs cached there. Otherwise the capture takes it
-        from the driver, block by block, while it holds ``CAPTURING``: a process's first
-        capture of BERT-base took 0.13 s alone and 0.70 s beside a program's calls
-        (bench/profile/first_capture.py), all that time the program's synchronize waiting."""
+        the program's own held its next call up for all of them at once."""
         from torch.utils._pytree import tree_leaves
 
         stream = self._stream
@@ -356,37 +347,11 @@ class CudaGraphed:
                 eager_dtypes = [
                     t.dtype if isinstance(t, torch.Tensor) else None for t in tree_leaves(eager_out)
                 ]
-            for i in range(self.config.warmup_iters):
-                last = i == self.config.warmup_iters - 1
-                with courtesy.spaced_run(self.device), _allocating_from(pool if last else None):
+            for _ in range(self.config.warmup_iters):
+                with courtesy.spaced_run(self.device):
                     self._run(*args, **kwargs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return eager_dtypes
-
-
-def _new_pool() -> Any:
-    """A memory pool for captures: a ``torch.cuda.MemPool`` (allocations can be routed to it
-    before a capture), or a graph pool's handle on a torch without them."""
-    make = getattr(torch.cuda, "MemPool", None)
-    if make is not None and hasattr(torch.cuda, "use_mem_pool"):
-        return make()
-    return torch.cuda.graph_pool_handle()
-
-
-def _pool_id(pool: Any) -> Any:
-    """What a capture takes as its pool: a MemPool's id, or the handle itself."""
-    return pool.id if hasattr(pool, "id") else pool
-
-
-@contextlib.contextmanager
-def _allocating_from(pool: Any) -> Iterator[None]:
-    """This thread's CUDA allocations come from ``pool`` (a MemPool; None or a bare handle:
-    from the usual pool)."""
-    if pool is None or not hasattr(pool, "id"):
-        yield
-        return
-    with torch.cuda.use_mem_pool(pool):
-        yield
 
 
 @contextlib.contextmanager
