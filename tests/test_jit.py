@@ -203,13 +203,14 @@ def test_config_from_environment_variables() -> None:
         HONED_JIT_TIME_BUDGET_S="30",
         HONED_JIT_BATCH_HEADROOM="4",
         HONED_JIT_STAND_IN="0",
+        HONED_JIT_STAND_IN_EARLY="1",
     )
     code = (
         "import json, honed.jit as j; c = j.config; print(json.dumps([c.min_samples, "
         "c.skip_modules, c.detect_graph_breaks, c.max_depth_level, c.min_parameters, "
         "c.batch_axis_required, c.dry_run, c.device, c.cache_dir, "
         "[type(b).__name__ for b in c.backends], c.retune_on_new_shapes, c.wait, "
-        "c.time_budget_s, c.batch_headroom, c.stand_in]))"
+        "c.time_budget_s, c.batch_headroom, c.stand_in, c.stand_in_early]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
@@ -230,9 +231,11 @@ def test_config_from_environment_variables() -> None:
         30.0,
         4,
         False,
+        True,
     ]
     fresh = honed.jit.JitConfig()
     assert fresh.retune_on_new_shapes is True and fresh.wait is False
+    assert fresh.stand_in is True and fresh.stand_in_early is False
     assert fresh.time_budget_s == 0.0 and fresh.batch_headroom == 2
 
 

@@ -829,11 +829,12 @@ def _check_held(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
 def test_a_stand_in_answers_the_calls_before_the_graph_break_check_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, early: bool
 ) -> None:
-    """With stand_in_early (the default), a candidate that compiles nothing is built in the
-    program's process, checked against the program's own outputs and wins its trial while the
+    """With stand_in_early, a candidate that compiles nothing is built in the program's
+    process, checked against the program's own outputs and wins its trial while the
     graph-break check has not even ended: the calls it takes skip eager's sleep from then on. The
     tune later builds it as any candidate but does not promote it twice, and its record says
-    what answered meanwhile. Off, the calls stay eager until the tune promotes it."""
+    what answered meanwhile. Off (the default), the calls stay eager until the tune promotes
+    it."""
     gate = tmp_path / "gate"
     monkeypatch.setenv("HONED_TEST_GATE", str(gate))
     model, x, want = _slow_call()
@@ -904,7 +905,7 @@ def test_a_stand_in_that_answers_otherwise_than_eager_never_takes_a_call(
     with (
         _check_held(monkeypatch) as release,
         _live_jit(tmp_path / "jit-cache", StandsInWrong(), wait=False),
-        honed.jit.config.patch(detect_graph_breaks=True),
+        honed.jit.config.patch(detect_graph_breaks=True, stand_in_early=True),
         honed.config.patch(isolation="none"),
         torch.no_grad(),
     ):
@@ -922,6 +923,35 @@ def test_a_stand_in_that_answers_otherwise_than_eager_never_takes_a_call(
             torch.testing.assert_close(model(x), want)
         assert root.trial is None
         release.set()
+
+
+@pytest.mark.serial
+def test_an_early_stand_in_is_built_only_where_nothing_is_cached(beside: Path) -> None:
+    """With stand_in_early, a first tune that finds nothing cached builds its stand-in in the
+    program's process before the tune's workers; a restart whose outcomes are all cached
+    installs the cached pick and builds none."""
+    model, x, want = _slow_call()
+
+    def built_here() -> list[str]:
+        return [
+            line
+            for line in honed.jit.history()
+            if line.startswith("StandsInHere was built for Slow") and "program's process" in line
+        ]
+
+    with (
+        honed.config.patch(isolation="none"),
+        honed.jit.config.patch(backends=[StandsInHere()], stand_in_early=True),
+    ):
+        _call_until_tuned(model, x, want)
+        assert len(built_here()) == 1, "\n".join(honed.jit.history())
+        honed.jit.reset()
+        honed.jit.enable_jit_tuning()
+        torch.manual_seed(0)
+        _call_until_tuned(Slow().eval(), x, want)
+        (record,) = honed.jit.tunes()
+        assert record.evidence == "cache", "\n".join(honed.jit.history())
+        assert built_here() == []
 
 
 class CountsForward(Slow):
@@ -942,7 +972,7 @@ def test_cuda_graphs_over_eager_stand_in_for_the_program_while_the_rest_build(
 ) -> None:
     """With promote off (the default) but stand_in on (the default), CUDA graphs over eager,
     which compile nothing, are captured in the program's process (before the tune starts with
-    stand_in_early, the default; else once a worker has checked them), win their trial on the
+    stand_in_early; else, the default, once a worker has checked them), win their trial on the
     program's calls (eager sleeps on the host; a replay does not) and answer the calls while
     the other candidate builds: the module's forward runs no more, and every answer is eager's.
     At the tune's end the record says what answered meanwhile."""

@@ -519,13 +519,14 @@ jit_promote: bool = _flag("jit_promote", "HONED_JIT_PROMOTE", False, _Bool())
 jit_stand_in: bool = _flag("jit_stand_in", "HONED_JIT_STAND_IN", True, _Bool())
 
 # The first stand-in is captured in the program's process as soon as the module's calls are
-# recorded, before any worker has started: on the GPU host a worker took 9-10 s to import torch
-# and its builders and 4 s more to map the model, all of it beside eager calls that a slow vCPU
-# brought close to twice their median. A capture that fails raises and is skipped (the graph is
-# thread-local: the program's own work on the GPU goes on), and the stand-in answers only after
-# its check against the program's own outputs and a trial on its calls (docs/jit.md). Off: the
-# first stand-in waits for a worker's build and check, as every other candidate.
-jit_stand_in_early: bool = _flag("jit_stand_in_early", "HONED_JIT_STAND_IN_EARLY", True, _Bool())
+# recorded, before any worker has started (a worker took 9-10 s to import torch and its builders
+# on the GPU host, and 4 s more to map the model, beside eager calls). Off by default: the
+# process's first capture recorded BERT-base's forward in 0.70 s beside the program's calls
+# (0.13 s alone, 0.01-0.02 s for the next captures; bench/profile/first_capture.py), and a
+# program's torch.cuda.synchronize waits for a capture under way, so one call of the cold run
+# took 0.80 s (docs/jit.md). On, the stand-in answers only after its check against the program's
+# own outputs and a trial on its calls.
+jit_stand_in_early: bool = _flag("jit_stand_in_early", "HONED_JIT_STAND_IN_EARLY", False, _Bool())
 
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the
 # largest batch seen (rounded up to a power of two), so a few small first calls do not lock the

@@ -67,8 +67,8 @@ class JitConfig:
             program's calls while the compiling candidates build (on by default).
         stand_in_early: with ``stand_in``, the first stand-in is captured in the program's
             process as soon as the module's calls are recorded, checked against the program's
-            own outputs and tried on its calls, before any worker is up (on by default; off:
-            it waits for a worker's build and check).
+            own outputs and tried on its calls, before any worker is up (off by default: the
+            process's first capture held a program's synchronize up for 0.8 s on the H200).
         stability_tolerance: how far the medians of a measurement's last windows may differ
             in a JIT tune (when larger than honed.config.stability_tolerance): the program's
             own calls share the device with the measuring worker.
