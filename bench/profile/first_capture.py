@@ -11,7 +11,11 @@ instantiation), with or without a program beside it (``--alone``): a thread call
 in a loop, each call synchronized through honed's guard, as bench/jit_bert.py's program. Printed
 per capture: each step's ms, and the program's slowest call overlapping the capture.
 
-    python bench/profile/first_capture.py [--reps 3] [--alone] [--json out.json]
+``--prefill`` asks whether the first recorded forward waits on memory from the driver: each
+capture's pool is then a ``torch.cuda.MemPool`` that one more warm-up call, on the capture's
+stream, has allocated from (and freed back to), so the capture finds its blocks cached there.
+
+    python bench/profile/first_capture.py [--reps 3] [--alone] [--prefill] [--json out.json]
 """
 
 from __future__ import annotations
@@ -46,11 +50,40 @@ def _timed(owner: Any, name: str, label: str) -> None:
     setattr(owner, name, wrapper)
 
 
+_POOLS: list[Any] = []  # --prefill: each capture's MemPool, the latest last
+
+
+def _mem_pool_handle() -> Any:
+    """Stands in for torch.cuda.graph_pool_handle (--prefill): a new MemPool's id."""
+    pool = torch.cuda.MemPool()
+    _POOLS.append(pool)
+    return pool.id
+
+
+def _prefilled(real: Any) -> Any:
+    """CudaGraphed._warm_up, then one more call on the capture's stream allocating from the
+    capture's MemPool (--prefill)."""
+
+    def warm_up(self: Any, args: Any, kwargs: Any, *rest: Any) -> Any:
+        dtypes = real(self, args, kwargs, *rest)
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.no_grad(), torch.cuda.stream(stream), torch.cuda.use_mem_pool(_POOLS[-1]):
+            self._run(*args, **kwargs)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        return dtypes
+
+    return warm_up
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--alone", action="store_true", help="no program beside the captures")
     parser.add_argument("--gap", type=float, default=1.0, help="seconds between captures")
+    parser.add_argument(
+        "--prefill", action="store_true", help="captures into a MemPool a warm-up call filled"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
@@ -58,6 +91,9 @@ def main() -> None:
     with torch.no_grad():
         ref = model(**inputs)
     torch.cuda.synchronize()
+    if args.prefill:
+        torch.cuda.graph_pool_handle = _mem_pool_handle  # CudaGraphed takes its pool from it
+        cuda_graphs.CudaGraphed._warm_up = _prefilled(cuda_graphs.CudaGraphed._warm_up)
     _timed(cuda_graphs.CudaGraphed, "_warm_up", "warm-up")
     _timed(torch.cuda.CUDAGraph, "capture_begin", "capture_begin")
     _timed(torch.cuda.CUDAGraph, "capture_end", "capture_end")
@@ -119,7 +155,12 @@ def main() -> None:
             program.join()
         courtesy.watch(None)
         cuda_graphs.guard_synchronize(False)
-    result = {"device": torch.cuda.get_device_name(), "alone": args.alone, "rows": rows}
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "alone": args.alone,
+        "prefill": args.prefill,
+        "rows": rows,
+    }
     if median is not None:
         result["program_median_ms"] = round(median, 3)
     if args.json:
