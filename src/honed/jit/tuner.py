@@ -102,18 +102,10 @@ def _first_tune(node: Node, dataset: list[Any], outputs: list[Any] | None = None
     try:
         seen_before = True  # unknown without the check: the cached pass looks
         if config.detect_graph_breaks:
-
-            def stand_in() -> None:  # the check is not cached: this module is new here
-                if calls is not None:
-                    _stand_in_early(
-                        node,
-                        dataset,
-                        outputs,
-                        calls,
-                        workers,
-                        "its graph-break check and tune go on",
-                    )
-
+            meanwhile = "its graph-break check and tune go on"
+            stand_in = functools.partial(
+                _stand_in_early, node, dataset, outputs, calls, workers, meanwhile
+            )
             breaks, seen_before = _breaks(node, dataset[0], workers, fingerprints, stand_in)
             if breaks:
                 if calls is not None:
@@ -135,7 +127,7 @@ def _stand_in_early(
     node: Node,
     dataset: list[Any],
     outputs: list[Any] | None,
-    calls: Any,
+    calls: Any,  # the tune's view of the program (_program_calls; None: no view, nothing to do)
     workers: _Workers | None,
     meanwhile: str,
 ) -> None:
@@ -155,7 +147,9 @@ def _stand_in_early(
     from honed.shapes import graph_info
 
     module = node.module
-    if not (calls.stand_ins and config.stand_in_early) or module is None or calls.answering():
+    if calls is None or not (calls.stand_ins and config.stand_in_early) or module is None:
+        return
+    if calls.answering():
         return
     if not outputs or len(outputs) != len(dataset) or any(o is None for o in outputs):
         return  # no eager outputs to check against: eager would have to run here
@@ -455,7 +449,7 @@ def _tune(
         wrapper = Module(module, node.name, strategy=strategy)
         if calls is None:
             calls = _program_calls(node, dataset)
-        if calls is not None and reason == "first tune":
+        if reason == "first tune":
             _stand_in_early(node, dataset, outputs, calls, workers, "the tune goes on")
         tuner = _new_tuner(strategy, fingerprints, budget, False, calls, workers)
     node.tuner = tuner
