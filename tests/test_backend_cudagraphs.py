@@ -141,6 +141,34 @@ def test_a_failing_capture_is_ended_and_its_error_raised(monkeypatch: pytest.Mon
     assert graph.calls == [("begin", "thread_local"), ("end", None)]
 
 
+def test_as_if_capturing_answers_true_on_its_own_thread_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside, this thread is told a capture is under way and another thread gets torch's own
+    answer; torch's function is put back after, also when the body raises."""
+    import threading
+
+    from honed.backend import cuda_graphs
+
+    def torch_answer() -> bool:
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", torch_answer)
+    elsewhere: list[bool] = []
+    with cuda_graphs._as_if_capturing():
+        here = torch.cuda.is_current_stream_capturing()
+        other = threading.Thread(
+            target=lambda: elsewhere.append(torch.cuda.is_current_stream_capturing())
+        )
+        other.start()
+        other.join()
+    assert (here, elsewhere) == (True, [False])
+    assert torch.cuda.is_current_stream_capturing is torch_answer
+    with pytest.raises(ValueError, match="the body's"), cuda_graphs._as_if_capturing():
+        raise ValueError("the body's")
+    assert torch.cuda.is_current_stream_capturing is torch_answer
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="CUDA is available here")
 def test_tune_on_cpu_reports_it_unavailable() -> None:
     model = honed.Module(TinyMLP().eval(), "tiny-cg")
@@ -182,6 +210,24 @@ class TestOnCuda:
             for seed in range(3):
                 x = _x(4, seed)
                 torch.testing.assert_close(fn(x), model(x))
+
+    def test_the_last_warm_up_call_runs_the_path_the_capture_records(self) -> None:
+        """A module that asks whether it is captured (as Hugging Face's masks do) is warmed up
+        on the capture's path once, outside any capture, before the capture records that path;
+        its answers are eager's either way."""
+        seen: list[tuple[bool, bool]] = []
+
+        class Asks(nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                told = torch.cuda.is_current_stream_capturing()
+                seen.append((told, torch._C._cuda_isCurrentStreamCapturing()))
+                return x * 3 if told else (x * 3 if bool((x > -1e9).all()) else x)
+
+        fn = _build(Asks(), _x(4), warmup_iters=2)
+        assert seen == [(False, False), (False, False), (True, False), (True, True)]
+        assert torch.cuda.is_current_stream_capturing() is False
+        x = _x(4, seed=3)
+        torch.testing.assert_close(fn(x), x * 3)
 
     def test_a_capture_on_another_thread_leaves_this_threads_calls_alone(self) -> None:
         """JIT captures on its own thread while the program keeps calling the model eagerly

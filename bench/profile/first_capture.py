@@ -14,8 +14,13 @@ per capture: each step's ms, and the program's slowest call overlapping the capt
 ``--prefill`` asks whether the first recorded forward waits on memory from the driver: each
 capture's pool is then a ``torch.cuda.MemPool`` that one more warm-up call, on the capture's
 stream, has allocated from (and freed back to), so the capture finds its blocks cached there.
+``--pre-capture`` asks whether the first capture's extra time is the process's, once, or each
+model's: a small BERT (2 layers, hidden 128) is captured first, timed alike. ``--profile``
+records the first capture under torch's profiler (CPU) and keeps the slowest single ops of its
+recorded forward, to name where the time goes.
 
-    python bench/profile/first_capture.py [--reps 3] [--alone] [--prefill] [--json out.json]
+    python bench/profile/first_capture.py [--reps 3] [--alone] [--prefill] [--pre-capture]
+        [--profile] [--json out.json]
 """
 
 from __future__ import annotations
@@ -76,6 +81,84 @@ def _prefilled(real: Any) -> Any:
     return warm_up
 
 
+def _replay_ms(fn: Any, inputs: dict[str, Any], calls: int = 100) -> float:
+    """The captured function's mean call, timed alone (with --alone only)."""
+    with torch.no_grad():
+        for _ in range(10):
+            fn(**inputs)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(**inputs)
+        torch.cuda.synchronize()
+    return round((time.perf_counter() - start) / calls * 1e3, 4)
+
+
+def _steps(
+    start: float, end: float, starts: list[float] | None, took_ms: list[float]
+) -> dict[str, Any]:
+    """One build's steps (ms) from _SPANS, and the program's calls overlapping its capture."""
+    spans = {label: (s, e) for label, s, e in _SPANS}
+    begin, ended = spans["capture_begin"], spans["capture_end"]
+    row: dict[str, Any] = {
+        "build_ms": round((end - start) * 1e3, 1),
+        "warm_up_ms": round((spans["warm-up"][1] - spans["warm-up"][0]) * 1e3, 1),
+        "capture_begin_ms": round((begin[1] - begin[0]) * 1e3, 2),
+        "forward_recorded_ms": round((ended[0] - begin[1]) * 1e3, 1),
+        "capture_end_ms": round((ended[1] - ended[0]) * 1e3, 1),
+    }
+    if starts is not None:
+        hit = [
+            ms
+            for s, ms in zip(starts, took_ms, strict=False)
+            if s < ended[1] and s + ms / 1e3 > begin[0]
+        ]
+        row["program_calls_in_capture"] = len(hit)
+        row["program_slowest_in_capture_ms"] = round(max(hit), 2) if hit else None
+    return row
+
+
+_PROFILED: list[Any] = []  # --profile: the profiler to start at the next capture_begin
+
+
+def _recorded_forward_profiled() -> Any:
+    """A profiler (CPU) that the next capture starts after capture_begin, stops before
+    capture_end: the recorded forward alone."""
+    profiler = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+    )
+    _PROFILED[:] = [profiler]
+    return profiler
+
+
+def _profiling(owner: Any, name: str, start: bool) -> None:
+    real = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _PROFILED and not start:
+            _PROFILED[0].stop()
+        out = real(*args, **kwargs)
+        if _PROFILED and start:
+            _PROFILED[0].start()
+        return out
+
+    setattr(owner, name, wrapper)
+
+
+def _slowest(profiler: Any, count: int = 15) -> list[dict[str, Any]]:
+    """The profiled build's single ops with the most self CPU time, slowest first."""
+    events = sorted(profiler.events(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [
+        {
+            "op": e.name,
+            "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2),
+            "cpu_ms": round(e.cpu_time_total / 1e3, 2),
+            "shapes": str(e.input_shapes)[:120],
+        }
+        for e in events[:count]
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -84,9 +167,22 @@ def main() -> None:
     parser.add_argument(
         "--prefill", action="store_true", help="captures into a MemPool a warm-up call filled"
     )
+    parser.add_argument("--pre-capture", action="store_true", help="a small BERT captured first")
+    parser.add_argument("--profile", action="store_true", help="torch's profiler on the first")
+    parser.add_argument(
+        "--sdpa",
+        choices=("cudnn", "efficient", "math"),
+        default=None,
+        help="the only SDPA backend enabled, for the whole run (the program's calls too)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
+    if args.sdpa:
+        from torch.nn.attention import SDPBackend, _sdpa_kernel
+
+        named = {"cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+        _sdpa_kernel([getattr(SDPBackend, named[args.sdpa])])
     model, inputs = beside_stall._model("cuda", small=False)
     with torch.no_grad():
         ref = model(**inputs)
@@ -95,6 +191,8 @@ def main() -> None:
         torch.cuda.graph_pool_handle = _mem_pool_handle  # CudaGraphed takes its pool from it
         cuda_graphs.CudaGraphed._warm_up = _prefilled(cuda_graphs.CudaGraphed._warm_up)
     _timed(cuda_graphs.CudaGraphed, "_warm_up", "warm-up")
+    _profiling(torch.cuda.CUDAGraph, "capture_begin", start=True)
+    _profiling(torch.cuda.CUDAGraph, "capture_end", start=False)
     _timed(torch.cuda.CUDAGraph, "capture_begin", "capture_begin")
     _timed(torch.cuda.CUDAGraph, "capture_end", "capture_end")
 
@@ -117,34 +215,40 @@ def main() -> None:
         cuda_graphs.CudaGraphsBackendConfig(autocast_enabled=True, autocast_dtype=torch.bfloat16)
     )
     sample = Sample((), dict(inputs))
-    rows = []
+    rows: list[dict[str, Any]] = []
+    slowest_ops: list[dict[str, Any]] = []
     try:
+        if args.pre_capture:
+            small, small_inputs = beside_stall._model("cuda", small=True)
+            _SPANS.clear()
+            start = time.perf_counter()
+            with courtesy.own_stream("cuda"):
+                backend.build_graph(
+                    small, [Sample((), dict(small_inputs))], GraphInfo(device=torch.device("cuda"))
+                )
+            rows.append(
+                {
+                    "rep": "small",
+                    **_steps(start, time.perf_counter(), starts if program else None, took_ms),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+            time.sleep(args.gap)
         for rep in range(args.reps):
             _SPANS.clear()
+            profiler = _recorded_forward_profiled() if args.profile and rep == 0 else None
             start = time.perf_counter()
             with known_outputs([sample], [ref]), courtesy.own_stream("cuda"):
                 fn = backend.build_graph(model, [sample], GraphInfo(device=torch.device("cuda")))
             end = time.perf_counter()
+            if profiler is not None:
+                _PROFILED.clear()
+                slowest_ops = _slowest(profiler)
             if program is not None:
                 time.sleep(0.1)  # the program's call held up by the capture has returned
-            spans = {label: (s, e) for label, s, e in _SPANS}
-            begin, ended = spans["capture_begin"], spans["capture_end"]
-            row = {
-                "rep": rep,
-                "build_ms": round((end - start) * 1e3, 1),
-                "warm_up_ms": round((spans["warm-up"][1] - spans["warm-up"][0]) * 1e3, 1),
-                "capture_begin_ms": round((begin[1] - begin[0]) * 1e3, 2),
-                "forward_recorded_ms": round((ended[0] - begin[1]) * 1e3, 1),
-                "capture_end_ms": round((ended[1] - ended[0]) * 1e3, 1),
-            }
-            if program is not None:
-                hit = [
-                    ms
-                    for s, ms in zip(starts, took_ms, strict=False)
-                    if s < ended[1] and s + ms / 1e3 > begin[0]
-                ]
-                row["program_calls_in_capture"] = len(hit)
-                row["program_slowest_in_capture_ms"] = round(max(hit), 2) if hit else None
+            row = {"rep": rep, **_steps(start, end, starts if program else None, took_ms)}
+            if program is None:
+                row["replay_ms"] = _replay_ms(fn, inputs)
             rows.append(row)
             print(json.dumps(row), flush=True)
             del fn
@@ -159,8 +263,12 @@ def main() -> None:
         "device": torch.cuda.get_device_name(),
         "alone": args.alone,
         "prefill": args.prefill,
+        "pre_capture": args.pre_capture,
+        "sdpa": args.sdpa,
         "rows": rows,
     }
+    if slowest_ops:
+        result["first_capture_slowest_ops"] = slowest_ops
     if median is not None:
         result["program_median_ms"] = round(median, 3)
     if args.json:

@@ -331,6 +331,12 @@ class CudaGraphed:
         """Eager calls on the side stream; under autocast, also the dtypes eager returns (from
         ``eager_out`` where known, else from one more call, without autocast).
 
+        The last call runs the path the capture will record (``_as_if_capturing``): code that
+        asks whether it is being captured takes another path there, and what that path does
+        once per process (a library's plans and kernels for the shapes it meets) then happens
+        here, outside ``CAPTURING``, instead of inside the capture, where a program's
+        synchronize waits for it.
+
         Beside a program (a JIT install, or a worker's build for one) each call is spaced
         (``courtesy.spaced_run``): queued back to back, the warm-up calls of a model slower than
         the program's own held its next call up for all of them at once."""
@@ -350,8 +356,40 @@ class CudaGraphed:
             for _ in range(self.config.warmup_iters):
                 with courtesy.spaced_run(self.device):
                     self._run(*args, **kwargs)
+            try:
+                with courtesy.spaced_run(self.device), _as_if_capturing():
+                    self._run(*args, **kwargs)
+            except Exception as e:  # the capture itself says what breaks, if anything does
+                log.debug("honed: the warm-up call on the capture's path failed: %s", e)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return eager_dtypes
+
+
+_AS_IF_CAPTURING = threading.RLock()
+
+
+@contextlib.contextmanager
+def _as_if_capturing() -> Iterator[None]:
+    """Inside, ``torch.cuda.is_current_stream_capturing()`` answers True on this thread.
+
+    Libraries branch on it to stay capturable: Hugging Face's masks, for one, skip an all-ones
+    attention mask only when not capturing (the test syncs with the host), so a BERT's capture
+    meets an attention with a mask its warm-up never ran, and builds cuDNN's plans for it while
+    capturing. Other threads get torch's answer throughout; torch's own function is put back on
+    the way out (kept no longer than one call: torch.compile traces the attribute).
+    """
+    real = torch.cuda.is_current_stream_capturing
+    here = threading.get_ident()
+
+    def answer() -> bool:
+        return threading.get_ident() == here or real()
+
+    with _AS_IF_CAPTURING:
+        torch.cuda.is_current_stream_capturing = answer
+        try:
+            yield
+        finally:
+            torch.cuda.is_current_stream_capturing = real
 
 
 @contextlib.contextmanager
