@@ -358,8 +358,9 @@ class TestOnCuda:
                 fn = backend.build_graph(model, [sample], info)
         else:
             fn = backend.build_graph(model, [sample], info)
-        # the warm-up calls and the capture under autocast; the fp32 call only where unknown
-        want = [torch.bfloat16] * (config.warmup_iters + 1)
+        # the warm-up calls, one more on the capture's path and the capture, under autocast;
+        # the fp32 call only where unknown
+        want = [torch.bfloat16] * (config.warmup_iters + 2)
         assert calls == (want if known else [torch.float32, *want])
         x = _x(4, 5)
         out = fn(x)
