@@ -180,6 +180,79 @@ def test_work_gives_way_once_per_slice_not_per_piece() -> None:
             honed.jit.reset()
 
 
+def test_work_the_program_waits_for_does_not_give_way_to_its_call() -> None:
+    """While a thread of the program waits for this process's work (its synchronize waiting for
+    a capture), the work goes on even though the program is inside a call: waiting for that
+    call's end would hold the call up instead."""
+    honed.jit.reset()
+    model = Slow(1.0)
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):
+        honed.jit.enable_jit_tuning()
+        try:
+            thread = threading.Thread(target=model, args=(torch.zeros(1),))
+            thread.start()
+            assert model.started.wait(5)
+            inside, leave = threading.Event(), threading.Event()
+
+            def waits() -> None:
+                with courtesy.program_waits():
+                    inside.set()
+                    leave.wait(5)
+
+            waiter = threading.Thread(target=waits)
+            waiter.start()
+            assert inside.wait(5)
+            time.sleep(2 * courtesy.SLICE_S)
+            assert courtesy.give_way(0.05) == 0.0
+            leave.set()
+            waiter.join()
+            time.sleep(2 * courtesy.SLICE_S)
+            assert courtesy.give_way(0.05) >= 0.05  # the call goes on, nothing waits: gives way
+            thread.join()
+        finally:
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_jits_own_module_calls_give_way_inside_giving_way_at_module_calls(
+    monkeypatch: pytest.MonkeyPatch, on: bool
+) -> None:
+    """Inside ``giving_way_at_module_calls(on)``, each module call of JIT's own thread gives way
+    first (one for the container, one for each child); the program's own module calls never
+    do, and without a program nothing does."""
+    honed.jit.reset()
+    asked: list[str] = []  # the threads that asked whether a call runs (give_way's probe)
+
+    def idle() -> bool:
+        asked.append(threading.current_thread().name)
+        return False
+
+    monkeypatch.setattr(courtesy, "SLICE_S", 0.0)  # each give_way asks
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    assert courtesy.at_module_call() == 0.0  # no program: nothing to give way to
+    with courtesy.giving_way_at_module_calls(True):
+        assert courtesy.at_module_call() == 0.0
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):
+        honed.jit.enable_jit_tuning()
+        courtesy.watch(idle)
+        try:
+
+            def call() -> None:
+                with courtesy.giving_way_at_module_calls(on):
+                    model(torch.zeros(1, 4))
+
+            for name in ("honed-capture", "program"):
+                thread = threading.Thread(target=call, name=name)
+                thread.start()
+                thread.join()
+            assert asked.count("honed-capture") == (3 if on else 0)
+            assert asked.count("program") == 0
+        finally:
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()
+
+
 def test_without_a_program_own_stream_leaves_the_stream_as_it_is() -> None:
     honed.jit.reset()
     with courtesy.own_stream(torch.device("cuda:0")):  # no probe: not even CUDA is touched
@@ -301,6 +374,53 @@ def test_a_captures_warm_up_calls_are_spaced_only_beside_a_program(beside: bool)
     finally:
         courtesy.space_runs(False)
         honed.jit.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("on", [True, False])
+def test_a_captures_recording_gives_way_at_its_module_calls_where_configured(
+    monkeypatch: pytest.MonkeyPatch, on: bool
+) -> None:
+    """With ``honed.config.jit_capture_gives_way``, a capture on JIT's thread beside a program
+    gives way at each module call of its warm-up runs (one, and one more on the captured path)
+    and of its recorded forward; off (the default), never. The graph answers as eager either
+    way."""
+    from honed import config
+    from honed.backend.cuda_graphs import CudaGraphed, CudaGraphsBackendConfig
+
+    honed.jit.reset()
+    monkeypatch.setattr(config, "jit_capture_gives_way", on)
+    monkeypatch.setattr(courtesy, "SLICE_S", 0.0)  # each give_way asks
+    recording: list[bool] = []  # whether a stream captured, at each ask of the capture's thread
+
+    def idle() -> bool:
+        if threading.current_thread().name == "honed-capture":
+            recording.append(bool(torch._C._cuda_isCurrentStreamCapturing()))
+        return False
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).cuda().eval()
+    x = torch.randn(4, 16, device="cuda")
+    out: dict[str, torch.Tensor] = {}
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):
+        honed.jit.enable_jit_tuning()
+        courtesy.watch(idle)
+        try:
+
+            def build() -> None:
+                graphs = CudaGraphed(model, x.device, CudaGraphsBackendConfig(warmup_iters=1))
+                out["y"] = graphs(x)
+
+            thread = threading.Thread(target=build, name="honed-capture")
+            thread.start()
+            thread.join()
+        finally:
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()
+    assert recording.count(True) == (3 if on else 0)  # the recorded forward's module calls
+    assert recording.count(False) == (6 if on else 0)  # the two warm-up runs' module calls
+    with torch.no_grad():
+        torch.testing.assert_close(out["y"], model(x))
 
 
 def test_a_job_queued_inside_a_programs_call_starts_once_the_call_has_ended() -> None:

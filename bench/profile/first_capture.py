@@ -15,13 +15,15 @@ whole build.
 ``--prefill`` asks whether the first recorded forward waits on memory from the driver: each
 capture's pool is then a ``torch.cuda.MemPool`` that one more warm-up call, on the capture's
 stream, has allocated from (and freed back to), so the capture finds its blocks cached there.
+``--give-way`` captures as JIT does with ``HONED_JIT_CAPTURE_GIVES_WAY=1``: JIT's patch of
+``Module.__call__`` in place and the recorded forward giving way to the program's calls.
 ``--pre-capture`` asks whether the first capture's extra time is the process's, once, or each
 model's: a small BERT (2 layers, hidden 128) is captured first, timed alike. ``--profile``
 records the first capture under torch's profiler (CPU) and keeps the slowest single ops of its
 recorded forward, to name where the time goes.
 
     python bench/profile/first_capture.py [--reps 3] [--alone] [--prefill] [--pre-capture]
-        [--profile] [--json out.json]
+        [--profile] [--sdpa cudnn|efficient|math] [--give-way] [--json out.json]
 """
 
 from __future__ import annotations
@@ -182,6 +184,11 @@ def main() -> None:
         default=None,
         help="the only SDPA backend enabled, for the whole run (the program's calls too)",
     )
+    parser.add_argument(
+        "--give-way",
+        action="store_true",
+        help="the capture gives way at module calls (HONED_JIT_CAPTURE_GIVES_WAY), JIT's patch on",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
@@ -209,6 +216,13 @@ def main() -> None:
     program = None
     median = None
     cuda_graphs.guard_synchronize(True)  # as JIT sets it beside a program
+    if args.give_way:  # JIT's patch of Module.__call__, this thread as JIT's own
+        from honed import config as honed_config
+        from honed.jit import patcher
+
+        patcher.install()
+        patcher.STATE.bypass = 1
+        honed_config.jit_capture_gives_way = True
     if not args.alone:
         program = threading.Thread(
             target=beside_stall._calls, args=(model, inputs, "cuda", stop, took_ms, starts)
@@ -264,6 +278,8 @@ def main() -> None:
         stop.set()
         if program is not None:
             program.join()
+        if args.give_way:
+            patcher.uninstall()
         courtesy.watch(None)
         cuda_graphs.guard_synchronize(False)
     result = {
@@ -272,6 +288,7 @@ def main() -> None:
         "prefill": args.prefill,
         "pre_capture": args.pre_capture,
         "sdpa": args.sdpa,
+        "give_way": args.give_way,
         "rows": rows,
     }
     if slowest_ops:

@@ -520,13 +520,22 @@ jit_stand_in: bool = _flag("jit_stand_in", "HONED_JIT_STAND_IN", True, _Bool())
 
 # The first stand-in is captured in the program's process as soon as the module's calls are
 # recorded, before any worker has started (a worker took 9-10 s to import torch and its builders
-# on the GPU host, and 4 s more to map the model, beside eager calls). Off by default: the
-# process's first capture recorded BERT-base's forward in 0.70 s beside the program's calls
-# (0.13 s alone, 0.01-0.02 s for the next captures; bench/profile/first_capture.py), and a
-# program's torch.cuda.synchronize waits for a capture under way, so one call of the cold run
-# took 0.80 s (docs/jit.md). On, the stand-in answers only after its check against the program's
-# own outputs and a trial on its calls.
+# on the GPU host, and 4 s more to map the model, beside eager calls). Off by default: a
+# program's torch.cuda.synchronize waits for a capture under way, and the process's first warm-up
+# and capture held one or two calls of the cold run past twice eager's time (docs/jit.md). On,
+# the stand-in answers only after its check against the program's own outputs and a trial on its
+# calls.
 jit_stand_in_early: bool = _flag("jit_stand_in_early", "HONED_JIT_STAND_IN_EARLY", False, _Bool())
+
+# Beside a program, a CUDA-graph capture of an eager module records its forward in Python (8-15
+# ms for BERT-base), and the program's torch.cuda.synchronize waits for it; recorded while the
+# program's call launches its own ops, both take the GIL in turns and run slower. On, the capture
+# waits at each module call of its forward, and of its warm-up runs, while the program is inside a
+# call (courtesy.give_way), so that call launches at full speed and then waits only for the rest
+# of the recording. Off by default: not yet measured on a GPU (docs/jit.md).
+jit_capture_gives_way: bool = _flag(
+    "jit_capture_gives_way", "HONED_JIT_CAPTURE_GIVES_WAY", False, _Bool()
+)
 
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the
 # largest batch seen (rounded up to a power of two), so a few small first calls do not lock the

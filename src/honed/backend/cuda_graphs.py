@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from honed import config as honed_config
 from honed.backend._precision import (
     check_config,
     converted,
@@ -61,7 +62,7 @@ _PLAIN_SYNCHRONIZE: list[Any] = []
 
 
 def _guarded_synchronize(device: Any = None) -> None:
-    with CAPTURING:
+    with courtesy.program_waits(), CAPTURING:
         _PLAIN_SYNCHRONIZE[0](device)
 
 
@@ -301,6 +302,7 @@ class CudaGraphed:
                     CAPTURING,
                     _workspaces_in_graph_pool(),
                     _graph_capture(graph, self._pool, self._stream),
+                    courtesy.giving_way_at_module_calls(honed_config.jit_capture_gives_way),
                 ):
                     out = self._run(*args, **kwargs)
                     if eager_dtypes is not None:
@@ -325,6 +327,16 @@ class CudaGraphed:
         self.captures += 1
         return captured
 
+    @contextlib.contextmanager
+    def _beside(self) -> Iterator[None]:
+        """One warm-up run: spaced beside a program (``courtesy.spaced_run``) and, with
+        ``honed.config.jit_capture_gives_way``, giving way to its calls at each module call."""
+        with (
+            courtesy.spaced_run(self.device),
+            courtesy.giving_way_at_module_calls(honed_config.jit_capture_gives_way),
+        ):
+            yield
+
     def _warm_up(
         self, args: Any, kwargs: Any, eager_out: Any = _UNKNOWN
     ) -> list[torch.dtype | None] | None:
@@ -348,16 +360,16 @@ class CudaGraphed:
         with torch.cuda.stream(stream):
             if self.config.autocast_enabled:
                 if eager_out is _UNKNOWN:
-                    with courtesy.spaced_run(self.device):
+                    with self._beside():
                         eager_out = self.module(*args, **kwargs)
                 eager_dtypes = [
                     t.dtype if isinstance(t, torch.Tensor) else None for t in tree_leaves(eager_out)
                 ]
             for _ in range(self.config.warmup_iters):
-                with courtesy.spaced_run(self.device):
+                with self._beside():
                     self._run(*args, **kwargs)
             try:
-                with courtesy.spaced_run(self.device), _as_if_capturing():
+                with self._beside(), _as_if_capturing():
                     self._run(*args, **kwargs)
             except Exception as e:  # the capture itself says what breaks, if anything does
                 log.debug("honed: the warm-up call on the capture's path failed: %s", e)

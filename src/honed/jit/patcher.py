@@ -86,13 +86,17 @@ _is_compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
 _monotonic = time.monotonic
 _call_ended = courtesy.call_ended
+_at_module_call = courtesy.at_module_call
 _CALL_CLOCK = courtesy.CALL_CLOCK  # None in it until a tune beside the program opens one
 _observe = pacing.observe
 
 
 def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     st = STATE
-    if getattr(st._local, "bypass", 0) or _is_compiling():
+    if _is_compiling():
+        return _ORIGINAL_CALL(self, *args, **kwargs)
+    if getattr(st._local, "bypass", 0):  # JIT's own thread
+        _at_module_call()  # a capture's recorded forward may give way to the program's call
         return _ORIGINAL_CALL(self, *args, **kwargs)
     node = st.nodes.get(self)
     if node is None:

@@ -75,11 +75,54 @@ def beside_program() -> bool:
     return _probe[0] is not None
 
 
+# The program's threads waiting for this process's work now (a torch.cuda.synchronize that
+# waits for a capture under way): work they wait for gives way to none of their calls.
+_held = [0]
+_HELD_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def program_waits() -> Iterator[None]:
+    """Around a wait of the program's for JIT's work in this process: give_way returns at once
+    meanwhile (a call that waits for the work would otherwise hold the work up until its end)."""
+    with _HELD_LOCK:
+        _held[0] += 1
+    try:
+        yield
+    finally:
+        with _HELD_LOCK:
+            _held[0] -= 1
+
+
+@contextlib.contextmanager
+def giving_way_at_module_calls(on: bool = True) -> Iterator[None]:
+    """Inside (``on``, beside a program): each module call on this thread gives way first
+    (``at_module_call``, which JIT's patch calls for the module calls of JIT's own threads).
+    For work that the program will wait for and that is a model's forward in Python (a capture's
+    recording): run between the program's calls, not beside them, it holds each call up once,
+    for its own length, instead of slowing both by turns on the GIL."""
+    before = getattr(_local, "at_module_calls", False)
+    _local.at_module_calls = on and beside_program()
+    try:
+        yield
+    finally:
+        _local.at_module_calls = before
+
+
+def at_module_call() -> float:
+    """A module call on this thread is about to run: give way, inside
+    ``giving_way_at_module_calls``; the seconds waited."""
+    if getattr(_local, "at_module_calls", False):
+        return give_way()
+    return 0.0
+
+
 def give_way(limit_s: float = LIMIT_S) -> float:
     """Wait while the program is inside a call (``limit_s`` at most), once this thread has run
-    ``SLICE_S`` since it last waited; the seconds waited."""
+    ``SLICE_S`` since it last waited, unless the program waits for this process's work
+    (``program_waits``); the seconds waited."""
     busy = _probe[0]
-    if busy is None:
+    if busy is None or _held[0]:
         return 0.0
     now = time.perf_counter()
     if now - getattr(_local, "resumed", 0.0) < SLICE_S or not busy():
