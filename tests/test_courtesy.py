@@ -160,58 +160,54 @@ def test_the_programs_device_syncs_wait_for_a_capture_beside_them() -> None:
     assert torch.cuda.synchronize is plain
 
 
-def test_work_gives_way_once_per_slice_not_per_piece() -> None:
+@contextlib.contextmanager
+def _inside_a_programs_call(seconds: float = 1.0) -> Iterator[None]:
+    """JIT on, and a thread of the program inside a call of ``seconds`` while the body runs."""
     honed.jit.reset()
-    model = Slow(1.0)
+    model = Slow(seconds)
     with honed.jit.config.patch(wait=False, min_parameters=10**9):
         honed.jit.enable_jit_tuning()
         try:
             thread = threading.Thread(target=model, args=(torch.zeros(1),))
             thread.start()
             assert model.started.wait(5)
-            time.sleep(2 * courtesy.SLICE_S)
-            assert courtesy.give_way(0.05) >= 0.05  # the call goes on: waited the limit
-            assert courtesy.give_way(5.0) == 0.0  # right after a wait: the next piece goes on
-            time.sleep(2 * courtesy.SLICE_S)
-            assert courtesy.give_way(0.05) >= 0.05  # a slice later: gives way again
+            yield
             thread.join()
         finally:
             honed.jit.disable_jit_tuning()
             honed.jit.reset()
+
+
+def test_work_gives_way_once_per_slice_not_per_piece() -> None:
+    with _inside_a_programs_call():
+        time.sleep(2 * courtesy.SLICE_S)
+        assert courtesy.give_way(0.05) >= 0.05  # the call goes on: waited the limit
+        assert courtesy.give_way(5.0) == 0.0  # right after a wait: the next piece goes on
+        time.sleep(2 * courtesy.SLICE_S)
+        assert courtesy.give_way(0.05) >= 0.05  # a slice later: gives way again
 
 
 def test_work_the_program_waits_for_does_not_give_way_to_its_call() -> None:
     """While a thread of the program waits for this process's work (its synchronize waiting for
     a capture), the work goes on even though the program is inside a call: waiting for that
     call's end would hold the call up instead."""
-    honed.jit.reset()
-    model = Slow(1.0)
-    with honed.jit.config.patch(wait=False, min_parameters=10**9):
-        honed.jit.enable_jit_tuning()
-        try:
-            thread = threading.Thread(target=model, args=(torch.zeros(1),))
-            thread.start()
-            assert model.started.wait(5)
-            inside, leave = threading.Event(), threading.Event()
+    with _inside_a_programs_call():
+        inside, leave = threading.Event(), threading.Event()
 
-            def waits() -> None:
-                with courtesy.program_waits():
-                    inside.set()
-                    leave.wait(5)
+        def waits() -> None:
+            with courtesy.program_waits():
+                inside.set()
+                leave.wait(5)
 
-            waiter = threading.Thread(target=waits)
-            waiter.start()
-            assert inside.wait(5)
-            time.sleep(2 * courtesy.SLICE_S)
-            assert courtesy.give_way(0.05) == 0.0
-            leave.set()
-            waiter.join()
-            time.sleep(2 * courtesy.SLICE_S)
-            assert courtesy.give_way(0.05) >= 0.05  # the call goes on, nothing waits: gives way
-            thread.join()
-        finally:
-            honed.jit.disable_jit_tuning()
-            honed.jit.reset()
+        waiter = threading.Thread(target=waits)
+        waiter.start()
+        assert inside.wait(5)
+        time.sleep(2 * courtesy.SLICE_S)
+        assert courtesy.give_way(0.05) == 0.0
+        leave.set()
+        waiter.join()
+        time.sleep(2 * courtesy.SLICE_S)
+        assert courtesy.give_way(0.05) >= 0.05  # the call goes on, nothing waits: gives way
 
 
 @pytest.mark.parametrize("on", [True, False])
