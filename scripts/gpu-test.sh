@@ -10,6 +10,8 @@
 #     per-call cost of honed::Model::run over libtorch's loader (bench/profile/run_overhead.sh);
 #     CPP_VS_PY=0 leaves out the measuring, RUNTIME_TESTS=0 the testing (two calls, each < 600 s);
 #   cpp-rows: issue 22's C++ rows (BERT b8, ResNet-50 b64) through bench/cpp_vs_python.py;
+#   first-capture: a first CUDA-graph capture of BERT-base beside a program, with and without
+#     HONED_JIT_CAPTURE_GIVES_WAY (bench/profile/first_capture.py);
 #   jit-bert: issue 23's BERT-base loop under HONED_JIT=1 (bench/jit_bert.py; JIT_BERT_ARGS adds
 #     or replaces options, default "--no-aot": one device call holds eager, cold, warm and the
 #     one-liner, or eager, cold, warm, AOT and warm again with --no-one-liner instead).
@@ -117,6 +119,24 @@ if [ "$STAGE" = jit-bert ]; then
   grep -v -E "^DEBUG|AUTOTUNE|triton_mm|strides:|dtypes:|process: |select_algorithm" \
       "$OUT/jit-bert.log" | tail -60 | cut -c1-400
   [ "$rc" -eq 0 ] || { echo "FAILED: bench/jit_bert.py ($rc)"; status=1; }
+fi
+
+# -- stage "first-capture" (not in "all"): a process's first CUDA-graph capture beside a program --
+# bench/profile/first_capture.py, two captures of BERT-base under bf16 autocast in a fresh process
+# beside an eager loop, as JIT captures with and without HONED_JIT_CAPTURE_GIVES_WAY (--give-way):
+# each step's ms and the program's slowest call over the capture and over the whole build.
+if [ "$STAGE" = first-capture ]; then
+  for mode in plain give-way; do
+    step "first capture beside a program: $mode (bench/profile/first_capture.py)"
+    extra=""
+    [ "$mode" = give-way ] && extra="--give-way"
+    # shellcheck disable=SC2086  # extra is one option or none
+    (cd bench/profile && timeout 150 $PY first_capture.py --reps 2 $extra \
+        --json "$OUT/first-capture-$mode.json" > "$OUT/first-capture-$mode.log" 2>&1)
+    rc=$?
+    grep -E '"rep"|program alone' "$OUT/first-capture-$mode.log"
+    [ "$rc" -eq 0 ] || { echo "FAILED: first_capture.py $extra ($rc)"; status=1; }
+  done
 fi
 
 # -- stage "suite" (not part of "all": it takes most of one device call) ------------------------
