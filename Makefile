@@ -107,10 +107,11 @@ test-cpp: $(CPP_BUILD)/build.ninja
 	cd $(CPP_BUILD) && $(abspath $(VENV)/bin/ctest) --output-on-failure -j $(shell nproc)
 
 # Every CPU tier (tests/conftest.py: unit, integration; gpu tests skip without CUDA), side by side
-# in pytest-xdist workers (a test file stays on one worker, so its module fixtures are made once);
-# then the tests marked serial, which need the machine to themselves, alone.
+# in pytest-xdist workers, a worker that runs out of tests taking some of another's (worksteal: on
+# 2 cores the suite ended sooner than with each file kept on one worker, whose last long files
+# left the other idle); then the tests marked serial, which need the machine to themselves, alone.
 test-py: $(STAMP)/package $(STAMP)/bench-deps $(STAMP)/test-deps
-	$(VPY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not serial" $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not serial" $(PYTEST_ARGS)
 	$(VPY) -m pytest -q -m serial $(PYTEST_ARGS)
 
 # The unit tier only, for the edit-test loop.
