@@ -187,25 +187,39 @@ def test_work_gives_way_once_per_slice_not_per_piece() -> None:
         assert courtesy.give_way(0.05) >= 0.05  # a slice later: gives way again
 
 
-def test_work_the_program_waits_for_does_not_give_way_to_its_call() -> None:
+@pytest.mark.parametrize("waits", ["program_waits", "a guarded synchronize"])
+def test_work_the_program_waits_for_does_not_give_way_to_its_call(waits: str) -> None:
     """While a thread of the program waits for this process's work (its synchronize waiting for
-    a capture), the work goes on even though the program is inside a call: waiting for that
-    call's end would hold the call up instead."""
-    with _inside_a_programs_call():
-        inside, leave = threading.Event(), threading.Event()
+    a capture under way), the work goes on even though the program is inside a call: waiting
+    for that call's end would hold the call up instead."""
+    from honed.backend import cuda_graphs
 
-        def waits() -> None:
+    real = cuda_graphs._PLAIN_SYNCHRONIZE
+    with _inside_a_programs_call():
+        leave = threading.Event()
+
+        def program_waits() -> None:
             with courtesy.program_waits():
-                inside.set()
                 leave.wait(5)
 
-        waiter = threading.Thread(target=waits)
-        waiter.start()
-        assert inside.wait(5)
-        time.sleep(2 * courtesy.SLICE_S)
-        assert courtesy.give_way(0.05) == 0.0
-        leave.set()
-        waiter.join()
+        plain = real[0]
+        real[0] = lambda device=None: None
+        try:
+            with cuda_graphs.CAPTURING:  # a capture under way on this thread
+                waiter = threading.Thread(
+                    target=program_waits if waits == "program_waits" else torch.cuda.synchronize
+                )
+                waiter.start()
+                deadline = time.monotonic() + 5
+                while not courtesy._held[0]:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.001)
+                time.sleep(2 * courtesy.SLICE_S)
+                assert courtesy.give_way(0.05) == 0.0
+                leave.set()
+            waiter.join()
+        finally:
+            real[0] = plain
         time.sleep(2 * courtesy.SLICE_S)
         assert courtesy.give_way(0.05) >= 0.05  # the call goes on, nothing waits: gives way
 
