@@ -527,9 +527,9 @@ jit_stand_in: bool = _flag("jit_stand_in", "HONED_JIT_STAND_IN", True, _Bool())
 # calls.
 jit_stand_in_early: bool = _flag("jit_stand_in_early", "HONED_JIT_STAND_IN_EARLY", False, _Bool())
 
-# Beside a program, a CUDA-graph capture of an eager module records its forward in Python (8-15
-# ms for BERT-base), and the program's torch.cuda.synchronize waits for it; recorded while the
-# program's call launches its own ops, both take the GIL in turns and run slower. On, the capture
+# Beside a program, a CUDA-graph capture of an eager module records its forward in Python, and
+# the program's torch.cuda.synchronize waits for it; recorded while the program's call launches
+# its own ops, both take the GIL in turns and run slower. On, the capture
 # waits at each module call of its forward, and of its warm-up runs, while the program is inside a
 # call (courtesy.give_way), so that call launches at full speed and then waits only for the rest
 # of the recording. Off by default: not yet measured on a GPU (docs/jit.md).
