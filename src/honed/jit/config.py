@@ -67,8 +67,9 @@ class JitConfig:
             program's calls while the compiling candidates build (on by default).
         stand_in_early: with ``stand_in``, the first stand-in is captured in the program's
             process as soon as the module's calls are recorded, checked against the program's
-            own outputs and tried on its calls, before any worker is up (off by default: the
-            process's first capture held a program's synchronize up for 0.8 s on the H200).
+            own outputs and tried on its calls, before any worker is up (off by default: its
+            build in the program's process still holds a call or two past twice eager's time,
+            docs/jit.md).
         stability_tolerance: how far the medians of a measurement's last windows may differ
             in a JIT tune (when larger than honed.config.stability_tolerance): the program's
             own calls share the device with the measuring worker.
