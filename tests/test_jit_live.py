@@ -13,9 +13,10 @@ import contextlib
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -955,12 +956,16 @@ def test_an_early_stand_in_is_built_only_where_nothing_is_cached(beside: Path) -
 
 
 class CountsForward(Slow):
-    """Slow, counting its forward calls in this process (a CUDA graph's replay makes none)."""
+    """Slow, counting its forward calls in this process (a CUDA graph's replay makes none), and
+    keeping where each came from (the thread, the calls that led to it)."""
 
     forwards = 0
+    came_from: ClassVar[list[str]] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         CountsForward.forwards += 1
+        where = "".join(traceback.format_stack(limit=14)[:-1])
+        CountsForward.came_from.append(f"{threading.current_thread().name}:\n{where}")
         return super().forward(x)
 
 
@@ -1006,7 +1011,10 @@ def test_cuda_graphs_over_eager_stand_in_for_the_program_while_the_rest_build(
         forwards = CountsForward.forwards
         for _ in range(50):
             torch.testing.assert_close(model(x), want)
-        assert CountsForward.forwards == forwards  # replays answered, the other still builds
+        # replays answered, the other still builds
+        assert CountsForward.forwards == forwards, "\n".join(
+            [*honed.jit.history(), *CountsForward.came_from[forwards:]]
+        )
         (record,) = honed.jit.tunes()
         assert record.status == "running"
         gate.touch()

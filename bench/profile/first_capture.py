@@ -15,6 +15,10 @@ whole build.
 ``--prefill`` asks whether the first recorded forward waits on memory from the driver: each
 capture's pool is then a ``torch.cuda.MemPool`` that one more warm-up call, on the capture's
 stream, has allocated from (and freed back to), so the capture finds its blocks cached there.
+``--trace`` records the first build, warm-up included, under torch's profiler (CPU ops of every
+thread, the CUDA runtime's calls and the kernels) and keeps, for each of the program's calls over
+2x its median, what ran during it: the longest events of each thread and the kernels' busy time
+per stream, to tell a wait for the GIL, for a driver lock and for the GPU apart.
 ``--give-way`` captures as JIT does with ``HONED_JIT_CAPTURE_GIVES_WAY=1``: JIT's patch of
 ``Module.__call__`` in place and the recorded forward giving way to the program's calls.
 ``--pre-capture`` asks whether the first capture's extra time is the process's, once, or each
@@ -23,7 +27,7 @@ records the first capture under torch's profiler (CPU) and keeps the slowest sin
 recorded forward, to name where the time goes.
 
     python bench/profile/first_capture.py [--reps 3] [--alone] [--prefill] [--pre-capture]
-        [--profile] [--sdpa cudnn|efficient|math] [--give-way] [--json out.json]
+        [--profile] [--sdpa cudnn|efficient|math] [--give-way] [--trace] [--json out.json]
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def _timed(owner: Any, name: str, label: str) -> None:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
-            return real(*args, **kwargs)
+            with torch.profiler.record_function(label):
+                return real(*args, **kwargs)
         finally:
             _SPANS.append((label, start, time.perf_counter()))
 
@@ -168,6 +173,88 @@ def _slowest(profiler: Any, count: int = 15) -> list[dict[str, Any]]:
     ]
 
 
+def _program_marked() -> None:
+    """The program's calls and synchronizes as named spans in a profiler's trace (--trace)."""
+    real_calls, real_sync = beside_stall._calls, beside_stall._sync
+
+    class Marked:
+        def __init__(self, model: Any) -> None:
+            self.model = model
+
+        def __call__(self, **kwargs: Any) -> Any:
+            with torch.profiler.record_function("program call"):
+                return self.model(**kwargs)
+
+    def sync(device: str) -> None:
+        with torch.profiler.record_function("program sync"):
+            real_sync(device)
+
+    def calls(model: Any, *args: Any, **kwargs: Any) -> None:
+        real_calls(Marked(model), *args, **kwargs)
+
+    beside_stall._sync = sync
+    beside_stall._calls = calls
+
+
+def _all_threads() -> Any:
+    """The profiler's setting for every thread's CPU ops (the program's too), where torch has it."""
+    from torch._C._profiler import _ExperimentalConfig
+
+    try:
+        return _ExperimentalConfig(profile_all_threads=True, enable_cuda_sync_events=True)
+    except TypeError:
+        print("this torch's profiler records the main thread's CPU ops only", flush=True)
+        return _ExperimentalConfig(enable_cuda_sync_events=True)
+
+
+def _slow_calls_traced(path: str, median_ms: float, top: int = 10) -> list[dict[str, Any]]:
+    """From a chrome trace of one build: each program call (its span and its synchronize's) over
+    2x ``median_ms``, with the longest events of each thread and the kernels' busy ms per stream
+    overlapping it."""
+    with open(path) as f:
+        events = [
+            e
+            for e in json.load(f)["traceEvents"]
+            if e.get("ph") == "X" and "dur" in e and e.get("cat") != "Trace"
+        ]
+    named = {"program call": [], "program sync": []}
+    for e in events:
+        if e["name"] in named:
+            named[e["name"]].append(e)
+    calls = sorted(named["program call"], key=lambda e: e["ts"])
+    syncs = sorted(named["program sync"], key=lambda e: e["ts"])
+    out: list[dict[str, Any]] = []
+    for call in calls:
+        start = call["ts"]
+        sync = next((s for s in syncs if s["ts"] >= start + call["dur"]), None)
+        end = sync["ts"] + sync["dur"] if sync else start + call["dur"]
+        if (end - start) / 1e3 <= 2 * median_ms:
+            continue
+        during = [e for e in events if e["ts"] < end and e["ts"] + e["dur"] > start]
+        kernels: dict[str, float] = {}
+        threads: dict[str, list[tuple[float, str]]] = {}
+        for e in during:
+            overlap = (min(end, e["ts"] + e["dur"]) - max(start, e["ts"])) / 1e3
+            if e.get("cat") == "kernel":
+                stream = str(e.get("args", {}).get("stream", e.get("tid")))
+                kernels[stream] = kernels.get(stream, 0.0) + overlap
+            elif e["dur"] >= 500:
+                key = f"{e.get('cat', '?')}/{e.get('tid')}"
+                threads.setdefault(key, []).append((e["dur"] / 1e3, e["name"][:60]))
+        out.append(
+            {
+                "call_ms": round(call["dur"] / 1e3, 2),
+                "sync_ms": round(sync["dur"] / 1e3, 2) if sync else None,
+                "kernel_ms_by_stream": {k: round(v, 2) for k, v in kernels.items()},
+                "longest_by_thread": {
+                    k: [(round(ms, 2), name) for ms, name in sorted(v, reverse=True)[:top]]
+                    for k, v in threads.items()
+                },
+            }
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -189,8 +276,13 @@ def main() -> None:
         action="store_true",
         help="the capture gives way at module calls (HONED_JIT_CAPTURE_GIVES_WAY), JIT's patch on",
     )
+    parser.add_argument(
+        "--trace", action="store_true", help="the first build under torch's profiler, every thread"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.trace:
+        _program_marked()
 
     if args.sdpa:
         from torch.nn.attention import SDPBackend, _sdpa_kernel
@@ -238,6 +330,7 @@ def main() -> None:
     sample = Sample((), dict(inputs))
     rows: list[dict[str, Any]] = []
     slowest_ops: list[dict[str, Any]] = []
+    traced: list[dict[str, Any]] = []
     try:
         if args.pre_capture:
             small, small_inputs = beside_stall._model("cuda", small=True)
@@ -258,10 +351,26 @@ def main() -> None:
         for rep in range(args.reps):
             _SPANS.clear()
             profiler = _recorded_forward_profiled() if args.profile and rep == 0 else None
+            tracer = None
+            if args.trace and rep == 0:
+                tracer = torch.profiler.profile(
+                    activities=[
+                        torch.profiler.ProfilerActivity.CPU,
+                        torch.profiler.ProfilerActivity.CUDA,
+                    ],
+                    experimental_config=_all_threads(),
+                )
+                tracer.start()
             start = time.perf_counter()
             with known_outputs([sample], [ref]), courtesy.own_stream("cuda"):
                 fn = backend.build_graph(model, [sample], GraphInfo(device=torch.device("cuda")))
             end = time.perf_counter()
+            if tracer is not None:
+                time.sleep(0.1)  # the program's call held up by the build has returned
+                tracer.stop()
+                tracer.export_chrome_trace("/tmp/first-capture-trace.json")
+                if median is not None:
+                    traced = _slow_calls_traced("/tmp/first-capture-trace.json", median)
             if profiler is not None:
                 _PROFILED.clear()
                 slowest_ops = _slowest(profiler)
@@ -293,6 +402,8 @@ def main() -> None:
     }
     if slowest_ops:
         result["first_capture_slowest_ops"] = slowest_ops
+    if traced:
+        result["traced_slow_calls"] = traced
     if median is not None:
         result["program_median_ms"] = round(median, 3)
     if args.json:
