@@ -19,6 +19,10 @@ stream, has allocated from (and freed back to), so the capture finds its blocks 
 thread, the CUDA runtime's calls and the kernels) and keeps, for each of the program's calls over
 2x its median, what ran during it: the longest events of each thread and the kernels' busy time
 per stream, to tell a wait for the GIL, for a driver lock and for the GPU apart.
+``--warm-elsewhere`` first runs, in a process of its own that ends before the program starts,
+the attention the capture's path meets (bf16, BERT's mask): whether what the first capture's
+warm-up waits for is this process's (cuDNN's runtime-compiled plans, loaded here) or the
+machine's (libraries read from disk, caches a process before filled).
 ``--give-way`` captures as JIT does with ``HONED_JIT_CAPTURE_GIVES_WAY=1``: JIT's patch of
 ``Module.__call__`` in place and the recorded forward giving way to the program's calls.
 ``--pre-capture`` asks whether the first capture's extra time is the process's, once, or each
@@ -27,7 +31,8 @@ records the first capture under torch's profiler (CPU) and keeps the slowest sin
 recorded forward, to name where the time goes.
 
     python bench/profile/first_capture.py [--reps 3] [--alone] [--prefill] [--pre-capture]
-        [--profile] [--sdpa cudnn|efficient|math] [--give-way] [--trace] [--json out.json]
+        [--profile] [--sdpa cudnn|efficient|math] [--give-way] [--trace] [--warm-elsewhere]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -196,6 +201,26 @@ def _program_marked() -> None:
     beside_stall._calls = calls
 
 
+_ELSEWHERE = """
+import torch
+import torch.nn.functional as F
+q, k, v = (torch.randn(8, 12, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+mask = torch.zeros(8, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
+F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+torch.cuda.synchronize()
+"""
+
+
+def _warm_elsewhere() -> float:
+    """BERT's masked bf16 attention in a process of its own (--warm-elsewhere); its seconds."""
+    import subprocess
+    import sys
+
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", _ELSEWHERE], check=True)
+    return time.perf_counter() - start
+
+
 def _all_threads() -> Any:
     """The profiler's setting for every thread's CPU ops (the program's too), where torch has it."""
     from torch._C._profiler import _ExperimentalConfig
@@ -219,7 +244,7 @@ def _slow_calls_traced(path: str, median_ms: float, top: int = 10) -> list[dict[
         ]
     named = {"program call": [], "program sync": []}
     for e in events:
-        if e["name"] in named:
+        if e["name"] in named and e.get("cat") == "user_annotation":  # not its GPU-side copy
             named[e["name"]].append(e)
     calls = sorted(named["program call"], key=lambda e: e["ts"])
     syncs = sorted(named["program sync"], key=lambda e: e["ts"])
@@ -279,10 +304,17 @@ def main() -> None:
     parser.add_argument(
         "--trace", action="store_true", help="the first build under torch's profiler, every thread"
     )
+    parser.add_argument(
+        "--warm-elsewhere",
+        action="store_true",
+        help="the capture's attention first run in a process of its own",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.trace:
         _program_marked()
+    if args.warm_elsewhere:
+        print(f"attention warmed in another process in {_warm_elsewhere():.2f}s", flush=True)
 
     if args.sdpa:
         from torch.nn.attention import SDPBackend, _sdpa_kernel
@@ -398,6 +430,7 @@ def main() -> None:
         "pre_capture": args.pre_capture,
         "sdpa": args.sdpa,
         "give_way": args.give_way,
+        "warm_elsewhere": args.warm_elsewhere,
         "rows": rows,
     }
     if slowest_ops:
