@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from typing import Any
 
@@ -12,6 +13,7 @@ from torch import nn
 import honed
 from honed.backend import GraphInfo, Sample, backend_from_recipe
 from honed.backend.cuda_graphs import CudaGraphed, CudaGraphsBackend, CudaGraphsBackendConfig
+from honed.pipeline import courtesy
 
 from conftest import TinyMLP
 
@@ -169,6 +171,30 @@ def test_as_if_capturing_answers_true_on_its_own_thread_only(
     assert torch.cuda.is_current_stream_capturing is torch_answer
 
 
+def test_beside_a_program_only_a_first_build_warms_up_on_the_capture_path() -> None:
+    """Without a program beside, every capture's warm-up ends on the capture's path; beside one,
+    only a capture inside ``courtesy.first_build`` on its own thread."""
+    import threading
+
+    from honed.backend import cuda_graphs
+
+    asked = cuda_graphs._warms_up_on_the_capture_path
+    assert asked()
+    courtesy.watch(lambda: False)
+    try:
+        assert not asked()
+        with courtesy.first_build():
+            elsewhere: list[bool] = []
+            other = threading.Thread(target=lambda: elsewhere.append(asked()))
+            other.start()
+            other.join()
+            assert (asked(), elsewhere) == (True, [False])
+        assert not asked()
+    finally:
+        courtesy.watch(None)
+    assert asked()
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="CUDA is available here")
 def test_tune_on_cpu_reports_it_unavailable() -> None:
     model = honed.Module(TinyMLP().eval(), "tiny-cg")
@@ -211,10 +237,14 @@ class TestOnCuda:
                 x = _x(4, seed)
                 torch.testing.assert_close(fn(x), model(x))
 
-    def test_the_last_warm_up_call_runs_the_path_the_capture_records(self) -> None:
+    @pytest.mark.parametrize("beside, first", [(False, False), (True, False), (True, True)])
+    def test_the_last_warm_up_call_runs_the_path_the_capture_records(
+        self, beside: bool, first: bool
+    ) -> None:
         """A module that asks whether it is captured (as Hugging Face's masks do) is warmed up
         on the capture's path once, outside any capture, before the capture records that path;
-        its answers are eager's either way."""
+        beside a program, only in a first build (JIT's early stand-in). Its answers are eager's
+        either way."""
         seen: list[tuple[bool, bool]] = []
 
         class Asks(nn.Module):
@@ -223,8 +253,14 @@ class TestOnCuda:
                 seen.append((told, torch._C._cuda_isCurrentStreamCapturing()))
                 return x * 3 if told else (x * 3 if bool((x > -1e9).all()) else x)
 
-        fn = _build(Asks(), _x(4), warmup_iters=2)
-        assert seen == [(False, False), (False, False), (True, False), (True, True)]
+        courtesy.watch((lambda: False) if beside else None)
+        try:
+            with courtesy.first_build() if first else contextlib.nullcontext():
+                fn = _build(Asks(), _x(4), warmup_iters=2)
+        finally:
+            courtesy.watch(None)
+        on_the_path = [(True, False)] if first or not beside else []
+        assert seen == [(False, False), (False, False), *on_the_path, (True, True)]
         assert torch.cuda.is_current_stream_capturing() is False
         x = _x(4, seed=3)
         torch.testing.assert_close(fn(x), x * 3)

@@ -782,12 +782,17 @@ def test_a_stand_in_is_offered_only_where_its_check_ran_quicker_than_the_program
 
 class StandsInHere(Backend):
     """Compiles nothing (as CUDA graphs over eager): skips the sleep, and says it answered one
-    of the program's calls (its runs on the tune's thread, a check's, are noted apart)."""
+    of the program's calls (its runs on the tune's thread, a check's, are noted apart).
+    ``first_builds``: at each build, whether it was a first build (``courtesy.first_build``)."""
 
     stands_in = True
+    first_builds: ClassVar[list[bool]] = []
 
     def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        from honed.pipeline import courtesy
+
         assert isinstance(module, Slow)
+        StandsInHere.first_builds.append(courtesy.in_first_build())
 
         def run(x: torch.Tensor) -> torch.Tensor:
             program = threading.current_thread() is threading.main_thread()
@@ -840,6 +845,7 @@ def test_a_stand_in_answers_the_calls_before_the_graph_break_check_ends(
     monkeypatch.setenv("HONED_TEST_GATE", str(gate))
     model, x, want = _slow_call()
     deadline = time.monotonic() + 120
+    StandsInHere.first_builds.clear()
     with (
         _check_held(monkeypatch) as release,
         _live_jit(tmp_path / "jit-cache", StandsInHere(), wait=False, also=(BuiltOnCue(),)),
@@ -891,6 +897,8 @@ def test_a_stand_in_answers_the_calls_before_the_graph_break_check_ends(
         assert record.line().endswith(", then StandsInHere"), record.line()
         rows = {c.name: c.status for c in root.report.graphs[0].candidates}
         assert rows["StandsInHere"] == "ok"  # built and checked by the tune as well
+        # the early build is a first build (nothing built before it); the tune's is not
+        assert StandsInHere.first_builds == [True, False]
         promoted = [line for line in honed.jit.history() if "StandsInHere answers" in line]
         assert len(promoted) == 1, promoted
         assert root.trial is None

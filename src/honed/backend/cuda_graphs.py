@@ -343,11 +343,11 @@ class CudaGraphed:
         """Eager calls on the side stream; under autocast, also the dtypes eager returns (from
         ``eager_out`` where known, else from one more call, without autocast).
 
-        The last call runs the path the capture will record (``_as_if_capturing``): code that
-        asks whether it is being captured takes another path there, and what that path does
-        once per process (a library's plans and kernels for the shapes it meets) then happens
-        here, outside ``CAPTURING``, instead of inside the capture, where a program's
-        synchronize waits for it.
+        The last call runs the path the capture will record (``_as_if_capturing``), where
+        ``_warms_up_on_the_capture_path`` says so: code that asks whether it is being captured
+        takes another path there, and what that path does once (a library's plans and kernels
+        for the shapes it meets) then happens here, outside ``CAPTURING``, instead of inside the
+        capture, where a program's synchronize waits for it.
 
         Beside a program (a JIT install, or a worker's build for one) each call is spaced
         (``courtesy.spaced_run``): queued back to back, the warm-up calls of a model slower than
@@ -368,13 +368,27 @@ class CudaGraphed:
             for _ in range(self.config.warmup_iters):
                 with self._beside():
                     self._run(*args, **kwargs)
-            try:
-                with self._beside(), _as_if_capturing():
-                    self._run(*args, **kwargs)
-            except Exception as e:  # the capture itself says what breaks, if anything does
-                log.debug("honed: the warm-up call on the capture's path failed: %s", e)
+            if _warms_up_on_the_capture_path():
+                try:
+                    with self._beside(), _as_if_capturing():
+                        self._run(*args, **kwargs)
+                except Exception as e:  # the capture itself says what breaks, if anything does
+                    log.debug("honed: the warm-up call on the capture's path failed: %s", e)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return eager_dtypes
+
+
+def _warms_up_on_the_capture_path() -> bool:
+    """Whether a capture's warm-up ends with a call on the capture's path (``_warm_up``).
+
+    Always, but beside a program (JIT) only in a first build (``courtesy.first_build``: the
+    early stand-in, before any worker built the model). There the capture met cuDNN's plans for
+    the masked attention it records, made for the first time on the machine, and the program's
+    synchronize waited the whole of it. A capture installed after a worker's build records
+    quickly, and the extra call, run beside the program's calls, held them up instead: the
+    first runs of its path's kernels there stalled the program's kernel launches (docs/jit.md).
+    """
+    return not courtesy.beside_program() or courtesy.in_first_build()
 
 
 _AS_IF_CAPTURING = threading.RLock()

@@ -143,7 +143,7 @@ def _stand_in_early(
     from honed.backend.base import Sample, known_outputs
     from honed.module import Module, Variant
     from honed.pipeline.candidate import check
-    from honed.pipeline.courtesy import own_stream
+    from honed.pipeline.courtesy import first_build, own_stream
     from honed.shapes import graph_info
 
     module = node.module
@@ -167,7 +167,7 @@ def _stand_in_early(
     for backend in stand_ins:
         started = time.perf_counter()
         try:
-            with own_stream(device), known_outputs(samples, outputs):
+            with own_stream(device), known_outputs(samples, outputs), first_build():
                 fn = backend.build_graph(module, samples, info)
                 result = check(fn, samples, outputs, backend, module, device)
         except Exception as e:  # a capture the module does not allow: the tune goes on without

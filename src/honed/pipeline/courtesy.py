@@ -75,6 +75,24 @@ def beside_program() -> bool:
     return _probe[0] is not None
 
 
+@contextlib.contextmanager
+def first_build() -> Iterator[None]:
+    """Around a build on this thread that no worker has done before it (JIT's early stand-in):
+    what its libraries do once for a model (cuDNN's plans, kernels read from disk) has not
+    happened anywhere on the machine yet. A backend may then prepare differently beside the
+    program (``in_first_build``)."""
+    _local.first_build = getattr(_local, "first_build", 0) + 1
+    try:
+        yield
+    finally:
+        _local.first_build -= 1
+
+
+def in_first_build() -> bool:
+    """Whether this thread is inside ``first_build``."""
+    return getattr(_local, "first_build", 0) > 0
+
+
 # The program's threads waiting for this process's work now (a torch.cuda.synchronize that
 # waits for a capture under way): work they wait for gives way to none of their calls.
 _held = [0]
