@@ -532,7 +532,8 @@ jit_stand_in_early: bool = _flag("jit_stand_in_early", "HONED_JIT_STAND_IN_EARLY
 # its own ops, both take the GIL in turns and run slower. On, the capture waits at each module
 # call of its forward, and of its warm-up runs, while the program is inside a call
 # (courtesy.give_way), so that call launches at full speed and then waits only for the rest of
-# the recording. Off by default: not yet measured on a GPU (docs/jit.md).
+# the recording. Off by default: on the GPU host the paused capture took longer, and the call
+# that waited for it with it (docs/jit.md).
 jit_capture_gives_way: bool = _flag(
     "jit_capture_gives_way", "HONED_JIT_CAPTURE_GIVES_WAY", False, _Bool()
 )
