@@ -25,6 +25,12 @@ warm-up waits for is this process's (cuDNN's runtime-compiled plans, loaded here
 machine's (libraries read from disk, caches a process before filled).
 ``--give-way`` captures as JIT does with ``HONED_JIT_CAPTURE_GIVES_WAY=1``: JIT's patch of
 ``Module.__call__`` in place and the recorded forward giving way to the program's calls.
+``--sample-ms`` samples the building thread's Python stack that often through the first build,
+from a thread of its own, and keeps for each of the program's calls over 2x the stacks seen during
+it and the sampler's longest gap there: a gap far past the period is a stretch in which no other
+thread got the GIL, and the stack sampled at its end is what held it.
+``--first-build`` builds the first capture as JIT's early stand-in does (``courtesy.first_build``:
+its warm-up ends with a call on the capture's path beside the program too).
 ``--pre-capture`` asks whether the first capture's extra time is the process's, once, or each
 model's: a small BERT (2 layers, hidden 128) is captured first, timed alike. ``--profile``
 records the first capture under torch's profiler (CPU) and keeps the slowest single ops of its
@@ -32,16 +38,19 @@ recorded forward, to name where the time goes.
 
     python bench/profile/first_capture.py [--reps 3] [--alone] [--prefill] [--pre-capture]
         [--profile] [--sdpa cudnn|efficient|math] [--give-way] [--trace] [--warm-elsewhere]
-        [--json out.json]
+        [--first-build] [--sample-ms MS] [--switch-us US] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import itertools
 import json
 import statistics
 import threading
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import beside_stall  # the program's loop (this folder: run as a script)
@@ -108,7 +117,11 @@ def _replay_ms(fn: Any, inputs: dict[str, Any], calls: int = 100) -> float:
 
 
 def _steps(
-    start: float, end: float, starts: list[float] | None, took_ms: list[float]
+    start: float,
+    end: float,
+    starts: list[float] | None,
+    took_ms: list[float],
+    median: float | None = None,
 ) -> dict[str, Any]:
     """One build's steps (ms) from _SPANS, and the program's calls overlapping its capture."""
     spans = {label: (s, e) for label, s, e in _SPANS}
@@ -134,6 +147,10 @@ def _steps(
         ]
         row["program_calls_in_build"] = len(built)
         row["program_slowest_in_build_ms"] = round(max(built), 2) if built else None
+        if median is not None:
+            row["program_over_2x_in_build"] = sorted(
+                (round(ms, 2) for ms in built if ms > 2 * median), reverse=True
+            )
     return row
 
 
@@ -199,6 +216,48 @@ def _program_marked() -> None:
 
     beside_stall._sync = sync
     beside_stall._calls = calls
+
+
+class _Sampler:
+    """The Python stack of one thread every ``period_s``, from a thread of its own (--sample-ms)."""
+
+    def __init__(self, thread_id: int, period_s: float) -> None:
+        self.samples: list[tuple[float, tuple[str, ...]]] = []
+        self._id, self._period = thread_id, period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import sys
+        import traceback
+
+        while not self._stop.wait(self._period):
+            frame = sys._current_frames().get(self._id)
+            stack = traceback.extract_stack(frame)[-8:] if frame is not None else []
+            names = tuple(f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})" for f in stack)
+            self.samples.append((time.perf_counter(), names[::-1]))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def during(self, start: float, end: float, top: int = 4) -> dict[str, Any]:
+        """The samples between ``start`` and ``end``: the longest gap between two (ms) with the
+        stack that ended it, and the stacks seen most often."""
+        inside = [(t, s) for t, s in self.samples if start <= t <= end]
+        before = [(t, s) for t, s in self.samples if t < start][-1:]
+        gap, gap_stack = 0.0, ()
+        for (t0, _), (t1, stack) in itertools.pairwise(before + inside):
+            if t1 - t0 > gap:
+                gap, gap_stack = t1 - t0, stack
+        seen = collections.Counter(stack[:4] for _, stack in inside)
+        return {
+            "samples": len(inside),
+            "longest_gap_ms": round(gap * 1e3, 2),
+            "stack_after_gap": list(gap_stack),
+            "most_seen": [[n, list(s)] for s, n in seen.most_common(top)],
+        }
 
 
 _ELSEWHERE = """
@@ -309,8 +368,30 @@ def main() -> None:
         action="store_true",
         help="the capture's attention first run in a process of its own",
     )
+    parser.add_argument(
+        "--first-build",
+        action="store_true",
+        help="the first capture built as JIT's early stand-in builds (courtesy.first_build: its "
+        "warm-up ends with a call on the capture's path beside the program too)",
+    )
+    parser.add_argument(
+        "--sample-ms",
+        type=float,
+        default=0.0,
+        help="sample the building thread's Python stack this often through the first build",
+    )
+    parser.add_argument(
+        "--switch-us",
+        type=float,
+        default=0.0,
+        help="Python's switch interval through the run (JIT's jobs use 50 µs; Python's is 5000)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.switch_us:
+        import sys
+
+        sys.setswitchinterval(args.switch_us / 1e6)
     if args.trace:
         _program_marked()
     if args.warm_elsewhere:
@@ -363,6 +444,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     slowest_ops: list[dict[str, Any]] = []
     traced: list[dict[str, Any]] = []
+    sampled: list[dict[str, Any]] = []
     try:
         if args.pre_capture:
             small, small_inputs = beside_stall._model("cuda", small=True)
@@ -393,10 +475,26 @@ def main() -> None:
                     experimental_config=_all_threads(),
                 )
                 tracer.start()
+            sampler = None
+            if args.sample_ms and rep == 0:
+                sampler = _Sampler(threading.get_ident(), args.sample_ms / 1e3)
             start = time.perf_counter()
-            with known_outputs([sample], [ref]), courtesy.own_stream("cuda"):
+            first = courtesy.first_build() if args.first_build and rep == 0 else nullcontext()
+            with known_outputs([sample], [ref]), courtesy.own_stream("cuda"), first:
                 fn = backend.build_graph(model, [sample], GraphInfo(device=torch.device("cuda")))
             end = time.perf_counter()
+            if sampler is not None:
+                time.sleep(0.1)  # the program's call held up by the build has returned
+                sampler.stop()
+                sampled = [
+                    {
+                        "at_ms": round((s - start) * 1e3, 1),
+                        "ms": ms,
+                        **sampler.during(s, s + ms / 1e3),
+                    }
+                    for s, ms in zip(starts, took_ms, strict=False)
+                    if median is not None and ms > 2 * median and s < end and s + ms / 1e3 > start
+                ]
             if tracer is not None:
                 time.sleep(0.1)  # the program's call held up by the build has returned
                 tracer.stop()
@@ -408,7 +506,7 @@ def main() -> None:
                 slowest_ops = _slowest(profiler)
             if program is not None:
                 time.sleep(0.1)  # the program's call held up by the capture has returned
-            row = {"rep": rep, **_steps(start, end, starts if program else None, took_ms)}
+            row = {"rep": rep, **_steps(start, end, starts if program else None, took_ms, median)}
             if program is None:
                 row["replay_ms"] = _replay_ms(fn, inputs)
             rows.append(row)
@@ -429,6 +527,8 @@ def main() -> None:
         "prefill": args.prefill,
         "pre_capture": args.pre_capture,
         "sdpa": args.sdpa,
+        "first_build": args.first_build,
+        "switch_us": args.switch_us or None,
         "give_way": args.give_way,
         "warm_elsewhere": args.warm_elsewhere,
         "rows": rows,
@@ -437,6 +537,8 @@ def main() -> None:
         result["first_capture_slowest_ops"] = slowest_ops
     if traced:
         result["traced_slow_calls"] = traced
+    if sampled:
+        result["sampled_slow_calls"] = sampled
     if median is not None:
         result["program_median_ms"] = round(median, 3)
     if args.json:
