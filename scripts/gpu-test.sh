@@ -12,6 +12,8 @@
 #   cpp-rows: issue 22's C++ rows (BERT b8, ResNet-50 b64) through bench/cpp_vs_python.py;
 #   first-capture: a first CUDA-graph capture of BERT-base beside a program, with and without
 #     HONED_JIT_CAPTURE_GIVES_WAY (bench/profile/first_capture.py);
+#   first-build: the early stand-in's first build beside a program, with CUDA's lazy and eager
+#     module loading, with and without a block reserved for the warm-up (RESERVE_MIB, 1024);
 #   jit-bert: issue 23's BERT-base loop under HONED_JIT=1 (bench/jit_bert.py; JIT_BERT_ARGS adds
 #     or replaces options, default "--no-aot": one device call holds eager, cold, warm and the
 #     one-liner, or eager, cold, warm, AOT and warm again with --no-one-liner instead).
@@ -136,6 +138,38 @@ if [ "$STAGE" = first-capture ]; then
     rc=$?
     grep -E '"rep"|program alone' "$OUT/first-capture-$mode.log"
     [ "$rc" -eq 0 ] || { echo "FAILED: first_capture.py $extra ($rc)"; status=1; }
+  done
+fi
+
+# -- stage "first-build" (not in "all"): what holds the program up in a first in-process build ---
+# bench/profile/first_capture.py as JIT's early stand-in builds (--first-build, JIT's switch
+# interval), the building thread's stack sampled each millisecond: with CUDA's lazy module
+# loading (torch's default) and with CUDA_MODULE_LOADING=EAGER, each with and without a block
+# reserved on the capture's stream first (--reserve-mib). One JSON per setting, one log in all.
+if [ "$STAGE" = first-build ]; then
+  for mode in lazy eager lazy-reserve eager-reserve; do
+    step "first build beside a program: $mode (bench/profile/first_capture.py)"
+    loading=LAZY
+    case $mode in eager*) loading=EAGER ;; esac
+    extra=""
+    case $mode in *-reserve) extra="--reserve-mib ${RESERVE_MIB:-1024}" ;; esac
+    # shellcheck disable=SC2086  # extra is one option with its value, or none
+    (cd bench/profile && CUDA_MODULE_LOADING=$loading timeout 120 $PY first_capture.py --reps 2 \
+        --first-build --sample-ms 1 --switch-us 50 $extra \
+        --json "$OUT/first-build-$mode.json" >> "$OUT/first-build.log" 2>&1)
+    rc=$?
+    [ "$rc" -eq 0 ] || { echo "FAILED: first_capture.py ($mode: $rc)"; status=1; }
+    $PY - "$OUT/first-build-$mode.json" <<'PYEOF' || status=1
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("program median", d.get("program_median_ms"), "ms;", d["module_loading"], "reserve", d["reserve_mib"])
+for row in d["rows"]:
+    print({k: row.get(k) for k in ("rep", "build_ms", "warm_up_ms", "forward_recorded_ms",
+                                   "program_slowest_in_build_ms", "program_over_2x_in_build")})
+for c in d.get("sampled_slow_calls", []):
+    print(f"  at {c['at_ms']} ms: {c['ms']:.1f} ms, gap {c['longest_gap_ms']} ms;",
+          " | ".join(f"{n}x {' < '.join(s[:2])}" for n, s in c["most_seen"][:2]))
+PYEOF
   done
 fi
 

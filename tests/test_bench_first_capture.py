@@ -61,3 +61,36 @@ def test_a_builds_row_counts_the_programs_calls_over_twice_its_median_that_overl
     assert row["program_slowest_in_capture_ms"] == 80.0
     assert row["forward_recorded_ms"] == 90.0
     assert "program_over_2x_in_build" not in first_capture._steps(10.0, 10.7, starts, took_ms)
+
+
+def test_reserve_mib_allocates_and_frees_one_block_on_the_captures_stream_before_its_first_warm_up(
+    monkeypatch,
+) -> None:
+    import torch
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(
+        torch.cuda,
+        "caching_allocator_alloc",
+        lambda size, device, stream: calls.append(("alloc", size, device, stream)) or 1234,
+    )
+    monkeypatch.setattr(
+        torch.cuda, "caching_allocator_delete", lambda ptr: calls.append(("delete", ptr))
+    )
+    warmed: list[tuple] = []
+
+    class Graphed:
+        device, _stream = "cuda:0", "the capture's stream"
+
+        def _warm_up(self, args, kwargs, eager_out=None):
+            warmed.append((args, kwargs, eager_out, list(calls)))
+            return ["dtypes"]
+
+    Graphed._warm_up = first_capture._reserving(Graphed._warm_up, 256)
+    graphed = Graphed()
+    assert graphed._warm_up((1,), {"x": 2}, "out") == ["dtypes"]
+    graphed._warm_up((3,), {}, None)
+
+    reserved = [("alloc", 256 << 20, "cuda:0", "the capture's stream"), ("delete", 1234)]
+    assert calls == reserved  # once, before the first warm-up, not again
+    assert warmed[0] == ((1,), {"x": 2}, "out", reserved)

@@ -31,6 +31,11 @@ it and the sampler's longest gap there: a gap far past the period is a stretch i
 thread got the GIL, and the stack sampled at its end is what held it.
 ``--first-build`` builds the first capture as JIT's early stand-in does (``courtesy.first_build``:
 its warm-up ends with a call on the capture's path beside the program too).
+``--reserve-mib`` asks whether the calls held up while the warm-up's first bf16 linears run wait
+for the driver's memory: a block that large is allocated and freed on the capture's stream first,
+so the caching allocator cuts the warm-up's allocations from it. Run with
+``CUDA_MODULE_LOADING=EAGER`` in the environment, every kernel's module is loaded when the
+process's CUDA context starts (the JSON says which).
 ``--pre-capture`` asks whether the first capture's extra time is the process's, once, or each
 model's: a small BERT (2 layers, hidden 128) is captured first, timed alike. ``--profile``
 records the first capture under torch's profiler (CPU) and keeps the slowest single ops of its
@@ -38,7 +43,7 @@ recorded forward, to name where the time goes.
 
     python bench/profile/first_capture.py [--reps 3] [--alone] [--prefill] [--pre-capture]
         [--profile] [--sdpa cudnn|efficient|math] [--give-way] [--trace] [--warm-elsewhere]
-        [--first-build] [--sample-ms MS] [--switch-us US] [--json out.json]
+        [--first-build] [--sample-ms MS] [--switch-us US] [--reserve-mib MIB] [--json out.json]
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import argparse
 import collections
 import itertools
 import json
+import os
 import statistics
 import threading
 import time
@@ -99,6 +105,22 @@ def _prefilled(real: Any) -> Any:
             self._run(*args, **kwargs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         return dtypes
+
+    return warm_up
+
+
+def _reserving(real: Any, mib: int) -> Any:
+    """CudaGraphed._warm_up, after one block of ``mib`` MiB allocated on the capture's stream and
+    freed again (--reserve-mib): the caching allocator keeps it for that stream, so the warm-up's
+    allocations (bf16 copies of the weights, activations) are cut from it instead of each asking
+    the driver (cudaMalloc) beside the program's launches."""
+
+    def warm_up(self: Any, args: Any, kwargs: Any, *rest: Any) -> Any:
+        if mib and not getattr(self, "_reserved", False):
+            block = torch.cuda.caching_allocator_alloc(mib << 20, self.device, self._stream)
+            torch.cuda.caching_allocator_delete(block)
+            self._reserved = True
+        return real(self, args, kwargs, *rest)
 
     return warm_up
 
@@ -386,6 +408,12 @@ def main() -> None:
         default=0.0,
         help="Python's switch interval through the run (JIT's jobs use 50 µs; Python's is 5000)",
     )
+    parser.add_argument(
+        "--reserve-mib",
+        type=int,
+        default=0,
+        help="a block this large allocated and freed on the capture's stream before its warm-up",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.switch_us:
@@ -409,6 +437,10 @@ def main() -> None:
     if args.prefill:
         torch.cuda.graph_pool_handle = _mem_pool_handle  # CudaGraphed takes its pool from it
         cuda_graphs.CudaGraphed._warm_up = _prefilled(cuda_graphs.CudaGraphed._warm_up)
+    if args.reserve_mib:
+        cuda_graphs.CudaGraphed._warm_up = _reserving(
+            cuda_graphs.CudaGraphed._warm_up, args.reserve_mib
+        )
     _timed(cuda_graphs.CudaGraphed, "_warm_up", "warm-up")
     _profiling(torch.cuda.CUDAGraph, "capture_begin", start=True)
     _profiling(torch.cuda.CUDAGraph, "capture_end", start=False)
@@ -529,6 +561,8 @@ def main() -> None:
         "sdpa": args.sdpa,
         "first_build": args.first_build,
         "switch_us": args.switch_us or None,
+        "reserve_mib": args.reserve_mib or None,
+        "module_loading": os.environ.get("CUDA_MODULE_LOADING", "LAZY (torch's default)"),
         "give_way": args.give_way,
         "warm_elsewhere": args.warm_elsewhere,
         "rows": rows,
