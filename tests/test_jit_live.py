@@ -419,6 +419,9 @@ def test_jit_adopts_the_runner_up_that_the_programs_calls_show_faster(jit: None)
     assert any("SkipsTheSleep adopted" in line for line in trial_lines), trial_lines
 
 
+# Serial for the same reason as the test above: it waits for the trial's verdict, and beside the
+# parallel pass on a 2-core machine the sleeps' timings once kept eager (the fresh-machine run).
+@pytest.mark.serial
 def test_the_tune_and_its_trial_run_eager_only_for_its_check(jit: None) -> None:
     """Eager picked (the misled figures) is installed as it is, checked once on each recorded
     sample against what the program's call returned, and the trial's rival is checked against
