@@ -382,11 +382,11 @@ def _warms_up_on_the_capture_path() -> bool:
     """Whether a capture's warm-up ends with a call on the capture's path (``_warm_up``).
 
     Always, but beside a program (JIT) only in a first build (``courtesy.first_build``: the
-    early stand-in, before any worker built the model). There the capture met cuDNN's plans for
-    the masked attention it records, made for the first time on the machine, and the program's
-    synchronize waited the whole of it. A capture installed after a worker's build records
-    quickly, and the extra call, run beside the program's calls, held them up instead: the
-    first runs of its path's kernels there stalled the program's kernel launches (docs/jit.md).
+    early stand-in, before any worker built the model). There the capture met the masked path
+    it records for the first time (cuDNN's plans, CUDA loading the path's kernels), and the
+    program's synchronize waited the whole of it. A capture installed after a worker's build
+    records quickly, and the extra call, run beside the program's calls, held them up instead:
+    while CUDA loads a kernel's module the program's thread cannot launch (docs/jit.md).
     """
     return not courtesy.beside_program() or courtesy.in_first_build()
 

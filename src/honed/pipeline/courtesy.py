@@ -78,9 +78,9 @@ def beside_program() -> bool:
 @contextlib.contextmanager
 def first_build() -> Iterator[None]:
     """Around a build on this thread that no worker has done before it (JIT's early stand-in):
-    what its libraries do once for a model (cuDNN's plans, kernels read from disk) has not
-    happened anywhere on the machine yet. A backend may then prepare differently beside the
-    program (``in_first_build``)."""
+    what its libraries do once for a model (cuDNN's plans, CUDA loading the kernels) has not
+    happened in this process or on the machine yet. A backend may then prepare differently
+    beside the program (``in_first_build``)."""
     _local.first_build = getattr(_local, "first_build", 0) + 1
     try:
         yield
