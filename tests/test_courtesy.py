@@ -386,6 +386,22 @@ def test_a_captures_warm_up_calls_are_spaced_only_beside_a_program(beside: bool)
         honed.jit.reset()
 
 
+def _captured_on_jits_thread(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A CUDA graph of ``model`` built and run on ``x`` on a thread named as JIT's own."""
+    from honed.backend.cuda_graphs import CudaGraphed, CudaGraphsBackendConfig
+
+    out: dict[str, torch.Tensor] = {}
+
+    def build() -> None:
+        graphs = CudaGraphed(model, x.device, CudaGraphsBackendConfig(warmup_iters=1))
+        out["y"] = graphs(x)
+
+    thread = threading.Thread(target=build, name="honed-capture")
+    thread.start()
+    thread.join()
+    return out["y"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("on", [True, False])
 def test_a_captures_recording_gives_way_at_its_module_calls_where_configured(
@@ -396,10 +412,10 @@ def test_a_captures_recording_gives_way_at_its_module_calls_where_configured(
     a first build warms up off the captured path) and of its recorded forward; off (the
     default), never. The graph answers as eager either way."""
     from honed import config
-    from honed.backend.cuda_graphs import CudaGraphed, CudaGraphsBackendConfig
 
     honed.jit.reset()
     monkeypatch.setattr(config, "jit_capture_gives_way", on)
+    monkeypatch.setattr(config, "jit_takes_turns", False)  # which takes precedence
     monkeypatch.setattr(courtesy, "SLICE_S", 0.0)  # each give_way asks
     recording: list[bool] = []  # whether a stream captured, at each ask of the capture's thread
 
@@ -411,26 +427,70 @@ def test_a_captures_recording_gives_way_at_its_module_calls_where_configured(
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).cuda().eval()
     x = torch.randn(4, 16, device="cuda")
-    out: dict[str, torch.Tensor] = {}
     with honed.jit.config.patch(wait=False, min_parameters=10**9):
         honed.jit.enable_jit_tuning()
         courtesy.watch(idle)
         try:
-
-            def build() -> None:
-                graphs = CudaGraphed(model, x.device, CudaGraphsBackendConfig(warmup_iters=1))
-                out["y"] = graphs(x)
-
-            thread = threading.Thread(target=build, name="honed-capture")
-            thread.start()
-            thread.join()
+            y = _captured_on_jits_thread(model, x)
         finally:
             honed.jit.disable_jit_tuning()
             honed.jit.reset()
     assert recording.count(True) == (3 if on else 0)  # the recorded forward's module calls
     assert recording.count(False) == (3 if on else 0)  # the warm-up run's module calls
     with torch.no_grad():
-        torch.testing.assert_close(out["y"], model(x))
+        torch.testing.assert_close(y, model(x))
+
+
+class _Turns(nn.Module):
+    """Logs, at each forward, whether its thread holds a turn and whether a stream captures."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.seen: list[tuple[str, bool, bool]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(
+            (
+                threading.current_thread().name,
+                courtesy.TURN[0] == courtesy._HELD,
+                bool(torch._C._cuda_isCurrentStreamCapturing()),
+            )
+        )
+        return torch.relu(self.linear(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("on", [True, False])
+def test_a_captures_warm_up_and_recording_take_turns_with_the_programs_calls(
+    monkeypatch: pytest.MonkeyPatch, on: bool
+) -> None:
+    """With ``honed.config.jit_takes_turns`` (the default), a capture on JIT's thread beside a
+    program runs its warm-up call and its recorded forward within turns, and holds none once
+    built; off, it never takes one. The graph answers as eager either way."""
+    from honed import config
+
+    honed.jit.reset()
+    monkeypatch.setattr(config, "jit_takes_turns", on)
+    torch.manual_seed(0)
+    model = _Turns().cuda().eval()
+    x = torch.randn(4, 16, device="cuda")
+    ended = courtesy._turns_ended[0]
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):
+        honed.jit.enable_jit_tuning()
+        try:
+            y = _captured_on_jits_thread(model, x)
+            assert courtesy.TURN[0] == courtesy._FREE
+        finally:
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()
+    assert [(held, capturing) for _, held, capturing in model.seen] == [
+        (on, False),  # the warm-up call
+        (on, True),  # the recorded forward
+    ]
+    assert (courtesy._turns_ended[0] - ended >= 2) is on
+    with torch.no_grad():
+        torch.testing.assert_close(y, torch.relu(model.linear(x)))
 
 
 def test_a_job_queued_inside_a_programs_call_starts_once_the_call_has_ended() -> None:

@@ -538,6 +538,14 @@ jit_capture_gives_way: bool = _flag(
     "jit_capture_gives_way", "HONED_JIT_CAPTURE_GIVES_WAY", False, _Bool()
 )
 
+# Beside a program, work in its process that runs a model's forward in Python (a CUDA-graph
+# capture's warm-up calls and recording) runs its module calls in turns with the program's calls
+# (courtesy.taking_turns): each turn starts while the program is between calls, is short next to
+# its calls, and the program's next call waits for the turn's end, instead of both threads
+# taking the GIL in turns at every op for the length of the work (docs/jit.md). Takes
+# precedence over jit_capture_gives_way.
+jit_takes_turns: bool = _flag("jit_takes_turns", "HONED_JIT_TAKES_TURNS", True, _Bool())
+
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the
 # largest batch seen (rounded up to a power of two), so a few small first calls do not lock the
 # tuned range to small batches (1 = only the batch sizes seen).

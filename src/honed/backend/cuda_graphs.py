@@ -303,6 +303,7 @@ class CudaGraphed:
                     _workspaces_in_graph_pool(),
                     _graph_capture(graph, self._pool, self._stream),
                     courtesy.giving_way_at_module_calls(honed_config.jit_capture_gives_way),
+                    courtesy.taking_turns(honed_config.jit_takes_turns),
                 ):
                     out = self._run(*args, **kwargs)
                     if eager_dtypes is not None:
@@ -329,11 +330,14 @@ class CudaGraphed:
 
     @contextlib.contextmanager
     def _beside(self) -> Iterator[None]:
-        """One warm-up run: spaced beside a program (``courtesy.spaced_run``) and, with
-        ``honed.config.jit_capture_gives_way``, giving way to its calls at each module call."""
+        """One warm-up run: spaced beside a program (``courtesy.spaced_run``), its module calls
+        in turns with the program's calls (``honed.config.jit_takes_turns``), or else, with
+        ``honed.config.jit_capture_gives_way``, giving way to its calls at each module call.
+        A turn ends with the run, before the spacing's wait."""
         with (
             courtesy.spaced_run(self.device),
             courtesy.giving_way_at_module_calls(honed_config.jit_capture_gives_way),
+            courtesy.taking_turns(honed_config.jit_takes_turns),
         ):
             yield
 

@@ -86,6 +86,8 @@ _is_compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
 _monotonic = time.monotonic
 _call_ended = courtesy.call_ended
+_call_starting = courtesy.call_starting
+_TURN = courtesy.TURN  # non-zero while JIT's work in this process takes or wants a turn
 _at_module_call = courtesy.at_module_call
 _CALL_CLOCK = courtesy.CALL_CLOCK  # None in it until a tune beside the program opens one
 _observe = pacing.observe
@@ -112,6 +114,10 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         # candidate (honed.jit.cores)
         _outermost(node.trial is not None)
         st.in_call = _get_ident()  # JIT's work gives way meanwhile (honed.pipeline.courtesy)
+        if _TURN[0]:  # JIT's work in this process takes turns: this call waits for the one held
+            st.in_call = 0
+            _call_starting()
+            st.in_call = _get_ident()
         started = _monotonic()
         clock = _CALL_CLOCK[0]  # the call clock: workers start their GPU runs mid-call
         if clock is not None:
@@ -156,7 +162,7 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             if clock is not None:
                 clock[2] = ended - started
                 clock[1] = ended
-            _call_ended()  # wakes JIT's work waiting for this call's end
+            _call_ended(ended - started)  # wakes JIT's work waiting for this call's end
             if timed:
                 _observe(id(node), ended - started)  # eager's pace paces the workers
 

@@ -62,12 +62,25 @@ def watch(busy: Callable[[], bool] | None) -> None:
     _probe[0] = busy
 
 
-def call_ended() -> None:
-    """The program's call just ended (JIT calls this at the end of each outermost call):
-    wakes the threads waiting in give_way. Nothing to do, and nearly free, when none waits."""
+def call_ended(length_s: float = 0.0) -> None:
+    """The program's call just ended, after ``length_s`` (JIT calls this at the end of each
+    outermost call): wakes the threads waiting in give_way or for a turn. Nearly free when none
+    waits."""
+    _ends[0] += 1
+    if length_s > 0.0:
+        _last_call_s[0] = length_s
     if _waiting[0]:
         with _ENDED:
             _ENDED.notify_all()
+
+
+def call_starting() -> None:
+    """One of the program's calls is about to start: while work in this process takes its turn
+    (``taking_turns``), the call waits for the end of that turn. Nearly free when no work takes
+    turns. JIT's patch reads ``TURN`` itself, after marking the call begun, and calls this with
+    the mark cleared."""
+    if TURN[0]:
+        _await_turn()
 
 
 def beside_program() -> bool:
@@ -128,11 +141,145 @@ def giving_way_at_module_calls(on: bool = True) -> Iterator[None]:
 
 
 def at_module_call() -> float:
-    """A module call on this thread is about to run: give way, inside
-    ``giving_way_at_module_calls``; the seconds waited."""
+    """A module call on this thread is about to run: take a turn or go on with the one held,
+    inside ``taking_turns``; give way, inside ``giving_way_at_module_calls``; the seconds
+    waited."""
+    if getattr(_local, "turns", False):
+        return _next_piece()
     if getattr(_local, "at_module_calls", False):
         return give_way()
     return 0.0
+
+
+# Turns. Work in the program's process that runs a model's forward in Python (a capture's
+# warm-up calls and its recording) and that runs beside one of the program's calls makes both
+# slower: the two threads take the GIL in turns at every op, each hand-over costs the switch
+# interval, and a first run's pieces (a library choosing its kernels, CUDA loading them) hold
+# the program's launches up. Inside ``taking_turns`` such work runs its module calls in turns
+# instead: a turn starts while the program is between calls (its host waits for the GPU, or it
+# is idle) or waits at the start of one (``call_starting``), lasts at most TURN_SHARE of the
+# program's latest call (TURN_S at most, MIN_TURN_S at least), and the program's next call
+# waits for the turn's end. So a call waits for one turn at most, beside which nothing slows
+# its own ops; after a turn during which the program waited, the next turn waits for one of
+# its calls to end, so the program's calls and the work's turns alternate.
+TURN_S = 0.004
+TURN_SHARE = 0.5
+MIN_TURN_S = 0.0005
+# The longest the work waits for the program's call to end before it takes its turn beside the
+# call (a program whose calls are far longer than a turn: the work would otherwise creep).
+TURN_WAIT_S = 0.05
+# The longest a turn holds the program's calls, from its start: as long as the program's latest
+# call (a turn never more than doubles a call), PROGRAM_WAIT_MIN_S at least, PROGRAM_WAIT_S at
+# most. A piece far longer than a turn (a library's first plan, CUDA loading a kernel) then runs
+# beside the calls instead of holding them up longer.
+PROGRAM_WAIT_S = 0.05
+PROGRAM_WAIT_MIN_S = 0.002
+_FREE, _WANTED, _HELD = 0, 1, 2
+# The turn's state. JIT's patch reads it at each outermost call after marking the call begun,
+# and the work marks a turn held before it looks whether a call runs: under the GIL one of the
+# two sees the other, so a call and a turn never both begin.
+TURN = [_FREE]
+_turns_ended = [0]  # turns ended in this process, counted: a waiting call waits for one more
+_parked = [0]  # the program's calls waiting at their start for a turn to end
+_owed = [-1]  # the count of program calls ended that the next turn waits to see passed
+_ends = [0]  # the program's outermost calls ended, counted (call_ended)
+_last_call_s = [0.0]  # the length of the program's latest outermost call
+_turn_began = [0.0]  # perf_counter() at the start of the latest turn
+_TURN_OWNER = threading.Lock()  # held by the thread whose turn it is
+
+
+@contextlib.contextmanager
+def taking_turns(on: bool = True) -> Iterator[None]:
+    """Inside (``on``, beside a program): this thread's module calls run in turns with the
+    program's calls (above), through JIT's patch of ``Module.__call__``. A turn held at the
+    end is ended: the program's next call never waits for work that is over."""
+    before = getattr(_local, "turns", False)
+    _local.turns = on and beside_program()
+    try:
+        yield
+    finally:
+        _local.turns = before
+        if not before:
+            _end_turn()
+
+
+def _turn_length() -> float:
+    return max(MIN_TURN_S, min(TURN_S, TURN_SHARE * _last_call_s[0]))
+
+
+def _program_wait() -> float:
+    return max(PROGRAM_WAIT_MIN_S, min(PROGRAM_WAIT_S, _last_call_s[0]))
+
+
+def _next_piece() -> float:
+    """The next module call of work taking turns: go on within the turn held, or end it and
+    wait for the next; the seconds waited."""
+    now = time.perf_counter()
+    if getattr(_local, "turn_started", None) is not None:
+        if now - _local.turn_started < _turn_length():
+            return 0.0
+        _end_turn()
+    return _take_turn(now)
+
+
+def _take_turn(start: float) -> float:
+    busy = _probe[0]
+    _TURN_OWNER.acquire()  # another of JIT's threads taking turns holds one now: after it
+    with _ENDED:
+        _waiting[0] += 1
+        TURN[0] = _WANTED
+        try:
+            while not _held[0] and busy is not None:
+                now = time.perf_counter()
+                if now - start >= TURN_WAIT_S:
+                    break  # the program's calls are long: this turn runs beside one
+                if _ends[0] > _owed[0] and (_parked[0] or not busy()):
+                    TURN[0] = _HELD
+                    if _parked[0] or not busy():
+                        break
+                    TURN[0] = _WANTED  # a call began meanwhile: its end comes first
+                _ENDED.wait(TURN_WAIT_S - (now - start))
+            TURN[0] = _HELD
+        finally:
+            _waiting[0] -= 1
+    _local.turn_started = _turn_began[0] = now = time.perf_counter()
+    return now - start
+
+
+def _end_turn() -> None:
+    if getattr(_local, "turn_started", None) is None:
+        return
+    _local.turn_started = None
+    with _ENDED:
+        # a call that waited for this turn runs before the next one
+        _owed[0] = _ends[0] if _parked[0] else -1
+        TURN[0] = _FREE
+        _turns_ended[0] += 1
+        _ENDED.notify_all()
+    _TURN_OWNER.release()
+
+
+def _await_turn() -> None:
+    """The program's call waits at its start for the turn under way, or about to be, to end
+    (``_program_wait`` from the turn's start at most); it does not wait for the turns that
+    follow."""
+    start = time.perf_counter()
+    with _ENDED:
+        if not TURN[0] or (TURN[0] == _WANTED and _ends[0] <= _owed[0]):
+            return  # no turn, or one that waits for this call: it runs first
+        ended = _turns_ended[0]
+        _parked[0] += 1
+        _ENDED.notify_all()  # work waiting for the program's pause takes its turn now
+        try:
+            while TURN[0] and _turns_ended[0] == ended:
+                # from the turn's start, where one runs: a turn that overran holds no more calls
+                since = _turn_began[0] if TURN[0] == _HELD else start
+                left = _program_wait() - (time.perf_counter() - since)
+                if left <= 0:
+                    break
+                _ENDED.wait(left)
+        finally:
+            _parked[0] -= 1
 
 
 def give_way(limit_s: float = LIMIT_S) -> float:
@@ -397,8 +544,10 @@ def own_stream(device: Any) -> Iterator[None]:
 __all__ = [
     "CALL_CLOCK",
     "LIMIT_S",
+    "TURN",
     "beside_program",
     "call_ended",
+    "call_starting",
     "give_way",
     "mid_call_wait",
     "open_call_clock",
@@ -407,6 +556,7 @@ __all__ = [
     "spaced_benchmarks",
     "spaced_run",
     "spaces",
+    "taking_turns",
     "wait_mid_call",
     "watch",
 ]
