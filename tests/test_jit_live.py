@@ -66,6 +66,42 @@ def _jitter(base: float) -> Callable[[int], float]:
     return lambda k: base * (1.0 + 0.05 * ((k * 7919) % 11) / 10)
 
 
+@pytest.mark.parametrize("beside", [True, False])
+def test_beside_a_program_the_verdict_is_given_off_the_calling_thread(beside: bool) -> None:
+    """Beside a program, the call that ends a trial does not work out its verdict (a bootstrap
+    of milliseconds): a thread of its own does, while the pick answers the calls; without a
+    program the verdict comes in that call, on its thread."""
+    from honed.pipeline import courtesy
+
+    clock = FakeClock()
+    given: list[tuple[str, live.Verdict | None]] = []
+    arrived = threading.Event()
+
+    def done(verdict: live.Verdict | None) -> None:
+        given.append((threading.current_thread().name, verdict))
+        arrived.set()
+
+    pick = live.Arm("Pick", Costs(clock, _jitter(2.0)))
+    rival = live.Arm("Rival", Costs(clock, _jitter(1.0)))
+    trial = live.Trial(pick, [rival], 1.0, done, clock=clock)
+    courtesy.watch((lambda: False) if beside else None)
+    try:
+        calls = 0
+        while not trial.finished:
+            assert trial.call(None, None, ("x",), {}) == "x"
+            calls += 1
+            assert calls < 100_000, "the trial never ended"
+        answered = pick.wrapper.calls
+        assert trial.call(None, None, ("x",), {}) == "x"  # the pick answers meanwhile
+        assert pick.wrapper.calls == answered + 1
+        assert arrived.wait(10)
+    finally:
+        courtesy.watch(None)
+    ((thread, verdict),) = given
+    assert thread == ("honed-verdict" if beside else threading.current_thread().name)
+    assert verdict is not None and verdict.adopted == "Rival"
+
+
 def test_a_clearly_faster_runner_up_is_adopted_on_evidence() -> None:
     verdict, _, pick, rival, calls = _trial(_jitter(2.0), _jitter(1.0))
     assert verdict.adopted == "Rival"

@@ -38,6 +38,7 @@ from honed import _core
 from honed import config as _flags
 from honed.jit.history import add as add_step
 from honed.module import MISS
+from honed.pipeline import courtesy
 from honed.pipeline.openmp import release_team
 
 log = logging.getLogger("honed.jit")
@@ -181,8 +182,9 @@ def _block(per_call_ms: float) -> int:
 
 
 class Trial:
-    """The pick and its rivals taking turns on one module's calls; ``done`` gets the verdict (on
-    the program's thread, in the call that ends the trial: it must only assign)."""
+    """The pick and its rivals taking turns on one module's calls; ``done`` gets the verdict: on
+    the program's thread, in the call that ends the trial, or, beside a program, on a thread of
+    its own while the pick answers the calls (``_decide``). Either way it must be brief."""
 
     def __init__(
         self,
@@ -272,10 +274,18 @@ class Trial:
 
     def _decide(self) -> None:
         """Give the verdict once every counted call's figure is readable (at once on the
-        CPU); until then the pick answers the calls."""
+        CPU); until then the pick answers the calls. Beside a program a judging verdict is
+        worked out on a thread of its own: its bootstrap takes milliseconds (without the GIL),
+        which the call that ended the trial would otherwise pay; the pick answers meanwhile."""
         if self.finished or not all(arm.settle(self.timer) for arm in self.arms):
             return
         self.finished = True
+        if self.judge and courtesy.beside_program():
+            threading.Thread(target=self._give_verdict, name="honed-verdict", daemon=True).start()
+        else:
+            self._give_verdict()
+
+    def _give_verdict(self) -> None:
         self.done(self.verdict() if self.judge else None)
 
     def _size_blocks(self) -> None:
@@ -524,7 +534,7 @@ class ProgramCalls:
         given: list[Verdict | None] = []
         finished = threading.Event()
 
-        def done(verdict: Verdict | None) -> None:  # on the program's thread: assignments only
+        def done(verdict: Verdict | None) -> None:  # brief: it may run on the program's thread
             given.append(verdict)
             finished.set()
 

@@ -583,7 +583,7 @@ def _start_trial(
         return
     pick = pick_row.name
 
-    def done(verdict: live.Verdict | None) -> None:  # on the program's thread: assignments only
+    def done(verdict: live.Verdict | None) -> None:  # brief: it may run on the program's thread
         assert verdict is not None  # a judging trial
         node.trial = None
         add_step(f"Live trial for {node.short()}: {verdict.describe()}")
