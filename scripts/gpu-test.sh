@@ -14,6 +14,7 @@
 #     HONED_JIT_CAPTURE_GIVES_WAY (bench/profile/first_capture.py);
 #   first-build: the early stand-in's first build beside a program, with CUDA's lazy and eager
 #     module loading, with and without a block reserved for the warm-up (RESERVE_MIB, 1024);
+#     FIRST_BUILD_MODES picks ("lazy-turns eager-turns": taking turns with the program's calls);
 #   jit-bert: issue 23's BERT-base loop under HONED_JIT=1 (bench/jit_bert.py; JIT_BERT_ARGS adds
 #     or replaces options, default "--no-aot": one device call holds eager, cold, warm and the
 #     one-liner, or eager, cold, warm, AOT and warm again with --no-one-liner instead).
@@ -147,12 +148,13 @@ fi
 # loading (torch's default) and with CUDA_MODULE_LOADING=EAGER, each with and without a block
 # reserved on the capture's stream first (--reserve-mib). One JSON per setting, one log in all.
 if [ "$STAGE" = first-build ]; then
-  for mode in lazy eager lazy-reserve eager-reserve; do
+  for mode in ${FIRST_BUILD_MODES:-lazy eager lazy-reserve eager-reserve}; do
     step "first build beside a program: $mode (bench/profile/first_capture.py)"
     loading=LAZY
     case $mode in eager*) loading=EAGER ;; esac
     extra=""
-    case $mode in *-reserve) extra="--reserve-mib ${RESERVE_MIB:-1024}" ;; esac
+    case $mode in *-reserve*) extra="--reserve-mib ${RESERVE_MIB:-1024}" ;; esac
+    case $mode in *-turns*) extra="$extra --turns" ;; esac
     # shellcheck disable=SC2086  # extra is one option with its value, or none
     (cd bench/profile && CUDA_MODULE_LOADING=$loading timeout 120 $PY first_capture.py --reps 2 \
         --first-build --sample-ms 1 --switch-us 50 $extra \
@@ -162,7 +164,7 @@ if [ "$STAGE" = first-build ]; then
     $PY - "$OUT/first-build-$mode.json" <<'PYEOF' || status=1
 import json, sys
 d = json.load(open(sys.argv[1]))
-print("program median", d.get("program_median_ms"), "ms;", d["module_loading"], "reserve", d["reserve_mib"])
+print("program median", d.get("program_median_ms"), "ms;", d["module_loading"], "reserve", d["reserve_mib"], "turns", d.get("turns"))
 for row in d["rows"]:
     print({k: row.get(k) for k in ("rep", "build_ms", "warm_up_ms", "forward_recorded_ms",
                                    "program_slowest_in_build_ms", "program_over_2x_in_build")})

@@ -100,9 +100,14 @@ def _calls(
                 cpu = time.thread_time()
             start = time.perf_counter()
             _IN_CALL[0] = True
+            if courtesy.TURN[0]:  # as JIT's patch: the call waits for a turn under way
+                _IN_CALL[0] = False
+                courtesy.call_starting()
+                _IN_CALL[0] = True
+            began = time.perf_counter()
             model(**inputs)
             _IN_CALL[0] = False
-            courtesy.call_ended()
+            courtesy.call_ended(time.perf_counter() - began)
             _sync(device)
             out.append((time.perf_counter() - start) * 1e3)
             if kernel is not None:

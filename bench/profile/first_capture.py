@@ -29,6 +29,10 @@ machine's (libraries read from disk, caches a process before filled).
 from a thread of its own, and keeps for each of the program's calls over 2x the stacks seen during
 it and the sampler's longest gap there: a gap far past the period is a stretch in which no other
 thread got the GIL, and the stack sampled at its end is what held it.
+``--turns`` builds as JIT does by default (``HONED_JIT_TAKES_TURNS``): JIT's patch of
+``Module.__call__`` in place, the warm-up's and the recording's module calls in turns with the
+program's calls (``courtesy.taking_turns``), each of the program's calls waiting for a turn
+under way; without it the build takes no turns (as before that setting).
 ``--first-build`` builds the first capture as JIT's early stand-in does (``courtesy.first_build``:
 its warm-up ends with a call on the capture's path beside the program too).
 ``--reserve-mib`` asks whether the calls held up while the warm-up's first bf16 linears run wait
@@ -42,8 +46,9 @@ records the first capture under torch's profiler (CPU) and keeps the slowest sin
 recorded forward, to name where the time goes.
 
     python bench/profile/first_capture.py [--reps 3] [--alone] [--prefill] [--pre-capture]
-        [--profile] [--sdpa cudnn|efficient|math] [--give-way] [--trace] [--warm-elsewhere]
-        [--first-build] [--sample-ms MS] [--switch-us US] [--reserve-mib MIB] [--json out.json]
+        [--profile] [--sdpa cudnn|efficient|math] [--give-way] [--turns] [--trace]
+        [--warm-elsewhere] [--first-build] [--sample-ms MS] [--switch-us US]
+        [--reserve-mib MIB] [--json out.json]
 """
 
 from __future__ import annotations
@@ -383,6 +388,12 @@ def main() -> None:
         help="the capture gives way at module calls (HONED_JIT_CAPTURE_GIVES_WAY), JIT's patch on",
     )
     parser.add_argument(
+        "--turns",
+        action="store_true",
+        help="the build takes turns with the program's calls (HONED_JIT_TAKES_TURNS), JIT's "
+        "patch on",
+    )
+    parser.add_argument(
         "--trace", action="store_true", help="the first build under torch's profiler, every thread"
     )
     parser.add_argument(
@@ -453,13 +464,14 @@ def main() -> None:
     program = None
     median = None
     cuda_graphs.guard_synchronize(True)  # as JIT sets it beside a program
-    if args.give_way:  # JIT's patch of Module.__call__, this thread as JIT's own
-        from honed import config as honed_config
-        from honed.jit import patcher
+    from honed import config as honed_config
+    from honed.jit import patcher
 
+    honed_config.jit_takes_turns = args.turns
+    if args.give_way or args.turns:  # JIT's patch of Module.__call__, this thread as JIT's own
         patcher.install()
         patcher.STATE.bypass = 1
-        honed_config.jit_capture_gives_way = True
+        honed_config.jit_capture_gives_way = args.give_way
     if not args.alone:
         program = threading.Thread(
             target=beside_stall._calls, args=(model, inputs, "cuda", stop, took_ms, starts)
@@ -549,7 +561,7 @@ def main() -> None:
         stop.set()
         if program is not None:
             program.join()
-        if args.give_way:
+        if args.give_way or args.turns:
             patcher.uninstall()
         courtesy.watch(None)
         cuda_graphs.guard_synchronize(False)
@@ -564,6 +576,7 @@ def main() -> None:
         "reserve_mib": args.reserve_mib or None,
         "module_loading": os.environ.get("CUDA_MODULE_LOADING", "LAZY (torch's default)"),
         "give_way": args.give_way,
+        "turns": args.turns,
         "warm_elsewhere": args.warm_elsewhere,
         "rows": rows,
     }
