@@ -223,3 +223,22 @@ def test_a_turn_held_at_the_end_of_taking_turns_is_ended(jit: None) -> None:
     assert courtesy.TURN[0] == courtesy._FREE
     assert courtesy._turns_ended[0] == ended + 1
     assert not courtesy._TURN_OWNER.locked()
+
+
+def test_work_interrupted_while_it_waits_for_a_turn_leaves_none_held() -> None:
+    """An error while the work waits for its turn (here the probe's) reaches the work, and
+    leaves no turn held or wanted: the program's calls never wait for work that is gone."""
+    honed.jit.reset()
+
+    def broken() -> bool:
+        raise RuntimeError("probe")
+
+    courtesy.watch(broken)
+    try:
+        with pytest.raises(RuntimeError, match="probe"), courtesy.taking_turns(True):
+            courtesy.at_module_call()
+        assert courtesy.TURN[0] == courtesy._FREE
+        assert not courtesy._TURN_OWNER.locked()
+        courtesy.call_starting()  # returns at once
+    finally:
+        courtesy.watch(None)

@@ -225,23 +225,30 @@ def _next_piece() -> float:
 def _take_turn(start: float) -> float:
     busy = _probe[0]
     _TURN_OWNER.acquire()  # another of JIT's threads taking turns holds one now: after it
-    with _ENDED:
-        _waiting[0] += 1
-        TURN[0] = _WANTED
-        try:
-            while not _held[0] and busy is not None:
-                now = time.perf_counter()
-                if now - start >= TURN_WAIT_S:
-                    break  # the program's calls are long: this turn runs beside one
-                if _ends[0] > _owed[0] and (_parked[0] or not busy()):
-                    TURN[0] = _HELD
-                    if _parked[0] or not busy():
-                        break
-                    TURN[0] = _WANTED  # a call began meanwhile: its end comes first
-                _ENDED.wait(TURN_WAIT_S - (now - start))
-            TURN[0] = _HELD
-        finally:
-            _waiting[0] -= 1
+    try:
+        with _ENDED:
+            _waiting[0] += 1
+            TURN[0] = _WANTED
+            try:
+                while not _held[0] and busy is not None:
+                    now = time.perf_counter()
+                    if now - start >= TURN_WAIT_S:
+                        break  # the program's calls are long: this turn runs beside one
+                    if _ends[0] > _owed[0] and (_parked[0] or not busy()):
+                        TURN[0] = _HELD
+                        if _parked[0] or not busy():
+                            break
+                        TURN[0] = _WANTED  # a call began meanwhile: its end comes first
+                    _ENDED.wait(TURN_WAIT_S - (now - start))
+                TURN[0] = _HELD
+            finally:
+                _waiting[0] -= 1
+    except BaseException:  # interrupted while waiting: no turn is held, none is wanted
+        with _ENDED:
+            TURN[0] = _FREE
+            _ENDED.notify_all()
+        _TURN_OWNER.release()
+        raise
     _local.turn_started = _turn_began[0] = now = time.perf_counter()
     return now - start
 
