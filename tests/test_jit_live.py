@@ -102,6 +102,33 @@ def test_beside_a_program_the_verdict_is_given_off_the_calling_thread(beside: bo
     assert verdict is not None and verdict.adopted == "Rival"
 
 
+def test_jits_reset_waits_for_a_verdict_worked_out_off_the_programs_thread() -> None:
+    """A verdict still being worked out when JIT is reset (a test's end, a long-lived process
+    starting over) ends before the reset returns: none installs into what was forgotten."""
+    from honed.pipeline import courtesy
+
+    clock = FakeClock()
+    ended: list[float] = []
+
+    def done(verdict: live.Verdict | None) -> None:
+        time.sleep(0.3)  # an install
+        ended.append(time.perf_counter())
+
+    pick = live.Arm("Pick", Costs(clock, _jitter(2.0)))
+    rival = live.Arm("Rival", Costs(clock, _jitter(1.0)))
+    trial = live.Trial(pick, [rival], 1.0, done, clock=clock)
+    courtesy.watch(lambda: False)
+    try:
+        while not trial.finished:
+            trial.call(None, None, ("x",), {})
+    finally:
+        courtesy.watch(None)
+    assert not ended  # still being worked out
+    honed.jit.reset()
+    assert ended  # the reset waited for it
+    assert live.wait_for_verdicts(0.0)
+
+
 def test_a_clearly_faster_runner_up_is_adopted_on_evidence() -> None:
     verdict, _, pick, rival, calls = _trial(_jitter(2.0), _jitter(1.0))
     assert verdict.adopted == "Rival"

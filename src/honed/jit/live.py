@@ -281,12 +281,19 @@ class Trial:
             return
         self.finished = True
         if self.judge and courtesy.beside_program():
-            threading.Thread(target=self._give_verdict, name="honed-verdict", daemon=True).start()
+            thread = threading.Thread(target=self._give_verdict, name="honed-verdict", daemon=True)
+            with _VERDICTS_LOCK:
+                _verdicts.add(thread)
+            thread.start()
         else:
             self._give_verdict()
 
     def _give_verdict(self) -> None:
-        self.done(self.verdict() if self.judge else None)
+        try:
+            self.done(self.verdict() if self.judge else None)
+        finally:
+            with _VERDICTS_LOCK:
+                _verdicts.discard(threading.current_thread())
 
     def _size_blocks(self) -> None:
         """After the first round, each arm's blocks sized from its calls just timed, so that
@@ -318,6 +325,23 @@ class Trial:
         return Verdict(
             pick.label, len(pick.samples_ms), figures, best.label if best else None, took
         )
+
+
+# The verdicts being worked out off the program's thread (Trial._decide): JIT's reset waits
+# for them, so that none installs into what was forgotten.
+_verdicts: set[threading.Thread] = set()
+_VERDICTS_LOCK = threading.Lock()
+
+
+def wait_for_verdicts(timeout_s: float | None = None) -> bool:
+    """Wait for the verdicts being worked out off the program's thread, ``timeout_s`` at most
+    each; whether none is left."""
+    with _VERDICTS_LOCK:
+        threads = list(_verdicts)
+    for thread in threads:
+        thread.join(timeout_s)
+    with _VERDICTS_LOCK:
+        return not _verdicts
 
 
 def rounds_of(arms: list[Arm]) -> int:

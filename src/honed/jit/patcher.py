@@ -398,10 +398,14 @@ def disable() -> None:
 def reset() -> None:
     """Forget every discovered module and the history (for tests and long-lived processes).
 
-    A tune running in the background is cancelled and waited for first; the objects JIT froze
-    out of the garbage collector are given back to it.
+    A tune running in the background is cancelled and waited for first, and a live trial's
+    verdict being worked out; the objects JIT froze out of the garbage collector are given back
+    to it.
     """
+    from honed.jit import live
+
     disable()
+    live.wait_for_verdicts()
     background.cancel_and_wait()
     background.thaw()
     STATE.nodes = weakref.WeakKeyDictionary()
