@@ -15,6 +15,10 @@
 #   first-build: the early stand-in's first build beside a program, with CUDA's lazy and eager
 #     module loading, with and without a block reserved for the warm-up (RESERVE_MIB, 1024);
 #     FIRST_BUILD_MODES picks ("lazy-turns eager-turns": taking turns with the program's calls);
+#   order: whether a GPU test leaves state behind that breaks another run after it in the same
+#     process: each GPU test of ORDER_BEFORE (default tests/test_jit_live.py tests/test_jit_stalls.py)
+#     alone, then ORDER_AFTER (default the Inductor round trip of tests/test_gpu.py), one process
+#     per pair, one line each;
 #   jit-bert: issue 23's BERT-base loop under HONED_JIT=1 (bench/jit_bert.py; JIT_BERT_ARGS adds
 #     or replaces options, default "--no-aot": one device call holds eager, cold, warm and the
 #     one-liner, or eager, cold, warm, AOT and warm again with --no-one-liner instead).
@@ -173,6 +177,22 @@ for c in d.get("sampled_slow_calls", []):
           " | ".join(f"{n}x {' < '.join(s[:2])}" for n, s in c["most_seen"][:2]))
 PYEOF
   done
+fi
+
+# -- stage "order" (not in "all"): a GPU test that breaks the one run after it ----------------
+if [ "$STAGE" = order ]; then
+  step "order: each GPU test of ${ORDER_BEFORE:-tests/test_jit_live.py tests/test_jit_stalls.py}, then ${ORDER_AFTER:-the Inductor round trip}"
+  after=${ORDER_AFTER:-tests/test_gpu.py::test_tune_on_cuda_with_inductor_and_round_trip}
+  # shellcheck disable=SC2086  # the file lists are lists
+  before=$($PY -m pytest ${ORDER_BEFORE:-tests/test_jit_live.py tests/test_jit_stalls.py} -m gpu \
+    --collect-only -q -p no:cacheprovider -o addopts="" 2>/dev/null | grep "::")
+  for test in $before; do
+    timeout "${ORDER_TIMEOUT:-150}" $PY -m pytest "$test" "$after" -q -p no:cacheprovider \
+      -o addopts="" > "$OUT/order.tmp" 2>&1
+    echo "rc $? after $test: $(tail -1 "$OUT/order.tmp")"
+    grep -m1 "^E  " "$OUT/order.tmp" || true
+  done
+  rm -f "$OUT/order.tmp"
 fi
 
 # -- stage "suite" (not part of "all": it takes most of one device call) ------------------------
