@@ -160,6 +160,49 @@ def test_the_programs_device_syncs_wait_for_a_capture_beside_them() -> None:
     assert torch.cuda.synchronize is plain
 
 
+def test_a_synchronize_bound_while_guarded_runs_torchs_after_the_guard_is_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Code that took torch.cuda.synchronize while JIT guarded it (torch._dynamo's CUDA device
+    interface binds it at its first import) keeps that function: once JIT is off, calling it
+    runs torch's synchronize, without waiting for captures, and JIT on again guards it again."""
+    from honed.backend import cuda_graphs
+
+    synced: list[Any] = []
+    plain = lambda device=None: synced.append(device)  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "synchronize", plain)
+    cuda_graphs.guard_synchronize(True)
+    try:
+        bound = torch.cuda.synchronize
+        assert bound is not plain
+    finally:
+        cuda_graphs.guard_synchronize(False)
+    assert torch.cuda.synchronize is plain
+    holding, release = threading.Event(), threading.Event()
+
+    def capture_elsewhere() -> None:  # a capture under way: the guard would wait for its end
+        with cuda_graphs.CAPTURING:
+            holding.set()
+            release.wait(10)
+
+    capturer = threading.Thread(target=capture_elsewhere)
+    capturer.start()
+    try:
+        assert holding.wait(5)
+        bound("cuda:1")
+        assert synced == ["cuda:1"]
+    finally:
+        release.set()
+        capturer.join()
+    cuda_graphs.guard_synchronize(True)
+    try:
+        assert torch.cuda.synchronize is bound
+        assert courtesy._held[0] == 0
+    finally:
+        cuda_graphs.guard_synchronize(False)
+    assert torch.cuda.synchronize is plain
+
+
 @contextlib.contextmanager
 def _inside_a_programs_call(seconds: float = 1.0) -> Iterator[None]:
     """JIT on, and a thread of the program inside a call of ``seconds`` while the body runs."""
@@ -185,6 +228,22 @@ def test_work_gives_way_once_per_slice_not_per_piece() -> None:
         assert courtesy.give_way(5.0) == 0.0  # right after a wait: the next piece goes on
         time.sleep(2 * courtesy.SLICE_S)
         assert courtesy.give_way(0.05) >= 0.05  # a slice later: gives way again
+
+
+def test_work_giving_way_goes_on_once_the_program_waits_for_it() -> None:
+    """Work already giving way to the program's call goes on when the program starts waiting
+    for it, not at the call's end."""
+    with _inside_a_programs_call(seconds=3.0):
+        waited: list[float] = []
+        worker = threading.Thread(target=lambda: waited.append(courtesy.give_way(5.0)))
+        worker.start()
+        deadline = time.monotonic() + 5
+        while not courtesy._waiting[0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+        with courtesy.program_waits():
+            worker.join(5)
+        assert waited and waited[0] < 0.5
 
 
 @pytest.mark.parametrize("waits", ["program_waits", "a guarded synchronize"])

@@ -58,21 +58,32 @@ log = logging.getLogger("honed")
 # it waits for a capture under way, and a capture waits for a synchronize under way. Re-entrant:
 # torch.cuda.graph synchronizes as it begins.
 CAPTURING = threading.RLock()
+# torch's synchronize, kept after the guard is off: code that bound torch.cuda.synchronize while
+# the guard was on keeps calling the guard afterwards (torch._dynamo's CUDA device interface binds
+# it when first imported, and Inductor's autotuning syncs through it).
 _PLAIN_SYNCHRONIZE: list[Any] = []
+_GUARDING = [False]
 
 
 def _guarded_synchronize(device: Any = None) -> None:
+    if not _GUARDING[0]:
+        _PLAIN_SYNCHRONIZE[0](device)
+        return
     with courtesy.program_waits(), CAPTURING:
         _PLAIN_SYNCHRONIZE[0](device)
 
 
 def guard_synchronize(on: bool) -> None:
     """Make ``torch.cuda.synchronize`` wait for honed's captures (on), or put torch's back."""
-    if on and not _PLAIN_SYNCHRONIZE:
-        _PLAIN_SYNCHRONIZE.append(torch.cuda.synchronize)
+    if on and not _GUARDING[0]:
+        if torch.cuda.synchronize is not _guarded_synchronize:
+            _PLAIN_SYNCHRONIZE[:] = [torch.cuda.synchronize]
         torch.cuda.synchronize = _guarded_synchronize
-    elif not on and _PLAIN_SYNCHRONIZE:
-        torch.cuda.synchronize = _PLAIN_SYNCHRONIZE.pop()
+        _GUARDING[0] = True
+    elif not on and _GUARDING[0]:
+        _GUARDING[0] = False
+        if torch.cuda.synchronize is _guarded_synchronize:
+            torch.cuda.synchronize = _PLAIN_SYNCHRONIZE[0]
 
 
 @dataclasses.dataclass
