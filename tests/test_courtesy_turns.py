@@ -204,6 +204,31 @@ def test_work_the_program_waits_for_takes_its_turns_at_once(jit: None) -> None:
     assert done[0] - start < 0.03  # not after the call's end
 
 
+def test_work_waiting_for_a_turn_takes_it_once_the_program_waits_for_it(
+    jit: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work already waiting for the program's call to end takes its turn as soon as the program
+    starts waiting for it (its synchronize reaching a capture under way), not when the wait for
+    the call's end runs out: the program would wait for that too."""
+    monkeypatch.setattr(courtesy, "TURN_WAIT_S", 2.0)
+    call, piece = Call(3.0), Piece(0.0)
+    done: list[float] = []
+    program = _program(call, 1)
+    while not honed.jit.patcher.STATE.in_call:
+        time.sleep(0.0005)
+    work = _work(piece, 1, done)
+    work.start()
+    deadline = time.monotonic() + 5
+    while not courtesy._waiting[0]:  # the work waits for the call's end
+        assert time.monotonic() < deadline
+        time.sleep(0.0005)
+    with courtesy.program_waits():
+        start = time.perf_counter()
+        work.join(5)
+    program.join()
+    assert piece.spans and piece.spans[0][0] - start < 0.5
+
+
 def test_without_a_program_taking_turns_does_nothing() -> None:
     honed.jit.reset()
     with courtesy.taking_turns(True):

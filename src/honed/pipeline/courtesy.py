@@ -118,6 +118,9 @@ def program_waits() -> Iterator[None]:
     meanwhile (a call that waits for the work would otherwise hold the work up until its end)."""
     with _HELD_LOCK:
         _held[0] += 1
+    if _waiting[0]:  # work waiting for one of the program's calls to end goes on now
+        with _ENDED:
+            _ENDED.notify_all()
     try:
         yield
     finally:
@@ -307,7 +310,7 @@ def give_way(limit_s: float = LIMIT_S) -> float:
         try:
             while True:
                 now = time.perf_counter()
-                if now - start >= limit_s or not busy():
+                if now - start >= limit_s or not busy() or _held[0]:
                     _local.resumed = now
                     return now - start
                 _ENDED.wait(limit_s - (now - start))
