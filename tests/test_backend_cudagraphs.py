@@ -159,6 +159,7 @@ def test_as_if_capturing_answers_true_on_its_own_thread_only(
     elsewhere: list[bool] = []
     with cuda_graphs._as_if_capturing():
         here = torch.cuda.is_current_stream_capturing()
+        bound = torch.cuda.is_current_stream_capturing  # as `from torch.cuda import ...` would
         other = threading.Thread(
             target=lambda: elsewhere.append(torch.cuda.is_current_stream_capturing())
         )
@@ -166,6 +167,7 @@ def test_as_if_capturing_answers_true_on_its_own_thread_only(
         other.join()
     assert (here, elsewhere) == (True, [False])
     assert torch.cuda.is_current_stream_capturing is torch_answer
+    assert bound is not torch_answer and bound() is False  # taken inside, asked after: torch's
     with pytest.raises(ValueError, match="the body's"), cuda_graphs._as_if_capturing():
         raise ValueError("the body's")
     assert torch.cuda.is_current_stream_capturing is torch_answer

@@ -417,19 +417,23 @@ def _as_if_capturing() -> Iterator[None]:
     attention mask only when not capturing (the test syncs with the host), so a BERT's capture
     meets an attention with a mask its warm-up never ran, and builds cuDNN's plans for it while
     capturing. Other threads get torch's answer throughout; torch's own function is put back on
-    the way out (kept no longer than one call: torch.compile traces the attribute).
+    the way out (kept no longer than one call: torch.compile traces the attribute), and code that
+    took the stand-in meanwhile gets torch's answer from it afterwards.
     """
     real = torch.cuda.is_current_stream_capturing
     here = threading.get_ident()
+    inside = [True]
 
     def answer() -> bool:
-        return threading.get_ident() == here or real()
+        # code that took the function meanwhile keeps it: afterwards it gets torch's answer
+        return (inside[0] and threading.get_ident() == here) or real()
 
     with _AS_IF_CAPTURING:
         torch.cuda.is_current_stream_capturing = answer
         try:
             yield
         finally:
+            inside[0] = False
             torch.cuda.is_current_stream_capturing = real
 
 
