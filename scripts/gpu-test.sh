@@ -14,7 +14,11 @@
 #     HONED_JIT_CAPTURE_GIVES_WAY (bench/profile/first_capture.py);
 #   first-build: the early stand-in's first build beside a program, with CUDA's lazy and eager
 #     module loading, with and without a block reserved for the warm-up (RESERVE_MIB, 1024);
-#     FIRST_BUILD_MODES picks ("lazy-turns eager-turns": taking turns with the program's calls);
+#     FIRST_BUILD_MODES picks ("lazy-turns eager-turns": taking turns with the program's calls;
+#     "-later": a build after a worker's, as the default path's stand-in, not a first build;
+#     "-warm-first": the capture's path run on the capturing thread before the program starts;
+#     "-pieces": one graph per encoder layer), e.g. "lazy-later-turns lazy-later-turns-warm-first
+#     lazy-later-turns-pieces lazy-later-turns-warm-first-pieces";
 #   order: whether a GPU test leaves state behind that breaks another run after it in the same
 #     process: each GPU test of ORDER_BEFORE (default tests/test_jit_live.py tests/test_jit_stalls.py)
 #     alone, then ORDER_AFTER (default the Inductor round trip of tests/test_gpu.py), one process
@@ -159,18 +163,24 @@ if [ "$STAGE" = first-build ]; then
     extra=""
     case $mode in *-reserve*) extra="--reserve-mib ${RESERVE_MIB:-1024}" ;; esac
     case $mode in *-turns*) extra="$extra --turns" ;; esac
-    # shellcheck disable=SC2086  # extra is one option with its value, or none
+    case $mode in *-warm-first*) extra="$extra --warm-first" ;; esac
+    case $mode in *-pieces*) extra="$extra --pieces" ;; esac
+    case $mode in *-later*) ;; *) extra="$extra --first-build" ;; esac
+    # shellcheck disable=SC2086  # extra is options with their values, or none
     (cd bench/profile && CUDA_MODULE_LOADING=$loading timeout 120 $PY first_capture.py --reps 2 \
-        --first-build --sample-ms 1 --switch-us 50 $extra \
+        --sample-ms 1 --switch-us 50 $extra \
         --json "$OUT/first-build-$mode.json" >> "$OUT/first-build.log" 2>&1)
     rc=$?
     [ "$rc" -eq 0 ] || { echo "FAILED: first_capture.py ($mode: $rc)"; status=1; }
     $PY - "$OUT/first-build-$mode.json" <<'PYEOF' || status=1
 import json, sys
 d = json.load(open(sys.argv[1]))
-print("program median", d.get("program_median_ms"), "ms;", d["module_loading"], "reserve", d["reserve_mib"], "turns", d.get("turns"))
+print("program median", d.get("program_median_ms"), "ms;", d["module_loading"], "reserve", d["reserve_mib"],
+      "turns", d.get("turns"), "first build", d.get("first_build"), "warm first (s)", d.get("warm_first_s"),
+      "pieces", d.get("pieces"))
 for row in d["rows"]:
     print({k: row.get(k) for k in ("rep", "build_ms", "warm_up_ms", "forward_recorded_ms",
+                                   "slowest_piece_recorded_ms", "program_slowest_in_capture_ms",
                                    "program_slowest_in_build_ms", "program_over_2x_in_build")})
 for c in d.get("sampled_slow_calls", []):
     print(f"  at {c['at_ms']} ms: {c['ms']:.1f} ms, gap {c['longest_gap_ms']} ms;",

@@ -40,6 +40,14 @@ for the driver's memory: a block that large is allocated and freed on the captur
 so the caching allocator cuts the warm-up's allocations from it. Run with
 ``CUDA_MODULE_LOADING=EAGER`` in the environment, every kernel's module is loaded when the
 process's CUDA context starts (the JSON says which).
+``--warm-first`` asks what is left once the capture's path has run on the capturing thread
+before the program's first call (as a first call that waited for it would): one bf16 forward
+with ``is_current_stream_capturing`` answering yes on this thread, before the program starts.
+cuDNN's attention plans are cached per thread in torch, and CUDA's loaded kernels per process.
+``--pieces`` captures one graph per encoder layer instead of one for the whole forward (the
+embeddings, the mask and the pooler between them stay eager): a program's synchronize then waits
+for one layer's recording at most. Each layer is built on the arguments it got in one eager
+forward; the row sums the pieces' steps and gives the slowest piece's recording.
 ``--pre-capture`` asks whether the first capture's extra time is the process's, once, or each
 model's: a small BERT (2 layers, hidden 128) is captured first, timed alike. ``--profile``
 records the first capture under torch's profiler (CPU) and keeps the slowest single ops of its
@@ -47,8 +55,8 @@ recorded forward, to name where the time goes.
 
     python bench/profile/first_capture.py [--reps 3] [--alone] [--prefill] [--pre-capture]
         [--profile] [--sdpa cudnn|efficient|math] [--give-way] [--turns] [--trace]
-        [--warm-elsewhere] [--first-build] [--sample-ms MS] [--switch-us US]
-        [--reserve-mib MIB] [--json out.json]
+        [--warm-elsewhere] [--first-build] [--warm-first] [--pieces] [--sample-ms MS]
+        [--switch-us US] [--reserve-mib MIB] [--json out.json]
 """
 
 from __future__ import annotations
@@ -150,21 +158,29 @@ def _steps(
     took_ms: list[float],
     median: float | None = None,
 ) -> dict[str, Any]:
-    """One build's steps (ms) from _SPANS, and the program's calls overlapping its capture."""
-    spans = {label: (s, e) for label, s, e in _SPANS}
-    begin, ended = spans["capture_begin"], spans["capture_end"]
+    """One build's steps (ms) from _SPANS, and the program's calls overlapping its captures.
+    A build of several captures (--pieces) sums each step over them, and gives their count and
+    the slowest piece's recorded forward."""
+    warm = [(s, e) for label, s, e in _SPANS if label == "warm-up"]
+    begins = [(s, e) for label, s, e in _SPANS if label == "capture_begin"]
+    ends = [(s, e) for label, s, e in _SPANS if label == "capture_end"]
+    captures = list(zip(begins, ends, strict=True))
+    recorded = [ended[0] - begin[1] for begin, ended in captures]
     row: dict[str, Any] = {
         "build_ms": round((end - start) * 1e3, 1),
-        "warm_up_ms": round((spans["warm-up"][1] - spans["warm-up"][0]) * 1e3, 1),
-        "capture_begin_ms": round((begin[1] - begin[0]) * 1e3, 2),
-        "forward_recorded_ms": round((ended[0] - begin[1]) * 1e3, 1),
-        "capture_end_ms": round((ended[1] - ended[0]) * 1e3, 1),
+        "warm_up_ms": round(sum(e - s for s, e in warm) * 1e3, 1),
+        "capture_begin_ms": round(sum(e - s for s, e in begins) * 1e3, 2),
+        "forward_recorded_ms": round(sum(recorded) * 1e3, 1),
+        "capture_end_ms": round(sum(e - s for s, e in ends) * 1e3, 1),
     }
+    if len(captures) > 1:
+        row["pieces"] = len(captures)
+        row["slowest_piece_recorded_ms"] = round(max(recorded) * 1e3, 2)
     if starts is not None:
         hit = [
             ms
             for s, ms in zip(starts, took_ms, strict=False)
-            if s < ended[1] and s + ms / 1e3 > begin[0]
+            if any(s < ended[1] and s + ms / 1e3 > begin[0] for begin, ended in captures)
         ]
         row["program_calls_in_capture"] = len(hit)
         row["program_slowest_in_capture_ms"] = round(max(hit), 2) if hit else None
@@ -179,6 +195,76 @@ def _steps(
                 (round(ms, 2) for ms in built if ms > 2 * median), reverse=True
             )
     return row
+
+
+def _layer_calls(model: Any, inputs: dict[str, Any]) -> list[tuple[Any, Sample, Any]]:
+    """Each encoder layer of a BERT with the call it got in one eager forward and what it
+    returned (--pieces): each piece is built on its own call, eager's output known."""
+    seen: list[list[Any]] = []
+
+    def before(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        seen.append([layer, Sample(tuple(args), dict(kwargs)), None])
+
+    def after(layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        seen[-1][2] = out
+
+    layers = list(model.encoder.layer)
+    handles = [layer.register_forward_pre_hook(before, with_kwargs=True) for layer in layers]
+    handles += [layer.register_forward_hook(after, with_kwargs=True) for layer in layers]
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [(layer, sample, out) for layer, sample, out in seen]
+
+
+def _build_pieces(
+    backend: Any, calls: list[tuple[Any, Sample, Any]], device: torch.device
+) -> list[Any]:
+    """One CUDA graph per layer, each built on its call (--pieces)."""
+    built = []
+    for layer, sample, out in calls:
+        with known_outputs([sample], [out]):
+            built.append(backend.build_graph(layer, [sample], GraphInfo(device=device)))
+    return built
+
+
+def _with_pieces(model: Any, calls: list[tuple[Any, Sample, Any]], built: list[Any]) -> Any:
+    """The model called with each layer answered by its graph, the rest eager under bf16
+    autocast, as the stand-in's pieces would run (--pieces with --alone: the replay's time)."""
+
+    def run(**inputs: Any) -> Any:
+        layers = [layer for layer, _, _ in calls]
+        for layer, graphed in zip(layers, built, strict=True):
+            layer.forward = graphed
+        try:
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                return model(**inputs)
+        finally:
+            for layer in layers:
+                del layer.forward
+
+    return run
+
+
+def _warm_first(model: Any, inputs: dict[str, Any]) -> float:
+    """The capture's path run once on this thread before the program starts (--warm-first):
+    one forward under bf16 autocast, on a stream of its own, with ``is_current_stream_capturing``
+    answering yes here; its seconds."""
+    stream = torch.cuda.Stream()
+    start = time.perf_counter()
+    stream.wait_stream(torch.cuda.current_stream())
+    with (
+        torch.no_grad(),
+        torch.cuda.stream(stream),
+        torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False),
+        cuda_graphs._as_if_capturing(),
+    ):
+        model(**inputs)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 _PROFILED: list[Any] = []  # --profile: the profiler to start at the next capture_begin
@@ -408,6 +494,16 @@ def main() -> None:
         "warm-up ends with a call on the capture's path beside the program too)",
     )
     parser.add_argument(
+        "--warm-first",
+        action="store_true",
+        help="the capture's path run once on this thread (bf16, masked) before the program starts",
+    )
+    parser.add_argument(
+        "--pieces",
+        action="store_true",
+        help="one graph per encoder layer, the rest eager, instead of one for the whole forward",
+    )
+    parser.add_argument(
         "--sample-ms",
         type=float,
         default=0.0,
@@ -457,6 +553,11 @@ def main() -> None:
     _profiling(torch.cuda.CUDAGraph, "capture_end", start=False)
     _timed(torch.cuda.CUDAGraph, "capture_begin", "capture_begin")
     _timed(torch.cuda.CUDAGraph, "capture_end", "capture_end")
+
+    warmed_first_s = _warm_first(model, inputs) if args.warm_first else None
+    if warmed_first_s is not None:
+        print(f"the capture's path run first on this thread in {warmed_first_s:.3f}s", flush=True)
+    calls = _layer_calls(model, inputs) if args.pieces else []
 
     took_ms: list[float] = []
     starts: list[float] = []
@@ -524,8 +625,15 @@ def main() -> None:
                 sampler = _Sampler(threading.get_ident(), args.sample_ms / 1e3)
             start = time.perf_counter()
             first = courtesy.first_build() if args.first_build and rep == 0 else nullcontext()
-            with known_outputs([sample], [ref]), courtesy.own_stream("cuda"), first:
-                fn = backend.build_graph(model, [sample], GraphInfo(device=torch.device("cuda")))
+            with courtesy.own_stream("cuda"), first:
+                if args.pieces:
+                    built = _build_pieces(backend, calls, torch.device("cuda"))
+                    fn = _with_pieces(model, calls, built)
+                else:
+                    with known_outputs([sample], [ref]):
+                        fn = backend.build_graph(
+                            model, [sample], GraphInfo(device=torch.device("cuda"))
+                        )
             end = time.perf_counter()
             if sampler is not None:
                 time.sleep(0.1)  # the program's call held up by the build has returned
@@ -556,6 +664,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
             del fn
+            built = []
             time.sleep(args.gap)
     finally:
         stop.set()
@@ -578,6 +687,8 @@ def main() -> None:
         "give_way": args.give_way,
         "turns": args.turns,
         "warm_elsewhere": args.warm_elsewhere,
+        "warm_first_s": round(warmed_first_s, 3) if warmed_first_s is not None else None,
+        "pieces": len(calls) if args.pieces else None,
         "rows": rows,
     }
     if slowest_ops:
