@@ -235,8 +235,9 @@ def _with_pieces(model: Any, calls: list[tuple[Any, Sample, Any]], built: list[A
     """The model called with each layer answered by its graph, the rest eager under bf16
     autocast, as the stand-in's pieces would run (--pieces with --alone: the replay's time)."""
 
+    layers = [layer for layer, _, _ in calls]
+
     def run(**inputs: Any) -> Any:
-        layers = [layer for layer, _, _ in calls]
         for layer, graphed in zip(layers, built, strict=True):
             layer.forward = graphed
         try:
@@ -629,6 +630,7 @@ def main() -> None:
                 if args.pieces:
                     built = _build_pieces(backend, calls, torch.device("cuda"))
                     fn = _with_pieces(model, calls, built)
+                    del built  # fn holds the graphs: `del fn` below frees them
                 else:
                     with known_outputs([sample], [ref]):
                         fn = backend.build_graph(
@@ -664,7 +666,6 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
             del fn
-            built = []
             time.sleep(args.gap)
     finally:
         stop.set()
