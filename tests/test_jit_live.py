@@ -922,12 +922,11 @@ def test_a_stand_in_answers_the_calls_before_the_graph_break_check_ends(
         _check_held(monkeypatch) as release,
         _live_jit(tmp_path / "jit-cache", StandsInHere(), wait=False, also=(BuiltOnCue(),)),
         honed.jit.config.patch(
-            stability_tolerance=1.0, detect_graph_breaks=True, stand_in_early=early
+            stability_tolerance=1.0, detect_graph_breaks=True, stand_in=True, stand_in_early=early
         ),
         honed.config.patch(isolation="none"),
         torch.no_grad(),
     ):
-        assert honed.jit.config.stand_in
 
         def answers(line: str) -> bool:
             return line.startswith("StandsInHere answers Slow") and line.split(": ")[0].endswith(
@@ -986,7 +985,7 @@ def test_a_stand_in_that_answers_otherwise_than_eager_never_takes_a_call(
     with (
         _check_held(monkeypatch) as release,
         _live_jit(tmp_path / "jit-cache", StandsInWrong(), wait=False),
-        honed.jit.config.patch(detect_graph_breaks=True, stand_in_early=True),
+        honed.jit.config.patch(detect_graph_breaks=True, stand_in=True, stand_in_early=True),
         honed.config.patch(isolation="none"),
         torch.no_grad(),
     ):
@@ -1022,7 +1021,7 @@ def test_an_early_stand_in_is_built_only_where_nothing_is_cached(beside: Path) -
 
     with (
         honed.config.patch(isolation="none"),
-        honed.jit.config.patch(backends=[StandsInHere()], stand_in_early=True),
+        honed.jit.config.patch(backends=[StandsInHere()], stand_in=True, stand_in_early=True),
     ):
         _call_until_tuned(model, x, want)
         assert len(built_here()) == 1, "\n".join(honed.jit.history())
@@ -1056,7 +1055,7 @@ class CountsForward(Slow):
 def test_cuda_graphs_over_eager_stand_in_for_the_program_while_the_rest_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, early: bool
 ) -> None:
-    """With promote off (the default) but stand_in on (the default), CUDA graphs over eager,
+    """With promote off (the default) but stand_in on, CUDA graphs over eager,
     which compile nothing, are captured in the program's process (before the tune starts with
     stand_in_early; else, the default, once a worker has checked them), win their trial on the
     program's calls (eager sleeps on the host; a replay does not) and answer the calls while
@@ -1074,7 +1073,7 @@ def test_cuda_graphs_over_eager_stand_in_for_the_program_while_the_rest_build(
     deadline = time.monotonic() + 120
     with (
         _live_jit(tmp_path / "jit-cache", CudaGraphsBackend(), wait=False, also=(BuiltOnCue(),)),
-        honed.jit.config.patch(stability_tolerance=1.0, stand_in_early=early),
+        honed.jit.config.patch(stability_tolerance=1.0, stand_in=True, stand_in_early=early),
         torch.no_grad(),
     ):
         assert (honed.jit.config.promote, honed.jit.config.stand_in) == (False, True)
@@ -1298,6 +1297,82 @@ def test_check_times_travel_in_records_and_only_a_gpu_compares_them() -> None:
     # installed quickest first, eager ahead of all, unknown figures last
     order = sorted([slow, checked(LongSleep(), None), fast, eager], key=graph_tuner._check_order)
     assert [o.check_ms for o in order] == [None, 0.9, 5.6, None] and order[0] is eager
+
+
+class CaptureSleep(ShortSleep):
+    """Installs as a capture of eager's own kernels would (``stands_in``), as quick as
+    ShortSleep."""
+
+    stands_in = True
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_capture_of_eager_waits_for_the_packages_and_stays_out_beside_one(
+    beside: Path, monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """On a GPU (on the CPU, compared as a GPU's are) a capture of eager's kernels is installed
+    in the program's process after the candidates that install from a package, and not at all
+    once one did, its check not twice as quick: its recording of eager's forward would hold the
+    program's synchronize for nothing. Quickest check first, it came first."""
+    from honed.pipeline import graph_tuner
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if device == "cpu":
+        monkeypatch.setattr(graph_tuner, "_CHECK_RUNS_COMPARED_ON", ("cuda", "cpu"))
+    installed: list[str] = []
+    plain = graph_tuner.install_outcome
+
+    def watched(outcome: Any, *args: Any, **kwargs: Any) -> Any:
+        installed.append(outcome.backend.name)
+        return plain(outcome, *args, **kwargs)
+
+    monkeypatch.setattr(graph_tuner, "install_outcome", watched)
+    model, x, want = _slow_call()
+    model, x, want = model.to(device), x.to(device), want.to(device)
+    with (
+        honed.config.patch(isolation="process", jit_worker_nice=0),  # built in workers
+        honed.jit.config.patch(backends=[CaptureSleep(), ShortSleep()], stand_in=False),
+    ):
+        root = _call_until_tuned(model, x, want)
+    assert installed == ["ShortSleep"], "\n".join(honed.jit.history())
+    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    capture = rows["CaptureSleep"]
+    assert capture.status == "not tried" and not capture.samples_ms, capture
+    assert capture.reason.startswith("built and checked, not installed beside the calling")
+    assert "records eager's forward" in capture.reason or "x ShortSleep's time" in capture.reason
+
+
+def test_a_capture_of_eager_is_left_out_once_a_package_is_in_unless_twice_as_quick() -> None:
+    from honed.pipeline import graph_tuner
+    from honed.pipeline.candidate import Outcome
+
+    def checked(backend: Backend, ms: float | None, baseline: bool = False) -> Outcome:
+        return Outcome(backend, is_baseline=baseline, build_s=1.0, check_ms=ms, deferred=True)
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    package, capture = checked(ShortSleep(), 2.0), checked(CaptureSleep(), 1.75)
+    why = graph_tuner._eager_recording_left_out(capture, [package], cuda)
+    assert why.startswith("built and checked, not installed beside the calling program: its")
+    assert "ShortSleep was installed from its package (checks: 1.75 ms against 2.00 ms" in why
+    assert graph_tuner._records_eager_here(capture, cuda)
+    assert not graph_tuner._records_eager_here(package, cuda)  # a package records one call
+    assert not graph_tuner._records_eager_here(capture, cpu)  # a CPU records nothing
+    assert graph_tuner._eager_recording_left_out(capture, [package], cpu) == ""
+    # twice as quick as the package: worth its trial on the program's calls
+    assert (
+        graph_tuner._eager_recording_left_out(checked(CaptureSleep(), 0.9), [package], cuda) == ""
+    )
+    unknown = graph_tuner._eager_recording_left_out(checked(CaptureSleep(), None), [package], cuda)
+    assert "checks: an unknown time against 2.00 ms" in unknown
+    eager = checked(honed.backend.TorchEagerBackend(), None, baseline=True)
+    assert graph_tuner._eager_recording_left_out(capture, [eager], cuda) == ""  # no package
+    assert graph_tuner._eager_recording_left_out(capture, [], cuda) == ""
+    other = checked(CaptureSleep(), 0.5)  # another capture installed: it recorded already
+    assert graph_tuner._eager_recording_left_out(capture, [other], cuda) == ""
+    here = checked(CaptureSleep(), 1.75)
+    here.fn, here.checked_here = (lambda x: x), True  # installed already (promoted)
+    assert graph_tuner._eager_recording_left_out(here, [package], cuda) == ""
 
 
 class WrongShortSleep(ShortSleep):

@@ -749,7 +749,9 @@ class GraphTuner:
         seconds; while one that installs without compiling (an AOTInductor package) passed, it
         is left out, and so it stays on restarts beside a calling program (the cache says so).
         So is one whose check, on a GPU, ran more than CHECK_RUNS_WITHIN times slower than that
-        of one installed here (_much_slower_check).
+        of one installed here (_much_slower_check), and, on a GPU, a capture of eager's own
+        kernels once a package installed here, unless its check ran CHECK_RUNS_WITHIN times
+        quicker than the package's (_eager_recording_left_out); such captures come last.
         """
         live = self.ctx.live
         assert live is not None
@@ -757,13 +759,19 @@ class GraphTuner:
         light = _installs_without_compiling(ok)
         installed: list[Outcome] = []
         # Quickest check first: a candidate whose check ran several times slower than one
-        # installed here is not worth its install's stalls (below).
-        for o in sorted(ok, key=_check_order):
+        # installed here is not worth its install's stalls (below). Captures of eager's
+        # forward last: they wait for the packages' installs.
+        order = sorted(ok, key=_check_order)
+        device = self.ctx.device
+        records = [o for o in order if _records_eager_here(o, device)]
+        for o in [o for o in order if not any(o is r for r in records)] + records:
             o.deferred = False  # measured below, or left out
             if light and _compiles_here(o.backend) and not (o.fn is not None and o.checked_here):
                 self._leave_out(o, "built and checked, " + _left_out_beside_program(light))
                 continue
-            slower = _much_slower_check(o, installed, self.ctx.device)
+            slower = _much_slower_check(o, installed, device) or _eager_recording_left_out(
+                o, installed, device
+            )
             if slower:
                 self._leave_out(o, slower)
                 continue
@@ -1121,6 +1129,49 @@ def _much_slower_check(outcome: Outcome, installed: list[Outcome], device: Any) 
         f"built and checked, not installed beside the calling program: its check ran "
         f"{ratio:.1f}x {best.backend.name}'s time ({outcome.check_ms:.2f} ms against "
         f"{best.check_ms:.2f} ms, the quickest of each's runs on the samples)"
+    )
+
+
+def _records_eager_here(outcome: Outcome, device: Any) -> bool:
+    """Whether installing ``outcome`` in the program's process, on a GPU, records eager's
+    forward there (``Backend.stands_in``: CUDA graphs over the eager module), where it is not
+    installed yet."""
+    on = getattr(device, "type", "") in _CHECK_RUNS_COMPARED_ON
+    here = outcome.fn is not None and outcome.checked_here
+    return on and not outcome.is_baseline and outcome.backend.stands_in and not here
+
+
+def _eager_recording_left_out(outcome: Outcome, installed: list[Outcome], device: Any) -> str:
+    """Why ``outcome``, a capture of eager's kernels (``_records_eager_here``), is not worth
+    installing beside a program on a GPU: a candidate installed here from its package, and
+    ``outcome``'s quickest check run not CHECK_RUNS_WITHIN times quicker than that one's ("" when
+    it is worth trying on the program's calls).
+
+    Its capture records eager's forward in Python in the program's process, the process's first
+    run of the path a capture takes (a mask's branch, cuDNN's plans for its attention), and the
+    program's synchronize waits for the whole recording: on the GPU host that held one call many
+    times its length (docs/jit.md). A package's capture records one call. Check runs within a
+    factor of two of each other are the moment's noise beside the program (such a capture's
+    check once ran quicker than the package's it then lost to on the program's calls)."""
+    if not _records_eager_here(outcome, device):
+        return ""
+    packages = [
+        o
+        for o in installed
+        if not o.is_baseline and not o.backend.stands_in and o.check_ms is not None
+    ]
+    if not packages:
+        return ""
+    best = min(packages, key=lambda o: o.check_ms or 0.0)
+    assert best.check_ms is not None
+    if outcome.check_ms is not None and outcome.check_ms * CHECK_RUNS_WITHIN < best.check_ms:
+        return ""
+    ran = f"{outcome.check_ms:.2f} ms" if outcome.check_ms is not None else "an unknown time"
+    return (
+        "built and checked, not installed beside the calling program: its install records "
+        f"eager's forward in the program's process, which the program's synchronize waits for, "
+        f"and {best.backend.name} was installed from its package (checks: {ran} against "
+        f"{best.check_ms:.2f} ms, not {CHECK_RUNS_WITHIN:g}x quicker)"
     )
 
 
