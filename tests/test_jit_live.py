@@ -1211,13 +1211,9 @@ class LongSleep(ShortSleep):
     sleep_s = 0.25
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_a_candidate_whose_check_ran_much_slower_stays_out_of_the_program_and_on_restart(
-    beside: Path, monkeypatch: pytest.MonkeyPatch, device: str
-) -> None:
-    """On a GPU (on the CPU, compared as a GPU's are) a candidate whose check runs took more
-    than twice those of one installed already is never installed in the program's process:
-    its install's first runs would share the program's GPU for nothing."""
+def _installs_compared_as_on_a_gpu(monkeypatch: pytest.MonkeyPatch, device: str) -> list[str]:
+    """The candidates installed in the program's process, by name, in order, with check times
+    compared on ``device`` as on a GPU (skipped without CUDA where it is "cuda")."""
     from honed.pipeline import graph_tuner
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -1232,6 +1228,19 @@ def test_a_candidate_whose_check_ran_much_slower_stays_out_of_the_program_and_on
         return plain(outcome, *args, **kwargs)
 
     monkeypatch.setattr(graph_tuner, "install_outcome", watched)
+    return installed
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_candidate_whose_check_ran_much_slower_stays_out_of_the_program_and_on_restart(
+    beside: Path, monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """On a GPU (on the CPU, compared as a GPU's are) a candidate whose check runs took more
+    than twice those of one installed already is never installed in the program's process:
+    its install's first runs would share the program's GPU for nothing."""
+    from honed.pipeline import graph_tuner
+
+    installed = _installs_compared_as_on_a_gpu(monkeypatch, device)
     model, x, want = _slow_call()
     model, x, want = model.to(device), x.to(device), want.to(device)
     with (
@@ -1314,20 +1323,8 @@ def test_a_capture_of_eager_waits_for_the_packages_and_stays_out_beside_one(
     in the program's process after the candidates that install from a package, and not at all
     once one did, its check not twice as quick: its recording of eager's forward would hold the
     program's synchronize for nothing. Quickest check first, it came first."""
-    from honed.pipeline import graph_tuner
 
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    if device == "cpu":
-        monkeypatch.setattr(graph_tuner, "_CHECK_RUNS_COMPARED_ON", ("cuda", "cpu"))
-    installed: list[str] = []
-    plain = graph_tuner.install_outcome
-
-    def watched(outcome: Any, *args: Any, **kwargs: Any) -> Any:
-        installed.append(outcome.backend.name)
-        return plain(outcome, *args, **kwargs)
-
-    monkeypatch.setattr(graph_tuner, "install_outcome", watched)
+    installed = _installs_compared_as_on_a_gpu(monkeypatch, device)
     model, x, want = _slow_call()
     model, x, want = model.to(device), x.to(device), want.to(device)
     with (
