@@ -162,7 +162,7 @@ def test_jit_default_candidates_leave_out_inductors_cuda_graph_trees_only(
 
 
 def test_the_tunes_view_of_the_program_offers_stand_ins_as_configured() -> None:
-    """honed.jit.config.stand_in (on by default) and promote reach the tune's view of the
+    """honed.jit.config.stand_in (off by default) and promote reach the tune's view of the
     program (honed.jit.live.ProgramCalls), which GraphTuner._promote asks."""
     from honed.jit.hierarchy import Node
     from honed.jit.tuner import _program_calls
@@ -177,6 +177,9 @@ def test_the_tunes_view_of_the_program_offers_stand_ins_as_configured() -> None:
         honed.jit.config.patch(live_choice=True, wait=False),
     ):
         calls = _program_calls(node, dataset)
+        assert (calls.stand_ins, calls.promotes) == (False, False)
+        with honed.jit.config.patch(stand_in=True):
+            calls = _program_calls(node, dataset)
         assert (calls.stand_ins, calls.promotes) == (True, False)
         with honed.jit.config.patch(stand_in=False, promote=True):
             calls = _program_calls(node, dataset)
@@ -202,7 +205,7 @@ def test_config_from_environment_variables() -> None:
         HONED_JIT_WAIT="1",
         HONED_JIT_TIME_BUDGET_S="30",
         HONED_JIT_BATCH_HEADROOM="4",
-        HONED_JIT_STAND_IN="0",
+        HONED_JIT_STAND_IN="1",
         HONED_JIT_STAND_IN_EARLY="1",
     )
     code = (
@@ -230,12 +233,12 @@ def test_config_from_environment_variables() -> None:
         True,
         30.0,
         4,
-        False,
+        True,
         True,
     ]
     fresh = honed.jit.JitConfig()
     assert fresh.retune_on_new_shapes is True and fresh.wait is False
-    assert fresh.stand_in is True and fresh.stand_in_early is False
+    assert fresh.stand_in is False and fresh.stand_in_early is False
     assert fresh.time_budget_s == 0.0 and fresh.batch_headroom == 2
 
 

@@ -513,10 +513,12 @@ jit_promote: bool = _flag("jit_promote", "HONED_JIT_PROMOTE", False, _Bool())
 # While the program calls, a candidate that compiles nothing (CUDA graphs over eager: a capture of
 # eager's own kernels, ready seconds into the tune) is promoted as above even with jit_promote
 # off, where its worker's check ran quicker than the program's last call: on a GPU its replays
-# answer the program's calls while the packages build, with a call's CPU time a fraction of
-# eager's, which a slow vCPU or a compile beside it stretches past twice eager's time less
-# often (docs/jit.md).
-jit_stand_in: bool = _flag("jit_stand_in", "HONED_JIT_STAND_IN", True, _Bool())
+# answer the program's calls while the packages build. Off by default: its capture records
+# eager's forward in the program's process, the process's first run of the path a capture takes,
+# and the program's synchronize waited for all of it, one call many times eager's length in
+# every cold run on the GPU host; without it the program runs eager until the tune ends
+# (docs/jit.md).
+jit_stand_in: bool = _flag("jit_stand_in", "HONED_JIT_STAND_IN", False, _Bool())
 
 # The first stand-in is captured in the program's process as soon as the module's calls are
 # recorded, before any worker has started (a worker took 9-10 s to import torch and its builders

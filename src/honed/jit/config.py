@@ -64,7 +64,9 @@ class JitConfig:
             them, answers them until the tune ends (honed.jit.live.ProgramCalls.promote).
         stand_in: the same for the candidates that compile nothing (CUDA graphs over eager)
             even with ``promote`` off: they are ready seconds into a tune, and answer the
-            program's calls while the compiling candidates build (on by default).
+            program's calls while the compiling candidates build (off by default: the capture
+            records eager's forward in the program's process, and the program's synchronize
+            waits for the whole recording, docs/jit.md).
         stand_in_early: with ``stand_in``, the first stand-in is captured in the program's
             process as soon as the module's calls are recorded, checked against the program's
             own outputs and tried on its calls, before any worker is up (off by default: its
