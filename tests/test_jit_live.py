@@ -1351,7 +1351,7 @@ def test_a_capture_of_eager_is_left_out_once_a_package_is_in_unless_twice_as_qui
     package, capture = checked(ShortSleep(), 2.0), checked(CaptureSleep(), 1.75)
     why = graph_tuner._eager_recording_left_out(capture, [package], cuda)
     assert why.startswith("built and checked, not installed beside the calling program: its")
-    assert "ShortSleep was installed from its package (checks: 1.75 ms against 2.00 ms" in why
+    assert "ShortSleep is installed here already (checks: 1.75 ms against 2.00 ms" in why
     assert graph_tuner._records_eager_here(capture, cuda)
     assert not graph_tuner._records_eager_here(package, cuda)  # a package records one call
     assert not graph_tuner._records_eager_here(capture, cpu)  # a CPU records nothing

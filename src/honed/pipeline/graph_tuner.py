@@ -1143,9 +1143,9 @@ def _records_eager_here(outcome: Outcome, device: Any) -> bool:
 
 def _eager_recording_left_out(outcome: Outcome, installed: list[Outcome], device: Any) -> str:
     """Why ``outcome``, a capture of eager's kernels (``_records_eager_here``), is not worth
-    installing beside a program on a GPU: a candidate installed here from its package, and
-    ``outcome``'s quickest check run not CHECK_RUNS_WITHIN times quicker than that one's ("" when
-    it is worth trying on the program's calls).
+    installing beside a program on a GPU: another candidate is installed here (a package, whose
+    capture records one call), and ``outcome``'s quickest check run was not CHECK_RUNS_WITHIN
+    times quicker than that one's ("" when it is worth trying on the program's calls).
 
     Its capture records eager's forward in Python in the program's process, the process's first
     run of the path a capture takes (a mask's branch, cuDNN's plans for its attention), and the
@@ -1170,7 +1170,7 @@ def _eager_recording_left_out(outcome: Outcome, installed: list[Outcome], device
     return (
         "built and checked, not installed beside the calling program: its install records "
         f"eager's forward in the program's process, which the program's synchronize waits for, "
-        f"and {best.backend.name} was installed from its package (checks: {ran} against "
+        f"and {best.backend.name} is installed here already (checks: {ran} against "
         f"{best.check_ms:.2f} ms, not {CHECK_RUNS_WITHIN:g}x quicker)"
     )
 
