@@ -15,7 +15,7 @@
 #   first-build: the early stand-in's first build beside a program, with CUDA's lazy and eager
 #     module loading, with and without a block reserved for the warm-up (RESERVE_MIB, 1024);
 #     FIRST_BUILD_MODES picks ("lazy-turns eager-turns": taking turns with the program's calls;
-#     "-later": a build after a worker's, as the default path's stand-in, not a first build;
+#     "-later": a build after a worker's, as the stand-in's (HONED_JIT_STAND_IN=1), not a first build;
 #     "-warm-first": the capture's path run on the capturing thread before the program starts;
 #     "-pieces": one graph per encoder layer), e.g. "lazy-later-turns lazy-later-turns-warm-first
 #     lazy-later-turns-pieces lazy-later-turns-warm-first-pieces";
