@@ -761,10 +761,8 @@ class GraphTuner:
         # Quickest check first: a candidate whose check ran several times slower than one
         # installed here is not worth its install's stalls (below). Captures of eager's
         # forward last: they wait for the packages' installs.
-        order = sorted(ok, key=_check_order)
         device = self.ctx.device
-        records = [o for o in order if _records_eager_here(o, device)]
-        for o in [o for o in order if not any(o is r for r in records)] + records:
+        for o in sorted(ok, key=lambda o: (_records_eager_here(o, device), _check_order(o))):
             o.deferred = False  # measured below, or left out
             if light and _compiles_here(o.backend) and not (o.fn is not None and o.checked_here):
                 self._leave_out(o, "built and checked, " + _left_out_beside_program(light))
