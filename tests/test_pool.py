@@ -4,6 +4,7 @@ measurement gate, stale folders and what a tune leaves behind (SIGTERM, setsid).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -657,6 +658,31 @@ def test_a_cuda_models_jit_workers_leave_the_program_cores(
         with new_pool(1, device="cpu") as pool:
             assert _run(pool, graph, RecordsCores(seen)).ok
         assert seen.read_text() == f"{allowed} {len(allowed)}"
+
+
+def test_the_users_inductor_compile_threads_reach_the_workers(
+    graph: GraphJobs,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Inductor's own TORCHINDUCTOR_COMPILE_THREADS, where the user set it, is what the workers
+    compile with (fewer compilers beside a program); a value Inductor cannot take is named in
+    one warning and the workers share the cores as without it."""
+    seen = tmp_path / "cores"
+    allowed = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")
+    with new_pool(2, device="cpu") as pool:
+        assert _run(pool, graph, RecordsCores(seen)).ok
+    assert seen.read_text() == f"{allowed} 3"
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "many")
+    monkeypatch.setattr(isolation, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="honed"), new_pool(2, device="cpu") as pool:
+        assert _run(pool, graph, RecordsCores(seen)).ok
+    shared = max(1, len(allowed) // pool.size)
+    assert seen.read_text() == f"{allowed} {shared}"
+    (warning,) = [r.getMessage() for r in caplog.records if "COMPILE_THREADS" in r.getMessage()]
+    assert "'many' is not a whole number from 1" in warning and "unset it" in warning
 
 
 def test_the_cores_left_to_the_program_are_whole_physical_cores(

@@ -74,16 +74,40 @@ def worker_config() -> dict[str, Any]:
 
 def worker_env(size: int, cores: int | None = None) -> dict[str, str]:
     """The workers' environment: Inductor's compile threads share the cores (``cores``, else
-    all of this process's) among the workers, and every worker (and this process) uses one
-    Inductor cache, so candidates of one graph share its FX-graph and autotune entries."""
+    all of this process's) among the workers, unless the user set Inductor's own
+    ``TORCHINDUCTOR_COMPILE_THREADS`` (a whole number from 1), and every worker (and this
+    process) uses one Inductor cache, so candidates of one graph share its FX-graph and autotune
+    entries."""
     from honed.backend._inductor_env import inductor_cache_dir
 
     return {
         "PYTHONUNBUFFERED": "1",
         "HONED_JIT": "0",  # workers never JIT-tune
-        "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (cores or cpu_cores()) // size)),
+        "TORCHINDUCTOR_COMPILE_THREADS": _users_compile_threads()
+        or str(max(1, (cores or cpu_cores()) // size)),
         "TORCHINDUCTOR_CACHE_DIR": os.path.abspath(inductor_cache_dir()),
     }
+
+
+def _users_compile_threads() -> str:
+    """Inductor's compile threads as the user's environment sets them ("" where unset or not
+    a whole number from 1: the workers then share the cores)."""
+    value = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "").strip()
+    if not value:
+        return ""
+    if value.isdigit() and int(value) >= 1:
+        return str(int(value))
+    if value not in _WARNED:
+        _WARNED.add(value)
+        log.warning(
+            "TORCHINDUCTOR_COMPILE_THREADS=%r is not a whole number from 1; honed's workers share "
+            "the cores instead (set it to 1 or more, or unset it)",
+            value,
+        )
+    return ""
+
+
+_WARNED: set[str] = set()  # values warned of, once each per process
 
 
 def new_pool(
