@@ -1308,13 +1308,6 @@ def test_check_times_travel_in_records_and_only_a_gpu_compares_them() -> None:
     assert [o.check_ms for o in order] == [None, 0.9, 5.6, None] and order[0] is eager
 
 
-class CaptureSleep(ShortSleep):
-    """Installs as a capture of eager's own kernels would (``stands_in``), as quick as
-    ShortSleep."""
-
-    stands_in = True
-
-
 class PackageSleep(ShortSleep):
     """ShortSleep with a sleep long against a loaded machine's lateness: the quickest check run
     of two equal sleeps stays within 2x of the other's only where the sleep outlasts the delay
@@ -1323,8 +1316,9 @@ class PackageSleep(ShortSleep):
     sleep_s = 0.025
 
 
-class SteadyCaptureSleep(PackageSleep):
-    """CaptureSleep with PackageSleep's sleep."""
+class CaptureSleep(PackageSleep):
+    """Installs as a capture of eager's own kernels would (``stands_in``), as quick as
+    PackageSleep."""
 
     stands_in = True
 
@@ -1343,12 +1337,12 @@ def test_a_capture_of_eager_waits_for_the_packages_and_stays_out_beside_one(
     model, x, want = model.to(device), x.to(device), want.to(device)
     with (
         honed.config.patch(isolation="process", jit_worker_nice=0),  # built in workers
-        honed.jit.config.patch(backends=[SteadyCaptureSleep(), PackageSleep()], stand_in=False),
+        honed.jit.config.patch(backends=[CaptureSleep(), PackageSleep()], stand_in=False),
     ):
         root = _call_until_tuned(model, x, want)
     assert installed == ["PackageSleep"], "\n".join(honed.jit.history())
     rows = {c.name: c for c in root.report.graphs[0].candidates}
-    capture = rows["SteadyCaptureSleep"]
+    capture = rows["CaptureSleep"]
     assert capture.status == "not tried" and not capture.samples_ms, capture
     assert capture.reason.startswith("built and checked, not installed beside the calling")
     assert "records eager's forward" in capture.reason, capture.reason
