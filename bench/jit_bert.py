@@ -1039,8 +1039,9 @@ def main() -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a honed setting for the JIT runs (repeatable; the environment's HONED_ variables "
-        "are not passed on), e.g. HONED_JIT_SHARE_CORES=0",
+        help="a honed or Inductor setting for the JIT runs (repeatable; the environment's HONED_ "
+        "variables are not passed on), e.g. HONED_JIT_SHARE_CORES=0 or "
+        "TORCHINDUCTOR_COMPILE_THREADS=1",
     )
     parser.add_argument(
         "--cold-wait",
@@ -1150,8 +1151,10 @@ def main() -> None:
             jit_env["HONED_AOTI_LOADER"] = args.loader
         for setting in args.jit_env:
             name, sep, value = setting.partition("=")
-            if not sep or not name.startswith("HONED_"):
-                parser.error(f"--jit-env {setting!r}: expected HONED_NAME=VALUE")
+            if not sep or not name.startswith(("HONED_", "TORCHINDUCTOR_")):
+                parser.error(
+                    f"--jit-env {setting!r}: expected HONED_NAME=VALUE or TORCHINDUCTOR_NAME=VALUE"
+                )
             jit_env[name] = value
         eager_s = args.eager_seconds if args.eager_seconds is not None else seconds
         eager = run_program(args, workdir, "eager", base, eager_s)
