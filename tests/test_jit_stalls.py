@@ -349,6 +349,27 @@ def test_jits_tunes_have_fewer_workers_unless_honed_workers_says(
         assert honed.config.workers == workers  # the program's own tunes: as they were
 
 
+@pytest.mark.parametrize(
+    ("jit_threads", "wait", "expected"), [(1, False, 1), (0, False, 7), (1, True, 7)]
+)
+def test_jits_workers_compile_with_one_thread_unless_told(
+    jit_threads: int, wait: bool, expected: int
+) -> None:
+    """JIT's workers compile with HONED_JIT_COMPILE_THREADS threads each (1 by default: a
+    compile's pool of processes beside the program slowed its calls); 0, or a program waiting
+    for JIT, gets what honed.tune's workers get (HONED_WORKER_COMPILE_THREADS)."""
+    from honed.jit.tuner import _jit_flags
+
+    assert honed.config.jit_compile_threads == 1  # the default
+    with (
+        honed.config.patch(worker_compile_threads=7, jit_compile_threads=jit_threads),
+        honed.jit.config.patch(wait=wait),
+    ):
+        with _jit_flags():
+            assert honed.config.worker_compile_threads == expected
+        assert honed.config.worker_compile_threads == 7
+
+
 class CountsCalls(nn.Module):
     """Notes the thread of each of its calls."""
 

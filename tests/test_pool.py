@@ -685,6 +685,24 @@ def test_the_users_inductor_compile_threads_reach_the_workers(
     assert "'many' is not a whole number from 1" in warning and "unset it" in warning
 
 
+def test_workers_compile_with_the_threads_honed_sets_unless_the_user_set_inductors(
+    graph: GraphJobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HONED_WORKER_COMPILE_THREADS (what JIT sets for its own workers) gives each worker's
+    compile that many threads instead of a share of the cores; Inductor's own
+    TORCHINDUCTOR_COMPILE_THREADS, where the user set it, still decides."""
+    seen = tmp_path / "cores"
+    allowed = sorted(os.sched_getaffinity(0))
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    with honed.config.patch(worker_compile_threads=5), new_pool(2, device="cpu") as pool:
+        assert _run(pool, graph, RecordsCores(seen)).ok
+    assert seen.read_text() == f"{allowed} 5"
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")
+    with honed.config.patch(worker_compile_threads=5), new_pool(2, device="cpu") as pool:
+        assert _run(pool, graph, RecordsCores(seen)).ok
+    assert seen.read_text() == f"{allowed} 3"
+
+
 def test_the_cores_left_to_the_program_are_whole_physical_cores(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -497,6 +497,22 @@ worker_spare_cores: float = _flag(
     "worker_spare_cores", "HONED_WORKER_SPARE_CORES", 0.0, _Number(0, 1)
 )
 
+# Inductor's compile threads in each of JIT's worker processes (0: as honed.tune's, the workers'
+# cores shared among them); the user's own TORCHINDUCTOR_COMPILE_THREADS, where set, decides. A
+# compile with more than one thread starts a pool of compile processes (each importing torch)
+# and runs them on many CPUs at once; beside BERT-base on a GPU host the program's calls over 2x
+# eager fell during the packages' builds with four threads a worker, and in none with one, while
+# the tune took as long (docs/jit.md). A program waiting for JIT (jit_wait) gets honed.tune's.
+jit_compile_threads: int = _flag(
+    "jit_compile_threads", "HONED_JIT_COMPILE_THREADS", 1, _Number(0, 1024, True)
+)
+
+# The same for a tune's worker processes (0: the workers' cores shared among them; JIT sets it
+# from jit_compile_threads for its own).
+worker_compile_threads: int = _flag(
+    "worker_compile_threads", "HONED_WORKER_COMPILE_THREADS", 0, _Number(0, 1024, True)
+)
+
 # JIT measures its candidates on the program's own calls while the program calls (the workers
 # only build and check them), and ends a tune its workers measured with a trial of the pick and
 # its runners-up on those calls; a runner-up replaces the pick only with evidence (honed.jit.live).

@@ -243,9 +243,9 @@ class _Workers:
 
 
 def _jit_flags() -> Any:
-    """The flags JIT's tunes and their workers run with: fewer workers, below the program's
-    priority, off the cores left to it, and the stability JIT asks of figures taken beside its
-    calls."""
+    """The flags JIT's tunes and their workers run with: fewer workers and compile threads,
+    below the program's priority, off the cores left to it, and the stability JIT asks of
+    figures taken beside its calls."""
     tolerance = max(_flags.stability_tolerance, config.stability_tolerance)
     return _flags.patch(
         stability_tolerance=tolerance,
@@ -253,6 +253,11 @@ def _jit_flags() -> Any:
         workers=_flags.workers or (0 if config.wait else _flags.jit_workers),
         worker_nice=_flags.jit_worker_nice,
         worker_spare_cores=_flags.jit_spare_cores,
+        worker_compile_threads=(
+            _flags.worker_compile_threads
+            if config.wait
+            else _flags.jit_compile_threads or _flags.worker_compile_threads
+        ),
     )
 
 

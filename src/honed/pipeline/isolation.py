@@ -73,18 +73,18 @@ def worker_config() -> dict[str, Any]:
 
 
 def worker_env(size: int, cores: int | None = None) -> dict[str, str]:
-    """The workers' environment: Inductor's compile threads share the cores (``cores``, else
-    all of this process's) among the workers, unless the user set Inductor's own
-    ``TORCHINDUCTOR_COMPILE_THREADS`` (a whole number from 1), and every worker (and this
-    process) uses one Inductor cache, so candidates of one graph share its FX-graph and autotune
-    entries."""
+    """The workers' environment: Inductor's compile threads as the user's own
+    ``TORCHINDUCTOR_COMPILE_THREADS`` sets them (a whole number from 1), else
+    ``config.worker_compile_threads`` where set, else the cores (``cores``, else all of this
+    process's) shared among the workers; and every worker (and this process) uses one Inductor
+    cache, so candidates of one graph share its FX-graph and autotune entries."""
     from honed.backend._inductor_env import inductor_cache_dir
 
     return {
         "PYTHONUNBUFFERED": "1",
         "HONED_JIT": "0",  # workers never JIT-tune
         "TORCHINDUCTOR_COMPILE_THREADS": _users_compile_threads()
-        or str(max(1, (cores or cpu_cores()) // size)),
+        or str(config.worker_compile_threads or max(1, (cores or cpu_cores()) // size)),
         "TORCHINDUCTOR_CACHE_DIR": os.path.abspath(inductor_cache_dir()),
     }
 
