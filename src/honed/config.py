@@ -498,11 +498,12 @@ worker_spare_cores: float = _flag(
 )
 
 # Inductor's compile threads in each of JIT's worker processes (0: as honed.tune's, the workers'
-# cores shared among them); the user's own TORCHINDUCTOR_COMPILE_THREADS, where set, decides. A
-# compile with more than one thread starts a pool of compile processes (each importing torch)
-# and runs them on many CPUs at once; beside BERT-base on a GPU host the program's calls over 2x
-# eager fell during the packages' builds with four threads a worker, and in none with one, while
-# the tune took as long (docs/jit.md). A program waiting for JIT (jit_wait) gets honed.tune's.
+# cores shared among them); the user's own TORCHINDUCTOR_COMPILE_THREADS, where set, decides, but
+# it also sets the program's own compiles. With more than one thread a compile starts a pool of
+# compile processes, each importing torch, on as many CPUs. One: beside BERT-base on a GPU host
+# the tune took as long with one thread a worker as with four, so the pool only took CPUs from
+# the program; the calls over 2x eager were as many either way (docs/jit.md). A program waiting
+# for JIT (jit_wait) gets honed.tune's.
 jit_compile_threads: int = _flag(
     "jit_compile_threads", "HONED_JIT_COMPILE_THREADS", 1, _Number(0, 1024, True)
 )
