@@ -334,6 +334,13 @@ def _check(
 
     try:
         check = IsolatedCheck(module, sample, _device_of(module, sample), workers)
+        if not background.set_current(check):
+            return 1, ["the program ended before the check"], "Checking", False
+        try:
+            with _jit_flags():
+                answer = check.run()  # sends the module itself only where it must
+        finally:
+            background.set_current(None)
     except NotIsolatable as e:
         add_step(
             f"{node.short()} cannot be sent to a worker process ({e}); checking its graph "
@@ -341,13 +348,6 @@ def _check(
             logging.WARNING,
         )
         return (*_explain(module, sample), "Checking", True)
-    if not background.set_current(check):
-        return 1, ["the program ended before the check"], "Checking", False
-    try:
-        with _jit_flags():
-            answer = check.run()
-    finally:
-        background.set_current(None)
     if isinstance(answer, str):
         add_step(f"The graph-break check of {node.short()} failed: {answer}", logging.WARNING)
         return 1, [f"the check failed in a worker: {answer}"], "Checking", False

@@ -14,11 +14,18 @@ program's runs on the outputs but the return. Where it finds breaks (the code af
 on those empty outputs, whose values are garbage) or fails, the check is made again with every
 graph run, spaced, which is the answer. Both go through the one place explain hands each graph
 back to Dynamo.
+
+Since no graph runs in that first trace, the module's weights are not needed for it: a worker
+first gets the module as shapes only (``traced_whole`` on ``sharing.dumps_shapes``), and the
+weights only where that trace cannot answer (``explain_job``'s ``"weights_needed"``). Handing a
+CUDA model's weights over exports an IPC handle per storage in the program's process; a CPU
+model's are copied.
 """
 
 from __future__ import annotations
 
 import contextlib
+import pickle
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -35,12 +42,42 @@ def explain(
     """(graph breaks, their reasons) of ``module`` on ``sample``; a module Dynamo cannot trace
     at all counts as one break, its error the reason."""
     device = device_of(module, [Sample(*sample)])
+    found = _traced_whole(module, sample, device, strict=False)
+    if found is not None:
+        return found
+    return _run_through(module, sample, device)
+
+
+def traced_whole(
+    module: torch.nn.Module, sample: tuple[tuple[Any, ...], dict[str, Any]]
+) -> tuple[int, list[str]] | None:
+    """(0, []) where Dynamo traces ``module`` on ``sample`` into one graph without running any
+    graph; None where only the real runs can tell (a break, a graph whose outputs are not
+    tensors of fixed shapes, a failure). Nothing of the module runs but Python between graphs,
+    so its weights' values do not matter: a module of uninitialised tensors shaped as the
+    caller's answers for it (``sharing.dumps_shapes``)."""
+    return _traced_whole(module, sample, device_of(module, [Sample(*sample)]), strict=True)
+
+
+def _traced_whole(
+    module: torch.nn.Module,
+    sample: tuple[tuple[Any, ...], dict[str, Any]],
+    device: torch.device,
+    strict: bool,
+) -> tuple[int, list[str]] | None:
+    refused: list[str] = []  # a strict trace's refusals, also where Dynamo let one pass
+    runs = _graph_runs(device, dry=True, refused=refused if strict else None)
     try:
-        count, reasons = _explained(module, sample, _graph_runs(device, dry=True))
+        count, reasons = _explained(module, sample, runs)
     except Exception:  # the code after a break, on empty outputs: decided by the real runs
-        count, reasons = -1, []
-    if count == 0 and not reasons:
-        return count, reasons
+        return None
+    return (count, reasons) if count == 0 and not reasons and not refused else None
+
+
+def _run_through(
+    module: torch.nn.Module, sample: tuple[tuple[Any, ...], dict[str, Any]], device: torch.device
+) -> tuple[int, list[str]]:
+    """The check with every traced graph run (spaced where runs are): Dynamo's own answer."""
     try:
         return _explained(module, sample, _graph_runs(device, dry=False))
     except Exception as e:  # dynamo could not trace it at all: as good as a break
@@ -60,11 +97,18 @@ def _explained(
     return int(explained.graph_break_count), sorted({_reason(r) for r in explained.break_reasons})
 
 
+class _WouldRun(Exception):
+    """A strict dry trace met a graph it cannot stand in for with empty outputs."""
+
+
 @contextlib.contextmanager
-def _graph_runs(device: torch.device, dry: bool) -> Iterator[None]:
+def _graph_runs(
+    device: torch.device, dry: bool, refused: list[str] | None = None
+) -> Iterator[None]:
     """While explain runs: each traced graph's run is, with ``dry``, empty tensors shaped as its
-    outputs (``_dry``), else a ``courtesy.spaced_run`` where runs are spaced here. Explain
-    returns each graph's ``forward`` to Dynamo after passing the graph through
+    outputs (``_dry``; given ``refused``, a graph whose outputs cannot be made so is noted there
+    and raises instead of running), else a ``courtesy.spaced_run`` where runs are spaced here.
+    Explain returns each graph's ``forward`` to Dynamo after passing the graph through
     ``torch._dynamo.backends.debugging._explain_graph_detail``; wrapping that forward there is
     the only hook it has. A torch without that function runs the graphs as they are."""
     try:
@@ -73,6 +117,9 @@ def _graph_runs(device: torch.device, dry: bool) -> Iterator[None]:
         detail = debugging._explain_graph_detail
     except (ImportError, AttributeError):
         detail = None
+    if detail is None and refused is not None:
+        refused.append("this torch has no hook to keep its graphs from running")
+        raise _WouldRun(refused[-1])
     spaced = courtesy.spaces(device)
     if detail is None or not (dry or spaced):
         yield
@@ -81,6 +128,9 @@ def _graph_runs(device: torch.device, dry: bool) -> Iterator[None]:
     def wrapped_detail(gm: Any, *rest: Any) -> Any:
         gm, *more = detail(gm, *rest)
         empty = _dry(gm) if dry else None
+        if refused is not None and empty is None:
+            refused.append("a graph's outputs are not tensors of fixed shapes")
+            raise _WouldRun(refused[-1])
 
         def run(*args: Any, **kwargs: Any) -> Any:
             if empty is not None:
@@ -139,9 +189,17 @@ def _reason(r: Any) -> str:
 
 
 def explain_job(context: dict[str, Any]) -> dict[str, Any]:
-    """In a worker: the check on the context's module and sample."""
-    count, reasons = explain(context["module"], context["sample"])
+    """In a worker: the check on the context's module and sample. A context whose module came
+    as shapes only (``module_shapes``) answers only where the module traces whole without a
+    graph run; elsewhere the reply asks for the module itself (``"weights_needed"``)."""
+    if "module_shapes" in context:
+        found = traced_whole(pickle.loads(context["module_shapes"]), context["sample"])
+        if found is None:
+            return {"weights_needed": True}
+        count, reasons = found
+    else:
+        count, reasons = explain(context["module"], context["sample"])
     return {"graph_breaks": count, "reasons": reasons}
 
 
-__all__ = ["explain", "explain_job"]
+__all__ = ["explain", "explain_job", "traced_whole"]

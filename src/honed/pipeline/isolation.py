@@ -19,14 +19,14 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from honed import config
 from honed.backend.base import Backend
 from honed.pipeline.candidate import Outcome, measurement_from_record, per_call_ms
 from honed.pipeline.courtesy import beside_program
 from honed.pipeline.pool import Context, Job, JobResult, WorkerPool, request_frames, wait_all
-from honed.pipeline.sharing import Shared
+from honed.pipeline.sharing import Shared, dumps_shapes
 
 log = logging.getLogger("honed")
 
@@ -352,8 +352,13 @@ class GraphJobs:
 
 class IsolatedCheck:
     """JIT's graph-break check (honed.pipeline.graph_breaks) in a worker process of its own:
-    the trace holds no lock of the program's, a crash or hang ends only the worker. Raises
-    NotIsolatable when the module or sample does not pickle."""
+    the trace holds no lock of the program's, a crash or hang ends only the worker.
+
+    The worker first gets the module as shapes only (``sharing.dumps_shapes``: its tensors
+    uninitialised, nothing of the program's memory exported or copied), which answers for a
+    module Dynamo traces whole without running a graph; the module itself follows only where
+    that cannot answer. Raises NotIsolatable when the module or sample does not pickle (for
+    the module itself, from ``run``)."""
 
     def __init__(
         self,
@@ -364,12 +369,24 @@ class IsolatedCheck:
     ) -> None:
         """``pool``: a pool the caller owns to run the check in (given one job); None: a
         worker of its own."""
-        self.context = shared_context({"module": module, "sample": sample}, "the module or sample")
+        self.module, self.sample = module, sample
+        try:
+            shapes = dumps_shapes(module)
+        except Exception as e:  # a tensor without an empty stand-in: the module itself goes
+            log.debug("honed: the check sends the module itself (%s: %s)", type(e).__name__, e)
+            self.context = self._whole()
+        else:
+            self.context = shared_context({"module_shapes": shapes, "sample": sample}, "the sample")
         self.device = device
         self.given_pool = pool
         self.pool: WorkerPool | None = None
         self.future: concurrent.futures.Future[JobResult] | None = None
         self.cancelled = ""
+
+    def _whole(self) -> Context:
+        return shared_context(
+            {"module": self.module, "sample": self.sample}, "the module or sample"
+        )
 
     def cancel(self, abandon: bool = False, reason: str = "cancelled") -> None:
         """End the check (the program is ending): its result is the failure "cancelled"."""
@@ -380,27 +397,38 @@ class IsolatedCheck:
 
     def run(self) -> tuple[int, list[str]] | str:
         """(graph breaks, reasons), or why the worker gave no answer."""
-        beside = beside_program()  # the trace's graph runs are spaced on the program's GPU
-        job = Job(
-            "explain",
-            {"beside_program": beside, "call_clock": _call_clock(self.device) if beside else ""},
-            self.context,
-            self.device,
-            {"build": config.build_timeout_s},
-            label="graph-break check",
-        )
         with contextlib.ExitStack() as stack:
             if self.given_pool is not None:
                 pool = self.given_pool(1)
             else:
                 pool = stack.enter_context(new_pool(1, device=self.device))
-            self.pool = pool
-            self.future = pool.submit(job)
-            if self.cancelled:
-                pool.cancel(self.future)
-            result = next(iter(wait_all([self.future]))).result()
-            self.pool = self.future = None
+            reply = self._ask(pool, self.context)
+            if isinstance(reply, dict) and reply.get("weights_needed"):
+                self.context = self._whole()  # raises NotIsolatable
+                reply = self._ask(pool, self.context)
+        if isinstance(reply, str):
+            return reply
+        return int(reply["graph_breaks"]), [str(r) for r in reply["reasons"]]
+
+    def _ask(self, pool: WorkerPool, context: Context) -> dict[str, Any] | str:
+        """The worker's reply to one check job on ``context``, or why it gave none."""
+        if self.cancelled:
+            return self.cancelled
+        beside = beside_program()  # the trace's graph runs are spaced on the program's GPU
+        job = Job(
+            "explain",
+            {"beside_program": beside, "call_clock": _call_clock(self.device) if beside else ""},
+            context,
+            self.device,
+            {"build": config.build_timeout_s},
+            label="graph-break check",
+        )
+        self.pool = pool
+        self.future = pool.submit(job)
+        if self.cancelled:
+            pool.cancel(self.future)
+        result = next(iter(wait_all([self.future]))).result()
+        self.pool = self.future = None
         if not result.ok:
             return self.cancelled or result.failure
-        reply = result.reply
-        return int(reply["graph_breaks"]), [str(r) for r in reply["reasons"]]
+        return cast(dict[str, Any], result.reply)

@@ -148,6 +148,64 @@ def loads(frames: list[Any]) -> Any:
         _COPIES.clear()
 
 
+class NotShapesOnly(ValueError):
+    """A tensor that ``dumps_shapes`` cannot stand in for with an empty one of its shape."""
+
+
+class _ShapesPickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, each plain tensor as its size, strides, dtype and device (``_empty``)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            if not _plain(obj):
+                raise NotShapesOnly(
+                    f"a {type(obj).__name__} ({obj.layout}, {obj.dtype}, {obj.device.type}) "
+                    "has no empty stand-in"
+                )
+            give_way()
+            spec = (tuple(obj.size()), tuple(obj.stride()), obj.dtype, str(obj.device))
+            return _empty, (*spec, obj.requires_grad, type(obj) is torch.nn.Parameter)
+        if isinstance(obj, torch.storage.TypedStorage | torch.UntypedStorage):
+            raise NotShapesOnly("a storage has no empty stand-in")
+        return super().reducer_override(obj)
+
+
+def _plain(obj: torch.Tensor) -> bool:
+    return (
+        type(obj) in (torch.Tensor, torch.nn.Parameter)
+        and obj.layout == torch.strided
+        and not obj.is_quantized
+        and not obj.is_nested
+        and obj.device.type in ("cpu", "cuda")
+    )
+
+
+def _empty(
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    dtype: torch.dtype,
+    device: str,
+    requires_grad: bool,
+    parameter: bool,
+) -> torch.Tensor:
+    """In the worker: an uninitialised tensor in the place of one of the caller's."""
+    empty = torch.empty_strided(size, stride, dtype=dtype, device=device)
+    if parameter:
+        return torch.nn.Parameter(empty, requires_grad=requires_grad)
+    return empty.requires_grad_(requires_grad)
+
+
+def dumps_shapes(value: Any) -> bytes:
+    """``value`` pickled with every tensor as an uninitialised one of its size, strides, dtype and
+    device: what tracing needs of a module, without sending its weights. Nothing of the
+    caller's memory is copied or shared (no CUDA IPC export, no copy of a CPU weight), and a
+    loaded value's tensors hold garbage. Raises NotShapesOnly for a tensor it cannot stand in
+    for (a subclass, a quantized, nested, sparse or meta one) and what pickling raises."""
+    buffer = io.BytesIO()
+    _ShapesPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
 class Shared:
     """A value for workers, checked once here; ``blob()`` pickles it for one worker's load."""
 
@@ -162,4 +220,4 @@ class Shared:
         return dumps(self.value)[0]
 
 
-__all__ = ["Shared", "dumps", "loads"]
+__all__ = ["NotShapesOnly", "Shared", "dumps", "dumps_shapes", "loads"]
