@@ -6,18 +6,29 @@ the check's context and one worker's payload (``IsolatedCheck``'s work on JIT's 
 program's process), the payload's bytes, and how many tensors went as CUDA IPC handles. Each way
 is timed ``--rounds`` times, alternating; medians printed, and JSON with ``--out``.
 
-    python bench/profile/check_handover.py [--device cuda] [--rounds 5] [--out FILE]
+With ``--beside``, the program is a loop of the model's calls on the main thread (timed, as
+``beside_stall.py``'s), the hand-overs run on a thread beside it, and a loader process loads each
+payload as a worker does (which lets torch release the IPC shares); printed per way: the
+program's calls during its hand-overs and loads (median, slowest, how many over twice the
+median of the loop alone).
+
+    python bench/profile/check_handover.py [--device cuda] [--rounds 5] [--beside] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import statistics
+import subprocess
+import sys
+import threading
 import time
 from typing import Any
 
 import torch
+from beside_stall import _calls  # the program loop, shared with that profile
 
 from honed.pipeline import isolation, sharing
 
@@ -30,28 +41,116 @@ def _model(device: str) -> tuple[Any, tuple[tuple[Any, ...], dict[str, Any]]]:
     return model, ((), {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
 
 
-def _handover(module: Any, sample: Any, shapes: bool) -> tuple[float, int, int]:
-    """(seconds, payload bytes, CUDA tensors shared) for one way of sending the check."""
+_LOADER = """
+import pickle, sys
+from honed.pipeline.sharing import loads
+while True:
+    head = sys.stdin.buffer.read(8)
+    if len(head) < 8:
+        break
+    frames = pickle.loads(sys.stdin.buffer.read(int.from_bytes(head, "little")))
+    context = loads(frames)
+    if "module_shapes" in context:  # as the check's worker makes the module
+        pickle.loads(context["module_shapes"])
+    torch = sys.modules["torch"]
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    sys.stdout.write("ok\\n")
+    sys.stdout.flush()
+"""
+
+
+def _payload(module: Any, sample: Any, shapes: bool) -> tuple[float, list[Any], int]:
+    """(seconds, one worker's payload, CUDA tensors shared) for one way of sending the check."""
     started = time.perf_counter()
     if shapes:
         fields = {"module_shapes": sharing.dumps_shapes(module), "sample": sample}
     else:
         fields = {"module": module, "sample": sample}
-    context = isolation.shared_context(fields, "the check")
-    payload = context.payload()
+    payload = isolation.shared_context(fields, "the check").payload()
     seconds = time.perf_counter() - started
-    size = sum(memoryview(frame).nbytes for frame in payload)
-    shared = sharing.Shared(fields).cuda_tensors
-    return seconds, size, shared
+    return seconds, payload, sharing.Shared(fields).cuda_tensors
+
+
+def _handover(module: Any, sample: Any, shapes: bool) -> tuple[float, int, int]:
+    """(seconds, payload bytes, CUDA tensors shared) for one way of sending the check."""
+    seconds, payload, shared = _payload(module, sample, shapes)
+    return seconds, sum(memoryview(frame).nbytes for frame in payload), shared
+
+
+def _beside(module: Any, sample: Any, device: str, rounds: int) -> dict[str, Any]:
+    """The program's calls while each way's hand-overs and loads run beside them."""
+    loader = subprocess.Popen(
+        [sys.executable, "-c", _LOADER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert loader.stdin is not None and loader.stdout is not None
+    calls: list[float] = []
+    starts: list[float] = []
+    stop = threading.Event()
+    windows: dict[str, list[tuple[float, float]]] = {"whole": [], "shapes": []}
+
+    def hand_over() -> None:
+        time.sleep(3.0)  # the loop alone first
+        for _ in range(rounds):
+            for way in windows:
+                began = time.perf_counter()
+                _, payload, _ = _payload(module, sample, way == "shapes")
+                body = pickle.dumps([bytes(frame) for frame in payload])
+                loader.stdin.write(len(body).to_bytes(8, "little") + body)  # type: ignore[union-attr]
+                loader.stdin.flush()  # type: ignore[union-attr]
+                loader.stdout.readline()  # type: ignore[union-attr]
+                windows[way].append((began, time.perf_counter()))
+                time.sleep(1.0)
+        stop.set()
+
+    thread = threading.Thread(target=hand_over)
+    thread.start()
+    _calls(module, sample[1], device, stop, calls, starts)
+    thread.join()
+    loader.stdin.close()
+    loader.wait()
+    first = windows["whole"][0][0]
+    alone = statistics.median(ms for ms, t in zip(calls[2:], starts[2:], strict=True) if t < first)
+    out: dict[str, Any] = {"alone_median_ms": alone}
+    for way, spans in windows.items():
+        during = [
+            ms
+            for ms, t in zip(calls, starts, strict=True)
+            if any(a <= t + ms / 1e3 and t <= b for a, b in spans)
+        ]
+        out[way] = {
+            "calls": len(during),
+            "median_ms": statistics.median(during) if during else None,
+            "slowest_ms": max(during, default=None),
+            "over_2x": sum(ms > 2 * alone for ms in during),
+            "seconds": [b - a for a, b in spans],
+        }
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--beside", action="store_true", help="with the program's calls beside")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     module, sample = _model(args.device)
+    if args.beside:
+        got = _beside(module, sample, args.device, args.rounds)
+        print(f"the program's calls alone: median {got['alone_median_ms']:.3f} ms")
+        for way in ("whole", "shapes"):
+            r = got[way]
+            print(
+                f"{way:>6}: {r['calls']} calls during its hand-overs and loads, median "
+                f"{r['median_ms']:.3f} ms, slowest {r['slowest_ms']:.3f} ms, {r['over_2x']} "
+                f"over 2x; hand-over and load {statistics.median(r['seconds']) * 1e3:.1f} ms "
+                "(median)"
+            )
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"device": args.device, "torch": torch.__version__, **got}, f, indent=1)
+        return
     rows: dict[str, list[tuple[float, int, int]]] = {"whole": [], "shapes": []}
     for _ in range(args.rounds):
         for way in rows:
