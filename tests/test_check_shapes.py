@@ -169,3 +169,10 @@ def test_a_module_with_a_tensor_shapes_cannot_stand_in_for_goes_whole() -> None:
     assert check.run() == (0, [])
     (context,) = pool.contexts
     assert "module_shapes" not in context and isinstance(context["module"], _Counts)
+
+
+def test_shapes_that_do_not_load_in_the_worker_ask_for_the_module() -> None:
+    """Where the module's shapes cannot be made in the worker (here bytes that are not a
+    pickle), its reply asks for the module itself instead of failing the check."""
+    context = {"module_shapes": b"not a pickle", "sample": ((torch.ones(2, 3),), {})}
+    assert graph_breaks.explain_job(context) == {"weights_needed": True}

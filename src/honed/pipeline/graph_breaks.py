@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import traceback
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -191,9 +192,15 @@ def _reason(r: Any) -> str:
 def explain_job(context: dict[str, Any]) -> dict[str, Any]:
     """In a worker: the check on the context's module and sample. A context whose module came
     as shapes only (``module_shapes``) answers only where the module traces whole without a
-    graph run; elsewhere the reply asks for the module itself (``"weights_needed"``)."""
+    graph run; elsewhere, or where those shapes do not load here, the reply asks for the module
+    itself (``"weights_needed"``)."""
     if "module_shapes" in context:
-        found = traced_whole(pickle.loads(context["module_shapes"]), context["sample"])
+        try:
+            module = pickle.loads(context["module_shapes"])
+        except Exception:  # e.g. a device this worker lacks: the module itself may still load
+            traceback.print_exc()
+            return {"weights_needed": True}
+        found = traced_whole(module, context["sample"])
         if found is None:
             return {"weights_needed": True}
         count, reasons = found
