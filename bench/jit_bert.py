@@ -795,6 +795,12 @@ _PINNED_KEYS = (
 )
 
 
+def ab_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A warm A/B run's figures: its calls over 2x eager and where they fell, and its speed."""
+    keys = ("over_2x", "over_2x_calls", "over_2x_by_phase", "over_2x_by_cause", "phases")
+    return {k: summary[k] for k in (*_PINNED_KEYS, *keys) if k in summary}
+
+
 def pinned_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """A pinned warm run's figures: its speed, and where its calls ran (the timeline)."""
     return {k: summary[k] for k in _PINNED_KEYS if k in summary}
@@ -1112,6 +1118,21 @@ def main() -> None:
         "in turns): does where the program's thread runs move the tuned speed?",
     )
     parser.add_argument(
+        "--warm-ab",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --warm-pairs: a setting of the B runs (repeatable; as --jit-env)",
+    )
+    parser.add_argument(
+        "--warm-pairs",
+        type=int,
+        default=0,
+        help="after the warm run, this many more pairs of warm runs, one as the others (A) and "
+        "one with --warm-ab's settings (B), in turns: does a setting change what a warm "
+        "restart's install costs the program's calls?",
+    )
+    parser.add_argument(
         "--no-aot",
         dest="aot",
         action="store_false",
@@ -1149,13 +1170,23 @@ def main() -> None:
             jit_env["HONED_JIT_BACKENDS"] = backends
         if args.loader:  # the environment's HONED_ variables are left out above: only this one
             jit_env["HONED_AOTI_LOADER"] = args.loader
-        for setting in args.jit_env:
-            name, sep, value = setting.partition("=")
-            if not sep or not name.startswith(("HONED_", "TORCHINDUCTOR_")):
-                parser.error(
-                    f"--jit-env {setting!r}: expected HONED_NAME=VALUE or TORCHINDUCTOR_NAME=VALUE"
-                )
-            jit_env[name] = value
+
+        def settings(given: list[str], option: str) -> dict[str, str]:
+            out: dict[str, str] = {}
+            for setting in given:
+                name, sep, value = setting.partition("=")
+                if not sep or not name.startswith(("HONED_", "TORCHINDUCTOR_")):
+                    parser.error(
+                        f"{option} {setting!r}: expected HONED_NAME=VALUE or "
+                        "TORCHINDUCTOR_NAME=VALUE"
+                    )
+                out[name] = value
+            return out
+
+        jit_env.update(settings(args.jit_env, "--jit-env"))
+        b_settings = settings(args.warm_ab, "--warm-ab")
+        if args.warm_pairs and not b_settings:
+            parser.error("--warm-pairs needs the B runs' settings: --warm-ab NAME=VALUE")
         eager_s = args.eager_seconds if args.eager_seconds is not None else seconds
         eager = run_program(args, workdir, "eager", base, eager_s)
         eager_ms = statistics.median([c[1] for c in eager["calls"][1:]])
@@ -1178,6 +1209,16 @@ def main() -> None:
             (spec, run_program(args, workdir, f"warm-cpus-{i}", warm_env, seconds, cpus=spec))
             for i, spec in enumerate(args.warm_cpus)
         ]
+        warm_ab: list[tuple[Any, Any]] = []
+        for i in range(args.warm_pairs):
+            warm_ab.append(
+                (
+                    run_program(args, workdir, f"warm-a-{i}", warm_env, seconds),
+                    run_program(
+                        args, workdir, f"warm-b-{i}", dict(warm_env, **b_settings), seconds
+                    ),
+                )
+            )
         one_liner = aot = warm_after = None
         pairs: list[Any] = []
 
@@ -1211,6 +1252,14 @@ def main() -> None:
                     {"cpus": spec, **pinned_summary(summarize(run, eager_ms))}
                     for spec, run in pinned
                 ]
+            if warm_ab:
+                result["warm_ab"] = {
+                    "b_settings": args.warm_ab,
+                    **{
+                        side: [ab_summary(summarize(pair[k], eager_ms)) for pair in warm_ab]
+                        for k, side in enumerate(("a", "b"))
+                    },
+                }
             if aot is not None:
                 result["aot"] = summarize(aot, eager_ms)
                 result["warm_after"] = summarize(warm_after, eager_ms)
@@ -1381,6 +1430,18 @@ def main() -> None:
             f"{w.get('steady_launch_ms')} ms, tuned speed after {w['seconds_to_tuned_speed']} s; "
             f"share of calls on the workers' CPUs per window {share}"
         )
+    ab = result.get("warm_ab")
+    if ab:
+        print(f"warm pairs, A as the warm run, B with {' '.join(ab['b_settings'])}:")
+        for side in ("a", "b"):
+            runs = ab[side]
+            print(
+                f"  {side.upper()}: calls over 2x {[r['over_2x'] for r in runs]} (sum "
+                f"{sum(r['over_2x'] for r in runs)}), slowest "
+                f"{[r['slowest_after_first_ms'] for r in runs]} ms, tuned speed after "
+                f"{[r['seconds_to_tuned_speed'] for r in runs]} s, steady "
+                f"{[r['steady_median_ms'] for r in runs]} ms"
+            )
     if aot is not None:
         v = result["warm_vs_aot"]
         ratios = ", ".join(

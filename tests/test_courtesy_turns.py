@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -267,3 +268,156 @@ def test_work_interrupted_while_it_waits_for_a_turn_leaves_none_held() -> None:
         courtesy.call_starting()  # returns at once
     finally:
         courtesy.watch(None)
+
+
+def _spans_on_jits_thread(
+    body: Callable[[list[tuple[float, float]]], None], call: Call, calls: int = 60
+) -> list[tuple[float, float]]:
+    """``body(spans)`` on a thread named as JIT's own, while the program calls ``call`` back to
+    back; the spans ``body`` logged."""
+    spans: list[tuple[float, float]] = []
+    program = _program(call, calls)
+    while len(call.spans) < 3:  # the program's pace is known: a turn is half a call
+        time.sleep(0.001)
+    work = threading.Thread(target=body, args=(spans,), name="honed-turns")
+    work.start()
+    work.join()
+    program.join()
+    return spans
+
+
+def _slept(spans: list[tuple[float, float]], seconds: float = 0.001) -> None:
+    start = time.perf_counter()
+    time.sleep(seconds)
+    spans.append((start, time.perf_counter()))
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_block_that_calls_no_module_runs_in_a_turn_of_its_own(jit: None, on: bool) -> None:
+    """A run that makes no module call (an AOTInductor package's, one C++ call) inside
+    ``taking_turns`` starts in a turn: it never runs beside the program's call. Off, it does."""
+    call = Call(0.008)
+
+    def body(spans: list[tuple[float, float]]) -> None:
+        for _ in range(20):
+            with courtesy.taking_turns(on):
+                _slept(spans)
+
+    spans = _spans_on_jits_thread(body, call)
+    assert len(spans) == 20
+    if on:
+        assert _overlaps(call.spans, spans) == 0
+    else:
+        assert _overlaps(call.spans, spans) >= 10
+
+
+def test_pieces_between_pieces_run_in_turns_inside_taking_turns(jit: None) -> None:
+    """A loop of short Python pieces (a package's constants laid out, a tuned module's children
+    detached) that marks each with ``between_pieces`` runs them in turns with the calls."""
+    call = Call(0.008)
+
+    def body(spans: list[tuple[float, float]]) -> None:
+        with courtesy.taking_turns(True):
+            for _ in range(30):
+                courtesy.between_pieces()
+                _slept(spans)
+
+    spans = _spans_on_jits_thread(body, call)
+    assert len(spans) == 30
+    assert _overlaps(call.spans, spans) == 0
+    assert spans[-1][1] < call.spans[-1][0]  # the work did not wait for the program's end
+
+
+def test_a_checks_runs_beside_a_program_take_turns_with_its_calls(jit: None) -> None:
+    """JIT's check of a variant in the program's process (its install) runs each sample in a
+    turn: the variant's host work never runs beside the program's call."""
+    from honed.backend.base import Sample
+    from honed.pipeline.candidate import _check
+
+    call = Call(0.008)
+    result: list[Any] = []
+
+    def body(spans: list[tuple[float, float]]) -> None:
+        def variant(x: torch.Tensor) -> torch.Tensor:
+            _slept(spans)
+            return x + 1
+
+        samples = [Sample((torch.full((2,), float(i)),), {}) for i in range(12)]
+        references = [s.args[0] + 1 for s in samples]
+        result.append(_check(variant, samples, references, False, device=torch.device("cpu")))
+
+    spans = _spans_on_jits_thread(body, call)
+    assert result[0].ok
+    assert len(spans) == 12
+    assert _overlaps(call.spans, spans) == 0
+
+
+def test_installing_a_tuned_module_detaches_its_children_in_turns_with_the_calls(
+    jit: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tuned transformer has hundreds of child modules, each detached and noted in the history
+    on JIT's thread beside the program's calls: in turns with those calls, never beside one."""
+    from honed.jit import tuner
+    from honed.jit.hierarchy import Node, State
+
+    call = Call(0.008)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(2, 2), nn.ReLU()) for _ in range(8)))
+    root = Node(model, None)
+    for block in model:
+        node = Node(block, root)
+        for layer in block:
+            Node(layer, node)
+
+    def body(spans: list[tuple[float, float]]) -> None:
+        monkeypatch.setattr(tuner, "add_step", lambda *a, **k: _slept(spans))
+        tuner._install(root, object(), "AnyBackend", None)
+
+    spans = _spans_on_jits_thread(body, call)
+    assert root.state is State.TUNED
+    assert [n.state for n in root.descendants()] == [State.DETACHED] * 24
+    assert len(spans) == 24
+    assert _overlaps(call.spans, spans) == 0
+
+
+def test_a_packages_constants_are_laid_out_in_turns_with_the_calls(
+    jit: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An AOTInductor package's constants, taken from the module's weights (cast where the
+    package computes in bf16) on JIT's thread in the program's process: in turns with its calls."""
+    import json
+
+    from honed.backend import _aoti_constants
+
+    call = Call(0.008)
+    model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(6)))
+    entries = [
+        {
+            "fqn": f"inner.{name}",
+            "dtype": "bfloat16",
+            "cast_from": "float32",
+            "shape": list(t.shape),
+            "stride": list(t.stride()),
+            "source": "weights",
+            "key": name,
+        }
+        for name, t in model.state_dict().items()
+    ]
+    listing = {"format": _aoti_constants.FORMAT, "constants": entries}
+    files = {_aoti_constants.CONSTANTS_JSON: json.dumps(listing).encode()}
+    real = _aoti_constants._handed_as_is
+    out: list[dict[str, torch.Tensor] | None] = []
+
+    def body(spans: list[tuple[float, float]]) -> None:
+        def handed(*args: Any) -> bool:
+            _slept(spans)
+            return real(*args)
+
+        monkeypatch.setattr(_aoti_constants, "_handed_as_is", handed)
+        out.append(_aoti_constants.tensors(files, model, torch.device("cpu")))
+
+    spans = _spans_on_jits_thread(body, call)
+    constants = out[0]
+    assert constants is not None and len(constants) == len(entries) == len(spans) == 12
+    for name, t in model.state_dict().items():
+        torch.testing.assert_close(constants[f"inner.{name}"], t.to(torch.bfloat16))
+    assert _overlaps(call.spans, spans) == 0
