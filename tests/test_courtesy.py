@@ -1030,6 +1030,37 @@ def test_a_compiles_kernel_benchmarks_beside_a_program_on_the_gpu_are_spaced(
         assert kwargs["memory_warmup_iters"] <= courtesy.BENCH_FLUSHES
 
 
+def test_installing_a_tuned_module_gives_way_while_detaching_its_children(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tuned transformer has hundreds of child modules, each detached and noted in the history
+    on JIT's thread beside the program's calls: it asks before each whether a call runs."""
+    from honed.jit.hierarchy import Node, State
+    from honed.jit.tuner import _install
+
+    asked: list[int] = []
+
+    def idle() -> bool:
+        asked.append(1)
+        return False
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.Sequential(nn.ReLU(), nn.Linear(3, 3)))
+    root = Node(model, None)
+    for child in (model[0], model[1]):
+        node = Node(child, root)
+    for grandchild in model[1]:
+        Node(grandchild, node)
+    monkeypatch.setattr(courtesy, "SLICE_S", 0.0)
+    courtesy.watch(idle)
+    try:
+        _install(root, object(), "AnyBackend", None)
+    finally:
+        courtesy.watch(None)
+    assert root.state is State.TUNED
+    assert [n.state for n in root.descendants()] == [State.DETACHED] * 4
+    assert len(asked) == 4
+
+
 def test_a_graph_with_symbolic_output_sizes_runs_in_the_check(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -561,9 +561,8 @@ jit_capture_gives_way: bool = _flag(
 # capture's warm-up calls and recording) runs its module calls in turns with the program's calls
 # (courtesy.taking_turns): each turn starts while the program is between calls, is short next to
 # its calls, and the program's next call waits for the turn's end, instead of both threads
-# taking the GIL in turns at every op for the length of the work (docs/jit.md). An install's
-# other host work there (its check's runs, a package's runs and constants, detaching the tuned
-# module's children) takes turns as well. Takes precedence over jit_capture_gives_way.
+# taking the GIL in turns at every op for the length of the work (docs/jit.md). Takes
+# precedence over jit_capture_gives_way.
 jit_takes_turns: bool = _flag("jit_takes_turns", "HONED_JIT_TAKES_TURNS", True, _Bool())
 
 # When the recorded calls show a batch axis, JIT also tunes batches up to this factor times the

@@ -28,9 +28,8 @@ from typing import Any
 
 import torch
 
-from honed import config
 from honed.errors import InputError, TuneError
-from honed.pipeline.courtesy import between_pieces, taking_turns
+from honed.pipeline.courtesy import give_way
 
 CONSTANTS_JSON = "constants.json"
 CONSTANTS_FILE = "constants.safetensors"
@@ -128,29 +127,28 @@ def tensors(
         from safetensors.torch import load
 
         stored = load(files[CONSTANTS_FILE])
+    weights = module.state_dict()
     target = torch.empty(0, device=device).device  # with its index
     out: dict[str, torch.Tensor] = {}
-    with taking_turns(config.jit_takes_turns):  # beside a JIT program: in turns with its calls
-        weights = module.state_dict()
-        for c in listing["constants"]:
-            between_pieces()
-            source = weights if c["source"] == "weights" else stored
-            t = source.get(c["key"])
-            dtype = getattr(torch, c["dtype"])
-            stored_dtype = getattr(torch, c.get("cast_from", c["dtype"]))
-            if t is None or t.dtype != stored_dtype or list(t.shape) != c["shape"]:
-                got = "nothing" if t is None else f"{t.dtype} {list(t.shape)}"
-                raise InputError(
-                    f"AOTInductor package constant {c['fqn']!r} should be {c['dtype']} "
-                    f"{c['shape']} from the {c['source']} entry {c['key']!r}, found {got}; the "
-                    "artifact does not belong to this module: save it again"
-                )
-            if _handed_as_is(t, dtype, c["stride"], target):
-                out[c["fqn"]] = t
-                continue
-            laid_out = torch.empty_strided(c["shape"], c["stride"], dtype=dtype, device=device)
-            laid_out.copy_(t)
-            out[c["fqn"]] = laid_out
+    for c in listing["constants"]:
+        give_way()
+        source = weights if c["source"] == "weights" else stored
+        t = source.get(c["key"])
+        dtype = getattr(torch, c["dtype"])
+        stored_dtype = getattr(torch, c.get("cast_from", c["dtype"]))
+        if t is None or t.dtype != stored_dtype or list(t.shape) != c["shape"]:
+            got = "nothing" if t is None else f"{t.dtype} {list(t.shape)}"
+            raise InputError(
+                f"AOTInductor package constant {c['fqn']!r} should be {c['dtype']} {c['shape']} "
+                f"from the {c['source']} entry {c['key']!r}, found {got}; the artifact does not "
+                "belong to this module: save it again"
+            )
+        if _handed_as_is(t, dtype, c["stride"], target):
+            out[c["fqn"]] = t
+            continue
+        laid_out = torch.empty_strided(c["shape"], c["stride"], dtype=dtype, device=device)
+        laid_out.copy_(t)
+        out[c["fqn"]] = laid_out
     return out
 
 

@@ -30,7 +30,7 @@ from honed.jit.hierarchy import Node, State
 from honed.jit.history import add as add_step
 from honed.jit.patcher import STATE, paused
 from honed.pipeline import guidance
-from honed.pipeline.courtesy import between_pieces, taking_turns
+from honed.pipeline.courtesy import give_way
 from honed.pipeline.openmp import release_team
 
 log = logging.getLogger("honed.jit")
@@ -778,12 +778,10 @@ def _install(node: Node, wrapper: Any, backend: str, report: Any) -> None:
     if node.state is State.TUNED:
         return  # a re-tune: the children are detached already
     node.state = State.TUNED
-    # hundreds in a transformer, beside the program's calls: in turns with them
-    with taking_turns(_flags.jit_takes_turns):
-        for child in node.descendants():
-            between_pieces()
-            child.state, child.samples, child.outputs = State.DETACHED, [], []
-            add_step(f"Unpatching child module: {child.describe()}", logging.DEBUG)
+    for child in node.descendants():  # hundreds in a transformer, beside the program's calls
+        give_way()
+        child.state, child.samples, child.outputs = State.DETACHED, [], []
+        add_step(f"Unpatching child module: {child.describe()}", logging.DEBUG)
 
 
 def _tried_so_far(tuner: Any) -> dict[str, str]:

@@ -26,7 +26,7 @@ from honed.pipeline.correctness import (
     eager_tolerance,
     tolerance_for,
 )
-from honed.pipeline.courtesy import give_way, spaced_benchmarks, spaced_run, taking_turns
+from honed.pipeline.courtesy import give_way, spaced_benchmarks, spaced_run
 from honed.pipeline.machine import measuring_threads
 
 log = logging.getLogger("honed")
@@ -391,11 +391,8 @@ def _check(
     for sample, ref in zip(samples, references, strict=True):
         give_way()  # beside a JIT program: between its calls
         with spaced_run(device):  # and on its GPU, one run at a time
-            # and on its GIL: a run's host work in a turn of its own, which the program's next
-            # call waits for, ended before the spacing waits for the GPU
-            with taking_turns(config.jit_takes_turns):
-                started = time.perf_counter()
-                out = fn(*sample.args, **sample.kwargs)
+            started = time.perf_counter()
+            out = fn(*sample.args, **sample.kwargs)
             if runs_ms is not None and device is not None:
                 _sync(device)
                 runs_ms.append((time.perf_counter() - started) * 1e3)

@@ -193,32 +193,17 @@ _TURN_OWNER = threading.Lock()  # held by the thread whose turn it is
 
 @contextlib.contextmanager
 def taking_turns(on: bool = True) -> Iterator[None]:
-    """Inside (``on``, beside a program): the block starts in a turn, and this thread's module
-    calls (through JIT's patch of ``Module.__call__``) and ``between_pieces`` run in turns with
-    the program's calls (above). A turn held at the end is ended: the program's next call never
-    waits for work that is over."""
+    """Inside (``on``, beside a program): this thread's module calls run in turns with the
+    program's calls (above), through JIT's patch of ``Module.__call__``. A turn held at the
+    end is ended: the program's next call never waits for work that is over."""
     before = getattr(_local, "turns", False)
     _local.turns = on and beside_program()
     try:
-        if _local.turns and not before:
-            # The block's first piece is a turn too: a run that makes no module call (an
-            # AOTInductor package's, one C++ call) would otherwise run beside a call.
-            _next_piece()
         yield
     finally:
         _local.turns = before
         if not before:
             _end_turn()
-
-
-def between_pieces() -> float:
-    """Between two pieces of work on this thread: inside ``taking_turns``, go on within the
-    turn held or take the next; elsewhere give way (``give_way``); the seconds waited. For a
-    loop of short Python pieces that never waits for anything else: a turn is held between
-    calls of this, and the program's next call waits for it."""
-    if getattr(_local, "turns", False):
-        return _next_piece()
-    return give_way()
 
 
 def _turn_length() -> float:
@@ -571,7 +556,6 @@ __all__ = [
     "LIMIT_S",
     "TURN",
     "beside_program",
-    "between_pieces",
     "call_ended",
     "call_starting",
     "give_way",
