@@ -554,6 +554,7 @@ def run_program(
         shutil.rmtree(marks_dir, ignore_errors=True)
         marks_dir.mkdir(parents=True)
     started = time.perf_counter()
+    launched = time.time()  # the program's start, to its first call (loop_started_unix)
     host = HostSampler()
     try:
         pinned = cpu_list(cpus)
@@ -583,6 +584,8 @@ def run_program(
         )
     data = json.loads(out.read_text())
     data["wall_s"] = wall
+    if data.get("loop_started_unix"):
+        data["start_s"] = data["loop_started_unix"] - launched
     data["host"] = host.since(data.get("loop_started_unix"))
     if marks_dir is not None:
         data["marks"] = data.get("marks", []) + worker_marks(
@@ -740,6 +743,7 @@ def against_one_liner(
 # What the eager run reports of its own slow calls: what JIT's runs are held against.
 _OWN_SLOW_CALLS = (
     "slowest_after_first_ms",
+    "start_s",
     "over_2x",
     "over_2x_in_gc",
     "slowest_outside_gc_ms",
@@ -868,6 +872,8 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         "loop_s": round(calls[-1][0] + ms[-1] / 1e3, 3),
         "wall_s": round(data["wall_s"], 3),
         "first_call_ms": round(ms[0], 3),
+        # from the program's launch to its first call: its imports, the model's build and load
+        "start_s": round(data["start_s"], 3) if "start_s" in data else None,
         "median_ms": round(statistics.median(ms[1:] or ms), 4),
         "slowest_after_first_ms": round(slowest, 3),
         "steady_median_ms": round(steady, 4),
@@ -989,6 +995,15 @@ def summarize(data: dict[str, Any], eager_ms: float | None) -> dict[str, Any]:
         s.strip() for s in lines if s.strip().startswith(("Tuned ", "Tuning ")) and "beside" in s
     ]
     out["hierarchy"] = [s for s in lines if "├─" in s][:3]
+    # what became of the workers started as JIT turned on (honed.jit.early), from the report
+    out["early_workers"] = list(
+        dict.fromkeys(
+            s.strip()
+            for s in lines
+            if "JIT turn" in s or "workers start when needed" in s
+            if not s.startswith("honed.jit: ")  # the log's copy of a report line
+        )
+    )
     out["candidates"] = data.get("candidates", [])
     answered = stand_in(calls, out["tunes"], data.get("phases") or [], eager_ms)
     if answered is not None:
@@ -1336,7 +1351,8 @@ def main() -> None:
     print(f"  eager first calls (ms): {first}")
     e = result["eager"]
     print(
-        f"  eager alone: slowest after the first {e['slowest_after_first_ms']:.2f} ms, "
+        f"  eager alone: started in {e.get('start_s') or float('nan'):.2f}s; slowest after "
+        f"the first {e['slowest_after_first_ms']:.2f} ms, "
         f"{e['over_2x']} call(s) over 2x its median ({e['over_2x_in_gc']} in Python's garbage "
         f"collection); slowest outside it {e['slowest_outside_gc_ms']} ms"
         + (
@@ -1349,7 +1365,8 @@ def main() -> None:
     for tag in ("cold", "warm"):
         r = result[tag]
         print(
-            f"{tag}: {r['calls']} calls in {r['loop_s']:.1f}s; first {r['first_call_ms']:.1f} ms, "
+            f"{tag}: started in {r.get('start_s') or float('nan'):.2f}s; "
+            f"{r['calls']} calls in {r['loop_s']:.1f}s; first {r['first_call_ms']:.1f} ms, "
             f"slowest after the first {r['slowest_after_first_ms']:.2f} ms "
             f"({r['slowest_vs_eager_median']:.2f}x eager), steady median "
             f"{r['steady_median_ms']:.3f} ms ({r['steady_speedup_vs_eager']:.2f}x), "
@@ -1362,7 +1379,7 @@ def main() -> None:
             )
             + f"; slowest outside garbage collection {r['slowest_outside_gc_ms']} ms"
         )
-        for line in r["tunes"]:
+        for line in r["tunes"] + r.get("early_workers", []):
             print(f"  {line}")
         if r.get("stand_in"):
             a = r["stand_in"]

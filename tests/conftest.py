@@ -13,6 +13,7 @@ own cache is shared, as honed's workers share it (it is safe for concurrent proc
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -155,6 +156,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 FAST_MEASUREMENT: dict[str, float] = dict(
     warmup_ms=2.0, warmup_calls=2, window_ms=2.0, window_calls=3, max_windows=4
 )
+
+
+def jit_program(script: Path, *args: str) -> list[str]:
+    """The command that runs ``script`` as a program under HONED_JIT=1: by its .pth hook, or
+    where none is installed (``HONED_TEST_JIT_LAUNCHER`` other than "pth") through the hook's
+    call made by hand, with the script's path where the hook finds it (honed.jit.early looks the
+    script's last run up)."""
+    if os.environ.get("HONED_TEST_JIT_LAUNCHER", "pth") == "pth":
+        return [sys.executable, str(script), *args]
+    return [
+        sys.executable,
+        "-c",
+        "import runpy, sys; sys.argv = sys.argv[1:]; "
+        "sys.modules['__main__'].__file__ = sys.argv[0]; "
+        "import honed.jit; honed.jit._autoload(); "
+        "runpy.run_path(sys.argv[0], run_name='__main__')",
+        str(script),
+        *args,
+    ]
 
 
 def fast_measurement_env() -> dict[str, str]:

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import fast_measurement_env
+from conftest import fast_measurement_env, jit_program
 
 pytestmark = pytest.mark.integration  # new interpreters, worker processes, real compiles
 
@@ -123,15 +122,7 @@ def run(tmp_path: Path, mode: str, tag: str) -> tuple[subprocess.CompletedProces
         HONED_JIT_STABILITY_TOLERANCE="1e-9",
     )
     out = tmp_path / f"{tag}.json"
-    cmd = [sys.executable, str(script), mode, str(out)]
-    if os.environ.get("HONED_TEST_JIT_LAUNCHER", "pth") != "pth":  # no .pth hook installed
-        cmd = [
-            sys.executable,
-            "-c",
-            "import honed.jit; honed.jit._autoload(); import runpy, sys; "
-            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-            *cmd[1:],
-        ]
+    cmd = jit_program(script, mode, str(out))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=580)
     return proc, out
 
@@ -155,6 +146,12 @@ def test_cold_tune_finishes_beside_the_program_and_a_restart_replays_it(tmp_path
     assert record["tried"] == {"TorchEagerBackend": "ok", "TorchInductorBackend": "ok"}
     assert "Tuned Net 📊2.6K (first tune) beside the program in" in cold_proc.stderr
     assert "state=tuned🎯 (TorchEagerBackend)" in cold_proc.stderr  # the report at exit
+    # Its workers started as JIT turned on (the program's own start), and the tune took them.
+    assert (
+        "Starting 2 JIT worker(s) for a cpu model as JIT turns on: they import torch and the "
+        "compilers while the program starts" in cold_proc.stderr
+    )
+    assert "The first tune takes the 2 worker(s) started as JIT turned on (" in cold_proc.stderr
     # The candidates compiled in workers: the program's process never imported TorchDynamo
     # (seconds of imports holding the GIL beside its calls).
     assert cold["dynamo_imported"] is False
@@ -169,6 +166,12 @@ def test_cold_tune_finishes_beside_the_program_and_a_restart_replays_it(tmp_path
         "TorchInductorBackend": "ok (cached)",
     }
     assert "selected TorchEagerBackend on cache" in warm_proc.stderr
+    # the first run left every decision in the cache: no worker starts early for the restart
+    assert (
+        "JIT's workers start when needed: the last run of this script left its decisions in "
+        "the cache" in warm_proc.stderr
+    )
+    assert "as JIT turns on" not in warm_proc.stderr
     assert warm["dynamo_imported"] is False
     assert "KeyError" not in cold_proc.stderr + warm_proc.stderr
     assert leftover_workers(tmp_path) == []

@@ -443,6 +443,12 @@ jit_time_budget_s: float = _flag(
 # build the default candidates side by side as fast as more do (docs/jit.md).
 jit_workers: int = _flag("jit_workers", "HONED_JIT_WORKERS", 2, _Number(0, 1024, True))
 
+# With HONED_JIT=1 (or ``import honed.jit.enable``) in a script's own process, JIT's workers start
+# as JIT turns on, so their interpreters import torch and the compilers while the program starts
+# rather than beside its first calls; skipped where the script's last run needed none (its
+# decisions came from the cache: honed.jit.early).
+jit_early_workers: bool = _flag("jit_early_workers", "HONED_JIT_EARLY_WORKERS", True, _Bool())
+
 # Niceness added to the worker processes of JIT's checks and tunes (0-19), so that on a machine
 # without cores to spare the program's calls run first and the tune takes what is left.
 jit_worker_nice: int = _flag("jit_worker_nice", "HONED_JIT_WORKER_NICE", 10, _Number(0, 19, True))

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from honed import config as _flags
+from honed.jit import early
 from honed.jit.background import TuneRecord, wait
 from honed.jit.background import records as tunes
 from honed.jit.config import JitConfig, config
@@ -82,9 +83,11 @@ def states() -> dict[str, str]:
 
 
 def _autoload() -> None:
-    """What the HONED_JIT=1 start-up hook calls: enable JIT when honed.config.jit says so."""
+    """What the HONED_JIT=1 start-up hook calls: enable JIT when honed.config.jit says so, and
+    start its workers while the program starts (honed.jit.early)."""
     if _flags.jit:
         enable_jit_tuning()
+        early.start()
 
 
 __all__ = [

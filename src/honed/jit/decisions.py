@@ -1,4 +1,5 @@
-"""src/honed/jit/decisions.py: JIT's own decisions in the persistent cache (graph-break checks).
+"""src/honed/jit/decisions.py: JIT's own decisions in the persistent cache (graph-break checks,
+whether a script's next run needs workers).
 
 The tuning cache (honed/pipeline/cache.py) already keeps every candidate's outcome, so a second
 run of a script re-measures nothing. What it does not keep is JIT's check before tuning, a
@@ -67,4 +68,30 @@ def store_graph_breaks(key: str, count: int, reasons: list[str]) -> None:
         cache.put(key, {"graph_breaks": count, "reasons": reasons})
 
 
-__all__ = ["cached_graph_breaks", "graph_break_key", "store_graph_breaks"]
+def _program_key(program: str) -> str:
+    return TuneCache.key(jit="workers_needed", program=program)
+
+
+def workers_needed(program: str) -> bool | None:
+    """Whether the next run of the script at ``program`` needs a worker for its first tunes,
+    as its last run left it (None: unknown)."""
+    cache = _cache()
+    record = cache.get(_program_key(program)) if cache is not None else None
+    if record is None or "workers_needed" not in record:
+        return None
+    return bool(record["workers_needed"])
+
+
+def store_workers_needed(program: str, needed: bool) -> None:
+    cache = _cache()
+    if cache is not None:
+        cache.put(_program_key(program), {"workers_needed": needed, "program": program})
+
+
+__all__ = [
+    "cached_graph_breaks",
+    "graph_break_key",
+    "store_graph_breaks",
+    "store_workers_needed",
+    "workers_needed",
+]

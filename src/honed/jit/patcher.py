@@ -389,6 +389,9 @@ def disable() -> None:
     STATE.opted_in = weakref.WeakSet()
     uninstall()
     from honed.backend import _aoti_direct
+    from honed.jit import early
+
+    early.close()
 
     _aoti_direct.beside_a_program(False)
     _restore_cores()

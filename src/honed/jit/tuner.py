@@ -22,7 +22,7 @@ import torch
 from honed import _core
 from honed import config as _flags
 from honed.errors import TuneCancelled
-from honed.jit import background, pacing
+from honed.jit import background, early, pacing
 from honed.jit.background import TuneRecord
 from honed.jit.config import MAX_RETUNES, config
 from honed.jit.decisions import cached_graph_breaks, graph_break_key, store_graph_breaks
@@ -198,7 +198,8 @@ class _Workers:
     one, as many as its tune will want: the tune then finds them running (each imports torch,
     Dynamo and what its candidates' builds import first, seconds of a core). They start one
     after another while the check runs on the first: interpreters importing torch all at once
-    slowed the program's calls. Where nothing needs a worker (both cached), none starts.
+    slowed the program's calls. Where nothing needs a worker (both cached), none starts. Where
+    workers started as JIT turned on suit the tune, those are taken instead (honed.jit.early).
     Closed when the job ends."""
 
     def __init__(self, device: str) -> None:
@@ -208,23 +209,11 @@ class _Workers:
 
     def __call__(self, jobs: int) -> Any:
         if self.pool is None:
-            from honed.pipeline.isolation import new_pool
             from honed.pipeline.tuner import measuring_gpus
 
             device = torch.device(self.device)
-            backends = config.tune_strategy().backends(device)
-            # Dynamo for the graph-break check, and what the candidates' builds import
-            preload = tuple(
-                dict.fromkeys(["torch._dynamo", *(m for b in backends for m in b.imports)])
-            )
-            with _jit_flags():
-                self.pool = new_pool(
-                    max(jobs, len(backends) + 1),  # and eager
-                    measuring_gpus(device),
-                    self.device,
-                    stagger=True,
-                    preload=preload,
-                )
+            # the workers started as JIT turned on, where they suit this tune
+            self.pool = early.pool(self.device, jobs, measuring_gpus(device))
             if device.type == "cuda" and not config.wait:
                 self.pacer = pacing.pacer()  # the program's calls pace the workers
                 if self.pacer is not None:
@@ -232,6 +221,7 @@ class _Workers:
         return self.pool
 
     def close(self) -> None:
+        early.close()  # a first tune that ended without them: no later one will take them
         if self.pacer is not None:
             said = self.pacer.unwatch(self.pool)
             self.pacer = None
@@ -448,6 +438,7 @@ def _tune(
     background.add_record(record)
     isolation = _flags.isolation
     if replayed is not None:  # every outcome was cached: that pass was the tune
+        early.close()  # where they have not been taken: this tune needs none
         wrapper, tuner = replayed.wrapper, replayed.tuner
         calls = tuner.live
     else:
@@ -520,6 +511,8 @@ def _tune(
                 if not retune:
                     _eager(node, "no variant selected", children=False)
                 record.status = "eager"
+            if reason == "first tune":
+                early.remember(next_run_needs=False)
             add_step(record.line())
             if not retune:
                 _try_children(node)
@@ -528,6 +521,8 @@ def _tune(
         with background.settling:
             _install(node, wrapper, backend, report)
             record.status, record.selected = "installed", backend
+        if reason == "first tune":
+            early.remember(next_run_needs=False)
         add_step(f"Selected {backend} for {node.short()}: {report.graphs[0].decision}")
         add_step(record.line())
         if not on_program:  # else the program's calls chose already
@@ -801,6 +796,8 @@ def _cancelled(node: Node, record: TuneRecord, why: str, took: float) -> None:
             node.state, node.reason = State.EAGER, "tune cancelled"
         record.took_s, record.status, record.error = took, "cancelled", why
     add_step(record.line(), logging.WARNING)
+    if record.reason == "first tune":
+        early.remember(next_run_needs=True)
 
 
 def _failed(node: Node, record: TuneRecord, e: Exception, took: float) -> None:
@@ -813,6 +810,8 @@ def _failed(node: Node, record: TuneRecord, e: Exception, took: float) -> None:
             _eager(node, f"tune failed: {type(e).__name__}", children=False)
         record.took_s, record.error = took, f"{type(e).__name__}: {e}"
         record.status = "failed"
+    if record.reason == "first tune":
+        early.remember(next_run_needs=True)
     add_step(
         f"Tuning {node.short()} failed after {took:.2f}s ({type(e).__name__}: {e}); "
         + ("its earlier variants stay" if retune else "running it eager and trying its children"),

@@ -121,19 +121,30 @@ def new_pool(
     the program cores: worker_cpus); ``stagger``: its workers start one after another;
     ``preload``: modules each worker imports before it is ready (else a job imports what its
     backend needs, Backend.imports)."""
+    settings = pool_settings(jobs, device, preload)
+    return WorkerPool(
+        settings.pop("size"),
+        memory_limit_bytes=memory_ceiling_bytes(),
+        gpus=gpus,
+        stagger=stagger,
+        **settings,
+    )
+
+
+def pool_settings(jobs: int, device: str = "", preload: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What new_pool gives its workers under the flags in force now: their number ("size"),
+    environment, flags, niceness, CPUs and preloaded modules. Two pools with the same settings
+    run a job alike (JIT's early workers are taken for a tune's only then)."""
     size = pool_size(jobs)
     cpus = worker_cpus() if device.startswith("cuda") else None
-    return WorkerPool(
-        size,
-        memory_limit_bytes=memory_ceiling_bytes(),
-        env=worker_env(size, len(cpus) if cpus else None),
-        worker_config=worker_config(),
-        gpus=gpus,
-        nice=config.worker_nice,
-        cpus=cpus,
-        stagger=stagger,
-        preload=preload,
-    )
+    return {
+        "size": size,
+        "env": worker_env(size, len(cpus) if cpus else None),
+        "worker_config": worker_config(),
+        "nice": config.worker_nice,
+        "cpus": cpus,
+        "preload": preload,
+    }
 
 
 def worker_cpus() -> list[int] | None:

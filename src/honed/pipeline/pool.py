@@ -607,8 +607,8 @@ class WorkerPool:
         self._seq = itertools.count()
         self._gates: dict[str, _Gate] = {}
         self._gates_lock = threading.Lock()
-        gpus = list(gpus or [])
-        self.slots = [_Slot(self, i, gpus[i % len(gpus)] if gpus else "") for i in range(size)]
+        self.slots = [_Slot(self, i, "") for i in range(size)]
+        self.spread_over(list(gpus or []))
         for slot in self.slots:
             slot.thread.start()
         _POOLS.add(self)
@@ -618,6 +618,12 @@ class WorkerPool:
     @property
     def size(self) -> int:
         return len(self.slots)
+
+    def spread_over(self, gpus: list[str]) -> None:
+        """The GPUs the slots' spread jobs measure on, as the constructor's ``gpus`` (a pool
+        started before its model's device was known is given them when it is)."""
+        for slot in self.slots:
+            slot.device = gpus[slot.index % len(gpus)] if gpus else ""
 
     def busy_slots(self) -> list[_Slot]:
         """The slots whose worker starts, builds or checks now (not one that measures)."""
