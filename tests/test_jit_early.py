@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,3 +222,31 @@ def test_on_a_gpu_host_they_start_off_the_programs_cpus_without_a_cuda_context(
     assert any(s.startswith("The first tune takes the 2 worker(s)") for s in history), history
     assert facts["state"] in ("TUNED", "EAGER")
     assert torch.cuda.is_available()  # a gpu test: the conftest skips it without CUDA
+
+
+def test_a_forked_child_leaves_the_programs_workers_alone(script: Path) -> None:
+    assert early.start() and background.wait(60)
+    pool = early.waiting()
+    assert pool is not None
+    deadline = time.monotonic() + 60
+    while any(slot.worker is None for slot in pool.slots):  # their processes exist
+        assert time.monotonic() < deadline, "the early workers never started"
+        time.sleep(0.01)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a data loader's worker, say
+        try:
+            os.close(read)
+            early.close()  # would end the program's workers, were they the child's to end
+            early.remember(next_run_needs=False)
+            os.write(write, b"none" if early.waiting() is None else b"some")
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        said = f.read()
+    os.waitpid(pid, 0)
+    assert said == b"none"  # the child saw no early pool
+    assert early.waiting() is pool and not pool.closed
+    assert all(slot.worker.running for slot in pool.slots)
+    assert decisions.workers_needed(str(script)) is None  # nor stored what the program would

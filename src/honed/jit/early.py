@@ -11,7 +11,8 @@ The pool is made for the model's likeliest device (the first GPU where there is 
 CPU), with the settings a first tune's pool would have then. The first tune takes it where its
 own pool's settings are the same (the model's device, the flags, the candidates' modules), and
 otherwise closes it and starts its own, as before. An early pool nothing took is closed when a
-first tune ends without needing workers, when JIT is turned off or reset, and at exit.
+first tune ends without needing workers, when JIT is turned off or reset, and at exit. A process
+forked from the program (a data loader's worker) forgets it: those workers are the program's.
 
 It is not started:
 - in a process whose ancestor started one: HONED_JIT=1 is inherited by every Python process the
@@ -54,6 +55,17 @@ class _Early:
 
 
 _EARLY = _Early()
+
+
+def _forget_in_child() -> None:
+    """A process forked from the program (a data loader's worker) inherits the early pool's
+    object but none of its threads, and its workers are the program's: it neither takes nor
+    closes them, nor stores anything about the script's runs."""
+    _EARLY.lock = threading.Lock()
+    _EARLY.pool, _EARLY.program = None, ""
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def start() -> bool:
