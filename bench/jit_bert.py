@@ -1165,7 +1165,7 @@ def main() -> None:
     backends = args.backends or ""
     with tempfile.TemporaryDirectory(prefix="honed-jit-bert-") as tmp:
         workdir = Path(tmp)
-        base = {k: v for k, v in os.environ.items() if not k.startswith("HONED_")}
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("HONED_", "_HONED_"))}
         if args.blocking_sync:
             base["JIT_BERT_BLOCKING_SYNC"] = "1"
         named = [m for m in (args.marks or "").split(",") if m]

@@ -38,7 +38,7 @@ def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     main = types.ModuleType("__main__")
     main.__file__ = str(path)
     monkeypatch.setitem(sys.modules, "__main__", main)
-    monkeypatch.delenv(early.MARK, raising=False)
+    monkeypatch.setenv(early.MARK, "")  # as unset; what start() sets there is undone after
     monkeypatch.setattr(early, "_EARLY", early._Early())
     honed.jit.reset()
     with (

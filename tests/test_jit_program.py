@@ -101,7 +101,7 @@ def run(tmp_path: Path, mode: str, tag: str) -> tuple[subprocess.CompletedProces
     script.write_text(SCRIPT)
     workers_tmp = tmp_path / f"tmp-{tag}"
     workers_tmp.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HONED_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HONED_", "_HONED_"))}
     env.update(
         HONED_JIT="1",
         HONED_JIT_REPORT="1",
