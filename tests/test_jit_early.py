@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import time
 import types
@@ -141,13 +142,24 @@ def test_the_next_run_starts_them_only_where_the_last_left_a_first_tune_to_do(
 
 @pytest.mark.parametrize(
     "why",
-    ["no script", "a child of the program", "no worker processes", "turned off", "a dry run"],
+    [
+        "no script",
+        "an installed command",
+        "a child of the program",
+        "no worker processes",
+        "turned off",
+        "a dry run",
+    ],
 )
 def test_where_none_start(
     script: Path, monkeypatch: pytest.MonkeyPatch, why: str, tmp_path: Path
 ) -> None:
     if why == "no script":  # python -c, an interactive session
         monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+    elif why == "an installed command":  # torchrun's launcher, which imports torch itself
+        command = Path(sysconfig.get_path("scripts")) / "pytest"
+        assert command.is_file()  # this environment's own
+        monkeypatch.setattr(sys.modules["__main__"], "__file__", str(command))
     elif why == "a child of the program":  # a compile worker or data loader it started
         monkeypatch.setenv(early.MARK, "1")
     settings = {

@@ -17,7 +17,8 @@ forked from the program (a data loader's worker) forgets it: those workers are t
 It is not started:
 - in a process whose ancestor started one: HONED_JIT=1 is inherited by every Python process the
   program starts (Inductor's compile workers, data loaders), which are not the program;
-- with no script (``python -c``, an interactive session), whose last run cannot be looked up;
+- with no script (``python -c``, an interactive session), whose last run cannot be looked up, or
+  from an installed command (torchrun, pytest: launchers, not the program);
 - where the script's last run ended its first tunes (their decisions are in the cache): a warm
   restart needs no worker, and their imports would run beside its first calls;
 - with isolation other than "process", in a dry run, or with ``HONED_JIT_EARLY_WORKERS=0``.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -83,11 +85,17 @@ def start() -> bool:
 
 
 def _script() -> str | None:
-    """The running script's path (``python script.py``, ``python -m package.module``)."""
+    """The running script's path (``python script.py``, ``python -m package.module``); None for
+    an installed command (the environment's scripts: torchrun, pytest), which launches programs
+    rather than being one: torchrun imports torch, and its ranks inherit the mark."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     if not path or not os.path.isfile(path):
         return None
-    return str(Path(path).resolve())
+    script = Path(path).resolve()
+    commands = sysconfig.get_path("scripts")
+    if commands and script.parent == Path(commands).resolve():
+        return None
+    return str(script)
 
 
 def _start(program: str) -> None:
