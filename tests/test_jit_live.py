@@ -24,7 +24,7 @@ from torch import nn
 
 import honed
 import honed.jit
-from honed.backend.base import Backend, Sample
+from honed.backend.base import Backend, GraphInfo, Sample
 from honed.jit import State, live
 from honed.module import MISS
 
@@ -1347,6 +1347,66 @@ def test_a_capture_of_eager_waits_for_the_packages_and_stays_out_beside_one(
     assert capture.reason.startswith("built and checked, not installed beside the calling")
     assert "records eager's forward" in capture.reason, capture.reason
     assert "PackageSleep is installed here already" in capture.reason, capture.reason
+
+
+class PayloadSleep(PackageSleep):
+    """PackageSleep shipped as a package: the program's process loads it from its files, as it
+    does an AOTInductor package."""
+
+    saves_payload = True
+    native_payload = False
+
+    def export_payload(self, fn: Callable[..., Any]) -> dict[str, bytes]:
+        return {"sleep.txt": str(self.sleep_s).encode()}
+
+    def load_payload(
+        self, files: dict[str, bytes], module: nn.Module, graph: GraphInfo
+    ) -> Callable[..., Any]:
+        assert files == {"sleep.txt": str(self.sleep_s).encode()}
+        return self.build(module, [])
+
+
+class WrongPayloadSleep(PayloadSleep):
+    """A package that answers wrong: rejected by the check against eager."""
+
+    def build(self, module: nn.Module, example_inputs: list[Sample]) -> Callable[..., Any]:
+        run = super().build(module, example_inputs)
+        return lambda x: run(x) + 1.0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("package_passes", [True, False])
+def test_beside_a_program_on_a_gpu_a_capture_of_eager_is_built_only_where_no_package_passed(
+    beside: Path, monkeypatch: pytest.MonkeyPatch, package_passes: bool, device: str
+) -> None:
+    """Beside a calling program on a GPU (the CPU compared as one), with no stand-ins, a capture
+    of eager's kernels waits for the packages: where one passed it is not built at all (its
+    warm-ups, recording and check would share the program's GPU, and its install would be left
+    out), and the record says why; where none passed it is built, checked and tried."""
+    installed = _installs_compared_as_on_a_gpu(monkeypatch, device)
+    package = PayloadSleep() if package_passes else WrongPayloadSleep()
+    model, x, want = _slow_call()
+    model, x, want = model.to(device), x.to(device), want.to(device)
+    with (
+        honed.config.patch(isolation="process", jit_worker_nice=0),
+        honed.jit.config.patch(backends=[CaptureSleep(), package], stand_in=False),
+    ):
+        root = _call_until_tuned(model, x, want)
+    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    capture = rows["CaptureSleep"]
+    history = "\n".join(honed.jit.history())
+    if package_passes:
+        assert rows["PayloadSleep"].status == "ok" and rows["PayloadSleep"].samples_ms, history
+        assert installed == ["PayloadSleep"], history
+        assert capture.status == "not tried", capture
+        assert capture.reason.startswith("not built beside the calling program: PayloadSleep"), (
+            capture.reason
+        )
+        assert capture.build_s is None and not capture.samples_ms, capture  # never built
+    else:
+        assert rows["WrongPayloadSleep"].status == "rejected", history
+        assert installed == ["CaptureSleep"], history
+        assert capture.status == "ok" and capture.samples_ms, capture
 
 
 def test_a_capture_of_eager_is_left_out_once_a_package_is_in_unless_twice_as_quick() -> None:

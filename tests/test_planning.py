@@ -183,3 +183,46 @@ def test_the_aot_rule_leaves_given_lists_and_gpus_alone() -> None:
     assert all(not p.covered_by for p in on_gpu)
     assert honed.MaxThroughputStrategy().uses_defaults
     assert not honed.MaxThroughputStrategy([TorchInductorBackend()]).uses_defaults
+
+
+def test_beside_a_program_on_a_gpu_packages_cover_the_captures_of_eager() -> None:
+    """With captures_wait (JIT beside a calling program on a GPU, no stand-ins), a capture of
+    eager's kernels waits for the packages of at least its expected gain, runs after them, and
+    is not tried where one passed; where none did, it is built."""
+    from honed.backend._defaults import default_candidates
+
+    cuda = GraphInfo(torch.device("cuda"), True, ((2, 16),), ((8, 16),), ((4, 16),))
+    listed = default_candidates(torch.device("cuda"), None)
+    items = planning.plan(listed, cuda, captures_wait=True)
+    by_name = {p.backend.name: p for p in items}
+    fp32_capture = by_name["CudaGraphsBackend"]
+    bf16_capture = by_name["CudaGraphsBackend(autocast_enabled=True, autocast_dtype=bfloat16)"]
+    fp32_package = by_name["TorchInductorAotBackend(CUDA graphs)"]
+    bf16_package = by_name["TorchInductorAotBackend(bf16 weights, CUDA graphs)"]
+    # the fp32 capture's expected gain is below both packages'; the bf16 capture's equals the
+    # bf16 package's only
+    assert fp32_capture.covered_by == [fp32_package, bf16_package]
+    assert bf16_capture.covered_by == [bf16_package]
+    assert planning.waits_for(fp32_capture, items) == [fp32_package, bf16_package]
+    names = [p.backend.name for p in items]
+    assert names.index(fp32_capture.backend.name) > names.index(bf16_package.backend.name)
+    assert names.index(bf16_capture.backend.name) > names.index(bf16_package.backend.name)
+    # nothing else waits for a package
+    assert all(not p.covered_by for p in items if not p.backend.stands_in)
+
+    why = planning.skip_reason(bf16_capture, [(bf16_package, "ok", "")])
+    assert why.startswith("not built beside the calling program: TorchInductorAotBackend(bf16")
+    assert "a capture of eager's kernels is not installed" in why
+    # the package failed or was rejected: the capture is built
+    assert planning.skip_reason(bf16_capture, [(bf16_package, "failed", "export failed")]) == ""
+    assert planning.skip_reason(bf16_capture, [(bf16_package, "rejected", "outputs")]) == ""
+    # the fp32 package passing leaves the bf16 capture, of a higher expected gain, to be built
+    assert planning.skip_reason(bf16_capture, [(fp32_package, "ok", "")]) == ""
+
+    # without captures_wait (an AOT tune, stand-ins on, a CPU): the captures wait for nothing
+    plain = planning.plan(listed, cuda)
+    assert all(not p.covered_by for p in plain)
+    assert [p.backend.name for p in plain][:2] == [
+        "CudaGraphsBackend",
+        "CudaGraphsBackend(autocast_enabled=True, autocast_dtype=bfloat16)",
+    ]

@@ -270,6 +270,7 @@ class GraphTuner:
             self.info,
             baseline_backend if uses_baseline else None,
             defaults=bool(getattr(self.strategy, "uses_defaults", False)),
+            captures_wait=self._captures_wait(),
         )
         costs = [0] + [p.cost for p in items]
         self.tracker.at_graph(
@@ -524,6 +525,14 @@ class GraphTuner:
             outcomes[i] = self._evaluate_here(item.backend, False)
             if i != which[-1]:
                 self._promote(outcomes[i])
+
+    def _captures_wait(self) -> bool:
+        """Whether captures of eager wait for the packages (planning's rule): beside a calling
+        program on a GPU that neither takes stand-ins nor promotes candidates as they pass."""
+        live = self.ctx.live
+        if live is None or getattr(self.ctx.device, "type", "") not in _CHECK_RUNS_COMPARED_ON:
+            return False
+        return not (live.stand_ins or live.promotes)
 
     def _last(self, items: list[Planned], pending: list[int]) -> list[int]:
         """Beside a calling program, the pending candidates whose install compiles in its

@@ -17,7 +17,14 @@ out, and the report lists it as "not tried" with the rule's reason:
   AOTInductor's has no guards and no Python wrapper. On the 2-core CPU machine AOTInductor was
   the faster of them (bench/results/tune_cost/, the exhaustive runs), and the JIT variants cost
   two of the three compiles of a default CPU tune. The JIT variants wait for AOTInductor and run
-  when it failed or was rejected.
+  when it failed or was rejected;
+- a package covers a capture beside a program (JIT on a GPU, ``captures_wait``): a capture of
+  eager's own kernels (``Backend.stands_in``, CUDA graphs over eager) is not built where a
+  candidate that installs from a package (``Backend.saves_payload``) with at least its expected
+  gain passed. Beside a calling program such a capture is left out of the program's process
+  once a package is in (honed.pipeline.graph_tuner), so its build, whose warm-ups, recording and
+  check run eager's forward on the program's GPU, would share that GPU with the program's calls
+  for nothing. It waits for those packages and is built when none passed.
 
 The time budget is the fourth way a candidate ends up "not tried" (honed.pipeline.graph_tuner).
 """
@@ -40,7 +47,8 @@ class Planned:
     cost: int
     precision: str
     skip: str = ""  # the reason it is not tried ("" while it is)
-    # Candidates whose passing leaves this one out (the AOT-covers-JIT rule); it waits for them.
+    # Candidates whose passing leaves this one out (the AOT-covers-JIT rule, a package covers a
+    # capture); it waits for them.
     covered_by: list[Planned] = dataclasses.field(default_factory=list)
 
 
@@ -56,10 +64,12 @@ def plan(
     graph: GraphInfo,
     baseline: Backend | None = None,
     defaults: bool = False,
+    captures_wait: bool = False,
 ) -> list[Planned]:
     """The candidates in the order they run, duplicates marked; the baseline is left out.
     ``defaults``: the list is honed's defaults (not the user's), so the AOT-covers-JIT rule
-    applies."""
+    applies; ``captures_wait``: beside a calling program on a GPU that takes no stand-ins, so
+    packages cover captures."""
     seen: dict[str, str] = {}
     if baseline is not None:
         seen[_identity(baseline, graph)] = ""
@@ -76,6 +86,8 @@ def plan(
         out.append(item)
     if defaults and graph.device.type == "cpu":
         _cover_jit_with_aot(out)
+    if captures_wait:
+        _cover_captures_with_packages(out)
     # Stable: the strategy's order among equal costs; a covered candidate after its covers.
     out.sort(key=lambda p: (max([p.cost, *(c.cost for c in p.covered_by)]), bool(p.covered_by)))
     return out
@@ -101,6 +113,28 @@ def _cover_jit_with_aot(items: list[Planned]) -> None:
         ]
 
 
+def _cover_captures_with_packages(items: list[Planned]) -> None:
+    for item in items:
+        if item.skip or not item.backend.stands_in:
+            continue
+        gain = _gain(item.backend)
+        item.covered_by += [
+            p
+            for p in items
+            if p.backend.saves_payload
+            and not p.backend.stands_in
+            and not p.skip
+            and _gain(p.backend) >= gain - 1e-9  # gains are products of rough factors
+        ]
+
+
+def _gain(backend: Backend) -> float:
+    try:
+        return float(backend.expected_gain)
+    except Exception:
+        return 1.0
+
+
 def waits_for(item: Planned, items: list[Planned]) -> list[Planned]:
     """The candidates whose outcome decides whether ``item`` runs (the precision rule's cheap
     probes, the AOT-covers-JIT rule's AOTInductor)."""
@@ -118,6 +152,12 @@ def skip_reason(item: Planned, probes: list[tuple[Planned, str, str]]) -> str:
     covers = [id(c) for c in item.covered_by]
     for probe, status, _ in probes:
         if id(probe) in covers and status == "ok":
+            if item.backend.stands_in:
+                return (
+                    f"not built beside the calling program: {probe.backend.name} passed, and a "
+                    "capture of eager's kernels is not installed in the program's process once "
+                    "a package is (its build would share the program's GPU for nothing)"
+                )
             return (
                 f"on CPU {probe.backend.name} built and passed: it compiles this graph with the "
                 "same code generator and calls it without guards or a Python wrapper "
