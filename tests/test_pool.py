@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -227,6 +228,126 @@ def test_builds_run_side_by_side(graph: GraphJobs, short_limits: None, tmp_path:
         results = [first.result(timeout=600), second.result(timeout=600)]
     assert all(r.ok and r.reply["outcome"]["status"] == "ok" for r in results), results
     assert a.read_text() != b.read_text()  # two worker processes
+
+
+def test_a_job_that_prefers_a_slot_waits_for_it_while_it_is_idle_only() -> None:
+    """The pool's queue: a job for slot 1 is left to slot 1 while slot 1 waits for work, and
+    taken by another slot once slot 1 is busy (or gone); jobs come by priority, then order."""
+    import concurrent.futures
+    import threading
+
+    from honed.pipeline.pool import Job, _JobQueue
+
+    def item(priority: float, seq: int, prefer: int = -1) -> tuple[Any, ...]:
+        job = Job("evaluate", {}, None, "cpu", {}, priority, prefer_slot=prefer)
+        return (priority, seq, job, concurrent.futures.Future())
+
+    jobs = _JobQueue()
+    got: dict[int, list[int]] = {0: [], 1: []}
+
+    def take(slot: int, count: int) -> threading.Thread:
+        def run() -> None:
+            for _ in range(count):
+                got[slot].append(jobs.get(slot)[1])
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    # both slots wait: the job for slot 1 goes to slot 1 whichever wakes first
+    for _ in range(20):
+        got = {0: [], 1: []}
+        zero = take(0, 1)
+        one = take(1, 1)
+        time.sleep(0.01)  # both wait
+        jobs.put(item(-1.0, 1, prefer=1))
+        one.join(5)
+        assert got[1] == [1]
+        jobs.put(item(0.0, 2))
+        zero.join(5)
+        assert got[0] == [2]
+    # slot 1 not waiting (busy): slot 0 takes its job rather than leave it
+    got = {0: [], 1: []}
+    jobs.put(item(0.0, 3, prefer=1))
+    zero = take(0, 1)
+    zero.join(5)
+    assert got[0] == [3]
+    # by priority, then order; a job for a slot that does not exist goes to anyone
+    for entry in [item(2.0, 4), item(1.0, 6, prefer=7), item(1.0, 5)]:
+        jobs.put(entry)
+    zero = take(0, 3)
+    zero.join(5)
+    assert got[0] == [3, 5, 6, 4]
+    with pytest.raises(queue.Empty):
+        jobs.get_nowait()
+
+
+def test_the_finalists_are_remeasured_by_the_worker_that_built_most_of_them(
+    graph: GraphJobs, short_limits: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two candidates built side by side, one per worker: their interleaved re-measure runs on
+    the worker that built the first finalist listed (the one that built most of them, ties to
+    the first), which loads what it built itself, with both workers idle."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with new_pool(2) as pool:
+        first = graph.evaluate(pool, Rendezvous(a, b), False)
+        second = graph.evaluate(pool, Rendezvous(b, a), False)
+        results = [first.result(timeout=600), second.result(timeout=600)]
+        assert {r.slot for r in results} == {0, 1}, results
+        outcomes = [
+            GraphJobs.outcome(backend, False, result)
+            for backend, result in zip([Rendezvous(a, b), Rendezvous(b, a)], results, strict=True)
+        ]
+        assert [o.slot for o in outcomes] == [r.slot for r in results]
+        submitted: list[tuple[Any, Any]] = []
+        plain = pool.submit
+
+        def watched(job: Any) -> Any:
+            future = plain(job)
+            submitted.append((job, future))
+            return future
+
+        monkeypatch.setattr(pool, "submit", watched)
+        for order in [outcomes, outcomes[::-1]] * 3:  # either worker may be the first to wait
+            graph.interleave(pool, list(order))
+            job, future = submitted[-1]
+            assert job.kind == "interleave" and job.prefer_slot == order[0].slot
+            assert future.result(timeout=600).slot == order[0].slot
+        assert all(o.measurement is not None for o in outcomes)
+
+
+class Package(Good):
+    build_cost = 3
+
+
+class Compiles(Good):
+    """Loads again by tracing and compiling from Inductor's cache, as Inductor's JIT does."""
+
+    jit = True
+
+
+class LongCompile(Compiles):
+    build_cost = 3
+
+
+def test_the_finalists_go_to_the_worker_whose_builds_cost_the_most_to_load_again() -> None:
+    from honed.pipeline.candidate import Outcome
+
+    def built(backend: Backend, slot: int, baseline: bool = False) -> Outcome:
+        outcome = Outcome(backend, baseline)
+        outcome.slot = slot
+        return outcome
+
+    pick = isolation._loads_best_on
+    eager = honed.backend.TorchEagerBackend()
+    assert pick([built(eager, 0, True), built(Good(), 1)]) == 1  # eager loads nothing
+    # a JIT compile outweighs any number of packages: its load traces again elsewhere
+    assert pick([built(Package(), 1), built(Package(), 1), built(Compiles(), 0)]) == 0
+    assert pick([built(Compiles(), 1), built(LongCompile(), 0)]) == 0  # by build cost
+    assert pick([built(Good(), 0), built(Good(), 1), built(Good(), 1)]) == 1  # then by count
+    assert pick([built(Good(), 0), built(Good(), 1)]) == 0  # ties: the first listed
+    assert pick([built(Good(), -1), built(eager, 1, True)]) == -1  # none built in this pool
+    assert pick([]) == -1
 
 
 def test_on_a_cpu_a_measurement_pauses_the_builds(

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 import honed
+from honed.backend.registry import lookup_backend
 from honed.pipeline import isolation, pool, progress, tuner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -59,12 +60,37 @@ around(pool._Slot, "_wait_ready", "a worker's start (importing torch)")
 around(tuner, "_record", "recording the samples")
 around(tuner.machine, "start_of_tune", "the machine check (load, GPU)")
 
+
+def _slot_noted(original):  # type: ignore[no-untyped-def]
+    def run(self, job):  # type: ignore[no-untyped-def]
+        result = original(self, job)
+        stamp(f"{job.kind} {job.label} ran on worker slot {self.index}")
+        return result
+
+    return run
+
+
+pool._Slot._run = _slot_noted(pool._Slot._run)
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="mlp", choices=list(SPECS))
 parser.add_argument("--batch", type=int, default=1)
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 parser.add_argument("--budget", type=float, default=None, help="time_budget_s of the tune")
+parser.add_argument(
+    "--backends",
+    default="",
+    help="comma-separated registered backend names to tune with instead of honed's defaults",
+)
+parser.add_argument(
+    "--any-worker",
+    action="store_true",
+    help="the finalists' re-measure to whichever worker is idle first, not the one that built most"
+    " of them (for a side-by-side comparison)",
+)
 args = parser.parse_args()
+if args.any_worker:
+    isolation._loads_best_on = lambda outcomes: -1
 device = torch.device(args.device)
 spec = SPECS[args.model]
 model = spec.build().to(device)
@@ -75,6 +101,11 @@ report = honed.tune(
     [spec.inputs(args.batch, device)],
     device=str(device),
     time_budget_s=args.budget,
+    strategy=honed.MaxThroughputStrategy(
+        [lookup_backend(name)() for name in args.backends.split(",")]
+    )
+    if args.backends
+    else None,
 )
 stamp(f"tune done ({report.wall_s:.1f} s)")
 print(report.render(width=200))

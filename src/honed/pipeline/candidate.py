@@ -61,6 +61,7 @@ class Outcome:
     inductor_artifacts: bytes | None = None
     pickled_fn: bytes | None = None
     device: str = ""  # where a worker measured it (another GPU of the host when spread)
+    slot: int = -1  # the pool slot whose worker evaluated it (-1: none, or not this run)
     checked_here: bool = False  # fn was checked against eager in this process
     output: str = ""  # third-party output while it was evaluated (see buildlog.py)
     build_log: str | None = None  # the file that output was written to

@@ -301,6 +301,7 @@ class GraphJobs:
             result.seconds,
             result.device,
         )
+        outcome.slot = result.slot
         return outcome
 
     def interleave(
@@ -310,7 +311,10 @@ class GraphJobs:
         on_phase: Callable[[str], None] | None = None,
     ) -> None:
         """Re-measure ``finalists`` interleaved in one worker on the tune's device, each loaded
-        from what its worker shipped; replaces their figures on success.
+        from what its worker shipped; replaces their figures on success. The worker that built
+        what costs the most to load again (_loads_best_on) takes the job where it is idle
+        (``Job.prefer_slot``): loading what it compiled itself finds its traces and kernels in
+        place, where another worker would trace and load them first.
 
         A finalist whose loading ends the worker (crash, hang) fails with that reason and the
         others go again; any other failure only logs, each keeping its own figures.
@@ -340,7 +344,15 @@ class GraphJobs:
             }
             limits.update({f"load {i}": config.build_timeout_s for i in range(len(remaining))})
             job = Job(
-                "interleave", request, self.context, self.device, limits, -1.0, False, on_phase
+                "interleave",
+                request,
+                self.context,
+                self.device,
+                limits,
+                -1.0,
+                False,
+                on_phase,
+                prefer_slot=_loads_best_on(remaining),
             )
             result = next(iter(wait_all([pool.submit(job)]))).result()
             if result.ok:
@@ -359,6 +371,25 @@ class GraphJobs:
             broken.status = "failed"
             broken.reason = f"loading it in a fresh worker for the re-measure: {result.failure}"
             log.warning("honed: finalist %s: %s", broken.backend.name, broken.reason)
+
+
+def _loads_best_on(outcomes: list[Outcome]) -> int:
+    """The pool slot whose worker built what costs the most to load again in another: first
+    the JIT compiles (``Backend.jit``: loading Inductor's artifacts traces the module and loads
+    its kernels, seconds, where the worker that built them has both in place) by build cost,
+    then the count of the others (a package or a pickle loads alike anywhere); eager loads
+    nothing. The first such among ties; -1 where none was built in this pool."""
+    weight: dict[int, tuple[int, int]] = {}
+    for o in outcomes:
+        if o.slot < 0 or o.is_baseline:
+            continue
+        compiles, others = weight.get(o.slot, (0, 0))
+        if o.backend.jit:
+            compiles += max(1, o.backend.expected_build_cost())
+        else:
+            others += 1
+        weight[o.slot] = (compiles, others)
+    return max(weight, key=lambda slot: weight[slot]) if weight else -1
 
 
 class IsolatedCheck:

@@ -27,6 +27,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import dataclasses
+import heapq
 import io
 import itertools
 import logging
@@ -94,6 +95,10 @@ class Job:
     on_phase: Callable[[str], None] | None = None
     label: str = ""
     measure_if: Callable[[], bool] | None = None
+    # the slot (WorkerPool.slots) it should run on while that slot is idle, -1 none: a job that
+    # loads what a worker built (the finalists' re-measure) finds that worker's imports, traces
+    # and compiled kernels in place
+    prefer_slot: int = -1
 
 
 @dataclasses.dataclass
@@ -108,10 +113,55 @@ class JobResult:
     device: str = ""  # where it ran
     cancelled: bool = False
     paused_build_s: float = 0.0  # of its build phase, seconds its worker spent paused
+    slot: int = -1  # the pool slot that ran it (Job.prefer_slot)
 
     @property
     def ok(self) -> bool:
         return not self.failure and not self.cancelled
+
+
+class _JobQueue:
+    """The pool's jobs by (priority, order), shared by its slots' threads. A job that prefers
+    a slot (``Job.prefer_slot``) goes to that slot while it waits for work, and to any slot while
+    it is busy or gone; the others leave it alone meanwhile."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Any, ...]] = []  # (priority, seq, job, future), heap-ordered
+        self._cond = threading.Condition()
+        self._waiting: set[int] = set()  # the slots waiting in get()
+
+    def put(self, item: tuple[Any, ...]) -> None:
+        with self._cond:
+            heapq.heappush(self._items, item)
+            self._cond.notify_all()
+
+    def get(self, slot: int) -> tuple[Any, ...]:
+        """The first item ``slot`` may take, waiting for one."""
+        with self._cond:
+            self._waiting.add(slot)
+            try:
+                while True:
+                    for item in sorted(self._items):
+                        prefer = _preferred(item)
+                        if prefer in (-1, slot) or prefer not in self._waiting:
+                            self._items.remove(item)
+                            heapq.heapify(self._items)
+                            self._cond.notify_all()  # this slot is no longer idle
+                            return item
+                    self._cond.wait()
+            finally:
+                self._waiting.discard(slot)
+
+    def get_nowait(self) -> tuple[Any, ...]:
+        with self._cond:
+            if not self._items:
+                raise queue.Empty
+            return heapq.heappop(self._items)
+
+
+def _preferred(item: tuple[Any, ...]) -> int:
+    job = item[2]
+    return job.prefer_slot if job is not None else -1
 
 
 class _Gate:
@@ -404,7 +454,7 @@ class _Slot:
             finally:
                 self.up.set()
             while True:
-                item = self.pool.queue.get()
+                item = self.pool.queue.get(self.index)
                 if item[-1] is None:  # the pool is closing
                     break
                 job, future = item[2], item[3]
@@ -430,6 +480,7 @@ class _Slot:
         result = self._converse(job, device, self.pool.gate(device))
         result.seconds = time.perf_counter() - started
         result.device = device
+        result.slot = self.index
         if self.worker is not None and self.worker.running and self.pool.memory_limit_bytes:
             if self.worker.resident_bytes() > _RECYCLE_SHARE * self.pool.memory_limit_bytes:
                 self._stop(_EXIT_GRACE_S)  # what its last jobs left behind: start afresh
@@ -603,7 +654,7 @@ class WorkerPool:
         self.preload = preload  # modules each worker imports before it is ready
         self.cancelling = False
         self.closed = False
-        self.queue: queue.PriorityQueue[tuple[Any, ...]] = queue.PriorityQueue()
+        self.queue = _JobQueue()
         self._seq = itertools.count()
         self._gates: dict[str, _Gate] = {}
         self._gates_lock = threading.Lock()
