@@ -2,7 +2,7 @@
 
 Cheap first (docs/tuning.md): candidates run in the order of their expected build cost
 (``Backend.expected_build_cost()``: eager and CUDA-graph captures first, they set the bar in
-seconds; long compiles last), the strategy's order among equals. Two rules leave a candidate
+seconds; long compiles last), the strategy's order among equals. Four rules leave a candidate
 out, and the report lists it as "not tried" with the rule's reason:
 
 - same build: a candidate whose ``build_identity`` for this graph equals an earlier one's (for
@@ -26,7 +26,7 @@ out, and the report lists it as "not tried" with the rule's reason:
   check run eager's forward on the program's GPU, would share that GPU with the program's calls
   for nothing. It waits for those packages and is built when none passed.
 
-The time budget is the fourth way a candidate ends up "not tried" (honed.pipeline.graph_tuner).
+The time budget is the fifth way a candidate ends up "not tried" (honed.pipeline.graph_tuner).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _gain(backend: Backend) -> float:
 
 def waits_for(item: Planned, items: list[Planned]) -> list[Planned]:
     """The candidates whose outcome decides whether ``item`` runs (the precision rule's cheap
-    probes, the AOT-covers-JIT rule's AOTInductor)."""
+    probes, the AOT-covers-JIT rule's AOTInductor, a capture's packages)."""
     covers = list(item.covered_by)
     if item.precision == "fp32" or item.cost <= CHEAP:
         return covers
