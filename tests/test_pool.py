@@ -259,7 +259,10 @@ def test_a_job_that_prefers_a_slot_waits_for_it_while_it_is_idle_only() -> None:
         got = {0: [], 1: []}
         zero = take(0, 1)
         one = take(1, 1)
-        time.sleep(0.01)  # both wait
+        deadline = time.monotonic() + 30
+        while jobs._waiting != {0, 1}:  # both wait (a loaded machine starts threads late)
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
         jobs.put(item(-1.0, 1, prefer=1))
         one.join(5)
         assert got[1] == [1]
