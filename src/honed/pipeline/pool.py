@@ -24,10 +24,10 @@ starts: no worker waits for another's long build to finish before it measures. A
 from __future__ import annotations
 
 import atexit
+import bisect
 import concurrent.futures
 import contextlib
 import dataclasses
-import heapq
 import io
 import itertools
 import logging
@@ -126,13 +126,13 @@ class _JobQueue:
     it is busy or gone; the others leave it alone meanwhile."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[Any, ...]] = []  # (priority, seq, job, future), heap-ordered
+        self._items: list[tuple[Any, ...]] = []  # (priority, seq, job, future), in order
         self._cond = threading.Condition()
         self._waiting: set[int] = set()  # the slots waiting in get()
 
     def put(self, item: tuple[Any, ...]) -> None:
         with self._cond:
-            heapq.heappush(self._items, item)
+            bisect.insort(self._items, item)
             self._cond.notify_all()
 
     def get(self, slot: int) -> tuple[Any, ...]:
@@ -141,11 +141,10 @@ class _JobQueue:
             self._waiting.add(slot)
             try:
                 while True:
-                    for item in sorted(self._items):
+                    for i, item in enumerate(self._items):
                         prefer = _preferred(item)
                         if prefer in (-1, slot) or prefer not in self._waiting:
-                            self._items.remove(item)
-                            heapq.heapify(self._items)
+                            del self._items[i]
                             self._cond.notify_all()  # this slot is no longer idle
                             return item
                     self._cond.wait()
@@ -156,7 +155,7 @@ class _JobQueue:
         with self._cond:
             if not self._items:
                 raise queue.Empty
-            return heapq.heappop(self._items)
+            return self._items.pop(0)
 
 
 def _preferred(item: tuple[Any, ...]) -> int:
