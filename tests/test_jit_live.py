@@ -1409,6 +1409,53 @@ def test_beside_a_program_on_a_gpu_a_capture_of_eager_is_built_only_where_no_pac
         assert capture.status == "ok" and capture.samples_ms, capture
 
 
+class FavouredPayloadSleep(PayloadSleep):
+    """PayloadSleep with a higher expected gain, as AOTInductor with bf16 weights has over the
+    fp32 package."""
+
+    @property
+    def expected_gain(self) -> float:
+        return 2.0
+
+
+class WrongFavouredPayloadSleep(WrongPayloadSleep, FavouredPayloadSleep):
+    """A favoured package that answers wrong: rejected by the check against eager."""
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("favoured_passes", [True, False])
+def test_beside_a_program_on_a_gpu_a_package_is_built_only_where_a_likelier_one_did_not_pass(
+    beside: Path, monkeypatch: pytest.MonkeyPatch, favoured_passes: bool, device: str
+) -> None:
+    """Beside a calling program on a GPU (the CPU compared as one), with no stand-ins, a package
+    waits for the packages of a higher expected gain: where one passed it is not built at all,
+    and the record says why; where none passed it is built, checked and installed."""
+    installed = _installs_compared_as_on_a_gpu(monkeypatch, device)
+    favoured = FavouredPayloadSleep() if favoured_passes else WrongFavouredPayloadSleep()
+    model, x, want = _slow_call()
+    model, x, want = model.to(device), x.to(device), want.to(device)
+    with (
+        honed.config.patch(isolation="process", jit_worker_nice=0),
+        honed.jit.config.patch(backends=[PayloadSleep(), favoured], stand_in=False),
+    ):
+        root = _call_until_tuned(model, x, want)
+    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    lower = rows["PayloadSleep"]
+    history = "\n".join(honed.jit.history())
+    if favoured_passes:
+        assert rows["FavouredPayloadSleep"].status == "ok", history
+        assert installed == ["FavouredPayloadSleep"], history
+        assert lower.status == "not tried", lower
+        assert lower.reason.startswith(
+            "not built beside the calling program: FavouredPayloadSleep passed"
+        ), lower.reason
+        assert lower.build_s is None and not lower.samples_ms, lower  # never built
+    else:
+        assert rows["WrongFavouredPayloadSleep"].status == "rejected", history
+        assert lower.status == "ok" and lower.samples_ms, lower
+        assert installed == ["PayloadSleep"], history
+
+
 def test_a_capture_of_eager_is_left_out_once_a_package_is_in_unless_twice_as_quick() -> None:
     from honed.pipeline import graph_tuner
     from honed.pipeline.candidate import Outcome

@@ -207,8 +207,11 @@ def test_beside_a_program_on_a_gpu_packages_cover_the_captures_of_eager() -> Non
     names = [p.backend.name for p in items]
     assert names.index(fp32_capture.backend.name) > names.index(bf16_package.backend.name)
     assert names.index(bf16_capture.backend.name) > names.index(bf16_package.backend.name)
-    # nothing else waits for a package
-    assert all(not p.covered_by for p in items if not p.backend.stands_in)
+    # of the packages, the fp32 one waits for the one with bf16 weights (the next rule)
+    assert fp32_package.covered_by == [bf16_package] and not bf16_package.covered_by
+    assert all(
+        not p.covered_by for p in items if not (p.backend.stands_in or p.backend.saves_payload)
+    )
 
     why = planning.skip_reason(bf16_capture, [(bf16_package, "ok", "")])
     assert why.startswith("not built beside the calling program: TorchInductorAotBackend(bf16")
@@ -226,3 +229,38 @@ def test_beside_a_program_on_a_gpu_packages_cover_the_captures_of_eager() -> Non
         "CudaGraphsBackend",
         "CudaGraphsBackend(autocast_enabled=True, autocast_dtype=bfloat16)",
     ]
+
+
+def test_beside_a_program_on_a_gpu_a_package_waits_for_those_of_a_higher_expected_gain() -> None:
+    """With captures_wait, of the candidates that install from a package one waits for those
+    with a strictly higher expected gain, runs after them, and is not tried where one passed;
+    where none did (failed, rejected), it is built. Equal gains wait for neither; without the
+    setting every package is built."""
+    from honed.backend._defaults import default_candidates
+
+    image = GraphInfo(torch.device("cuda"), False, ((8, 3, 32, 32),), ((8, 3, 32, 32),))
+    listed = default_candidates(torch.device("cuda"), image)
+    items = planning.plan(listed, image, captures_wait=True)
+    by_name = {p.backend.name: p for p in items}
+    fp32 = by_name["TorchInductorAotBackend(CUDA graphs)"]
+    bf16 = by_name["TorchInductorAotBackend(bf16 weights, CUDA graphs)"]
+    bf16_cl = by_name["TorchInductorAotBackend(bf16 weights, channels_last, CUDA graphs)"]
+    assert [p for p in items if p.backend.saves_payload and not p.backend.stands_in] == [
+        bf16,
+        bf16_cl,
+        fp32,
+    ]
+    # the two layouts in bf16 are a choice to measure: equal gains, built side by side
+    assert bf16.backend.expected_gain == bf16_cl.backend.expected_gain
+    assert not bf16.covered_by and not bf16_cl.covered_by
+    assert fp32.covered_by == [bf16, bf16_cl]
+    assert planning.waits_for(fp32, items) == [bf16, bf16_cl]
+
+    why = planning.skip_reason(fp32, [(bf16, "failed", "export failed"), (bf16_cl, "ok", "")])
+    assert why.startswith(f"not built beside the calling program: {bf16_cl.backend.name} passed")
+    assert "a package of a lower one is built only where none of those passes" in why
+    assert planning.skip_reason(fp32, [(bf16, "failed", "x"), (bf16_cl, "rejected", "y")]) == ""
+
+    # without captures_wait (an AOT tune, stand-ins on, a CPU): every package is built
+    plain = planning.plan(listed, image)
+    assert all(not p.covered_by for p in plain if p.backend.saves_payload)

@@ -2,7 +2,7 @@
 
 Cheap first (docs/tuning.md): candidates run in the order of their expected build cost
 (``Backend.expected_build_cost()``: eager and CUDA-graph captures first, they set the bar in
-seconds; long compiles last), the strategy's order among equals. Four rules leave a candidate
+seconds; long compiles last), the strategy's order among equals. Five rules leave a candidate
 out, and the report lists it as "not tried" with the rule's reason:
 
 - same build: a candidate whose ``build_identity`` for this graph equals an earlier one's (for
@@ -24,9 +24,15 @@ out, and the report lists it as "not tried" with the rule's reason:
   gain passed. Beside a calling program such a capture is left out of the program's process
   once a package is in (honed.pipeline.graph_tuner), so its build, whose warm-ups, recording and
   check run eager's forward on the program's GPU, would share that GPU with the program's calls
-  for nothing. It waits for those packages and is built when none passed.
+  for nothing. It waits for those packages and is built when none passed;
+- a package covers a package of a lower expected gain beside a program (``captures_wait``
+  again): of the candidates that install from a package, one is not built where another with a
+  higher expected gain passed. Beside a calling program only the quickest checked candidate is
+  installed, and a package's build compiles on the program's host while its check, warm-ups and
+  capture run on the program's GPU; the lower one (AOTInductor in fp32 beside the one with bf16
+  weights) is built where the higher one failed or was rejected. An AOT tune still builds both.
 
-The time budget is the fifth way a candidate ends up "not tried" (honed.pipeline.graph_tuner).
+The time budget is the sixth way a candidate ends up "not tried" (honed.pipeline.graph_tuner).
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ def plan(
         _cover_jit_with_aot(out)
     if captures_wait:
         _cover_captures_with_packages(out)
+        _cover_packages_with_packages(out)
     # Stable: the strategy's order among equal costs; a covered candidate after its covers.
     out.sort(key=lambda p: (max([p.cost, *(c.cost for c in p.covered_by)]), bool(p.covered_by)))
     return out
@@ -128,6 +135,16 @@ def _cover_captures_with_packages(items: list[Planned]) -> None:
         ]
 
 
+def _cover_packages_with_packages(items: list[Planned]) -> None:
+    packages = [p for p in items if p.backend.saves_payload and not p.backend.stands_in]
+    for item in packages:
+        if item.skip:
+            continue
+        gain = _gain(item.backend)
+        # strictly higher: equal gains cover neither way, so no two packages wait for each other
+        item.covered_by += [p for p in packages if not p.skip and _gain(p.backend) > gain + 1e-9]
+
+
 def _gain(backend: Backend) -> float:
     try:
         return float(backend.expected_gain)
@@ -137,7 +154,7 @@ def _gain(backend: Backend) -> float:
 
 def waits_for(item: Planned, items: list[Planned]) -> list[Planned]:
     """The candidates whose outcome decides whether ``item`` runs (the precision rule's cheap
-    probes, the AOT-covers-JIT rule's AOTInductor, a capture's packages)."""
+    probes, the AOT-covers-JIT rule's AOTInductor, a capture's or a package's packages)."""
     covers = list(item.covered_by)
     if item.precision == "fp32" or item.cost <= CHEAP:
         return covers
@@ -148,7 +165,7 @@ def waits_for(item: Planned, items: list[Planned]) -> list[Planned]:
 
 def skip_reason(item: Planned, probes: list[tuple[Planned, str, str]]) -> str:
     """The reason to skip ``item`` given its probes' (planned, status, reason): the precision
-    rule's, or the AOT-covers-JIT rule's."""
+    rule's, or a covering rule's."""
     covers = [id(c) for c in item.covered_by]
     for probe, status, _ in probes:
         if id(probe) in covers and status == "ok":
@@ -157,6 +174,13 @@ def skip_reason(item: Planned, probes: list[tuple[Planned, str, str]]) -> str:
                     f"not built beside the calling program: {probe.backend.name} passed, and a "
                     "capture of eager's kernels is not installed in the program's process once "
                     "a package is (its build would share the program's GPU for nothing)"
+                )
+            if item.backend.saves_payload:
+                return (
+                    f"not built beside the calling program: {probe.backend.name} passed, with a "
+                    "higher expected gain; a package of a lower one is built only where none "
+                    "of those passes (its build and check would share the program's host and GPU "
+                    "for a variant unlikely to be installed)"
                 )
             return (
                 f"on CPU {probe.backend.name} built and passed: it compiles this graph with the "
