@@ -27,10 +27,11 @@ out, and the report lists it as "not tried" with the rule's reason:
   for nothing. It waits for those packages and is built when none passed;
 - a package covers a package of a lower expected gain beside a program (``captures_wait``
   again): of the candidates that install from a package, one is not built where another with a
-  higher expected gain passed. Beside a calling program only the quickest checked candidate is
-  installed, and a package's build compiles on the program's host while its check, warm-ups and
-  capture run on the program's GPU; the lower one (AOTInductor in fp32 beside the one with bf16
-  weights) is built where the higher one failed or was rejected. An AOT tune still builds both.
+  higher expected gain passed. A package's build compiles on the program's host while its
+  load, check, warm-ups and capture run on the program's GPU, and one whose check ran much
+  slower than an installed one's stays out of the program's process (honed.pipeline.graph_tuner);
+  the lower one (AOTInductor in fp32 beside the one with bf16 weights) is built where the higher
+  one failed or was rejected. An AOT tune still builds both.
 
 The time budget is the sixth way a candidate ends up "not tried" (honed.pipeline.graph_tuner).
 """
