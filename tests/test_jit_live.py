@@ -1374,6 +1374,24 @@ class WrongPayloadSleep(PayloadSleep):
         return lambda x: run(x) + 1.0
 
 
+def _tuned_beside_on(
+    monkeypatch: pytest.MonkeyPatch, device: str, backends: list[Backend]
+) -> tuple[list[str], dict[str, Any], str]:
+    """Tune the slow model on ``device`` beside its calls, in workers, with ``backends`` and no
+    stand-ins (check times compared as on a GPU): what was installed in the program's process,
+    in order, the report's rows by candidate, and JIT's history."""
+    installed = _installs_compared_as_on_a_gpu(monkeypatch, device)
+    model, x, want = _slow_call()
+    model, x, want = model.to(device), x.to(device), want.to(device)
+    with (
+        honed.config.patch(isolation="process", jit_worker_nice=0),
+        honed.jit.config.patch(backends=backends, stand_in=False),
+    ):
+        root = _call_until_tuned(model, x, want)
+    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    return installed, rows, "\n".join(honed.jit.history())
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("package_passes", [True, False])
 def test_beside_a_program_on_a_gpu_a_capture_of_eager_is_built_only_where_no_package_passed(
@@ -1383,18 +1401,9 @@ def test_beside_a_program_on_a_gpu_a_capture_of_eager_is_built_only_where_no_pac
     of eager's kernels waits for the packages: where one passed it is not built at all (its
     warm-ups, recording and check would share the program's GPU, and its install would be left
     out), and the record says why; where none passed it is built, checked and tried."""
-    installed = _installs_compared_as_on_a_gpu(monkeypatch, device)
     package = PayloadSleep() if package_passes else WrongPayloadSleep()
-    model, x, want = _slow_call()
-    model, x, want = model.to(device), x.to(device), want.to(device)
-    with (
-        honed.config.patch(isolation="process", jit_worker_nice=0),
-        honed.jit.config.patch(backends=[CaptureSleep(), package], stand_in=False),
-    ):
-        root = _call_until_tuned(model, x, want)
-    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    installed, rows, history = _tuned_beside_on(monkeypatch, device, [CaptureSleep(), package])
     capture = rows["CaptureSleep"]
-    history = "\n".join(honed.jit.history())
     if package_passes:
         assert rows["PayloadSleep"].status == "ok" and rows["PayloadSleep"].samples_ms, history
         assert installed == ["PayloadSleep"], history
@@ -1430,18 +1439,9 @@ def test_beside_a_program_on_a_gpu_a_package_is_built_only_where_a_likelier_one_
     """Beside a calling program on a GPU (the CPU compared as one), with no stand-ins, a package
     waits for the packages of a higher expected gain: where one passed it is not built at all,
     and the record says why; where none passed it is built, checked and installed."""
-    installed = _installs_compared_as_on_a_gpu(monkeypatch, device)
     favoured = FavouredPayloadSleep() if favoured_passes else WrongFavouredPayloadSleep()
-    model, x, want = _slow_call()
-    model, x, want = model.to(device), x.to(device), want.to(device)
-    with (
-        honed.config.patch(isolation="process", jit_worker_nice=0),
-        honed.jit.config.patch(backends=[PayloadSleep(), favoured], stand_in=False),
-    ):
-        root = _call_until_tuned(model, x, want)
-    rows = {c.name: c for c in root.report.graphs[0].candidates}
+    installed, rows, history = _tuned_beside_on(monkeypatch, device, [PayloadSleep(), favoured])
     lower = rows["PayloadSleep"]
-    history = "\n".join(honed.jit.history())
     if favoured_passes:
         assert rows["FavouredPayloadSleep"].status == "ok", history
         assert installed == ["FavouredPayloadSleep"], history

@@ -185,16 +185,24 @@ def test_the_aot_rule_leaves_given_lists_and_gpus_alone() -> None:
     assert not honed.MaxThroughputStrategy([TorchInductorBackend()]).uses_defaults
 
 
+def _gpu_defaults_planned(
+    graph: GraphInfo, fitted_to: GraphInfo | None
+) -> tuple[list[Backend], list[planning.Planned], dict[str, planning.Planned]]:
+    """honed's CUDA defaults (fitted to ``fitted_to``'s inputs), their plan for ``graph`` beside
+    a calling program (captures_wait), and that plan by candidate name."""
+    from honed.backend._defaults import default_candidates
+
+    listed = default_candidates(torch.device("cuda"), fitted_to)
+    items = planning.plan(listed, graph, captures_wait=True)
+    return listed, items, {p.backend.name: p for p in items}
+
+
 def test_beside_a_program_on_a_gpu_packages_cover_the_captures_of_eager() -> None:
     """With captures_wait (JIT beside a calling program on a GPU, no stand-ins), a capture of
     eager's kernels waits for the packages of at least its expected gain, runs after them, and
     is not tried where one passed; where none did, it is built."""
-    from honed.backend._defaults import default_candidates
-
     cuda = GraphInfo(torch.device("cuda"), True, ((2, 16),), ((8, 16),), ((4, 16),))
-    listed = default_candidates(torch.device("cuda"), None)
-    items = planning.plan(listed, cuda, captures_wait=True)
-    by_name = {p.backend.name: p for p in items}
+    listed, items, by_name = _gpu_defaults_planned(cuda, None)
     fp32_capture = by_name["CudaGraphsBackend"]
     bf16_capture = by_name["CudaGraphsBackend(autocast_enabled=True, autocast_dtype=bfloat16)"]
     fp32_package = by_name["TorchInductorAotBackend(CUDA graphs)"]
@@ -236,12 +244,8 @@ def test_beside_a_program_on_a_gpu_a_package_waits_for_those_of_a_higher_expecte
     with a strictly higher expected gain, runs after them, and is not tried where one passed;
     where none did (failed, rejected), it is built. Equal gains wait for neither; without the
     setting every package is built."""
-    from honed.backend._defaults import default_candidates
-
     image = GraphInfo(torch.device("cuda"), False, ((8, 3, 32, 32),), ((8, 3, 32, 32),))
-    listed = default_candidates(torch.device("cuda"), image)
-    items = planning.plan(listed, image, captures_wait=True)
-    by_name = {p.backend.name: p for p in items}
+    listed, items, by_name = _gpu_defaults_planned(image, image)
     fp32 = by_name["TorchInductorAotBackend(CUDA graphs)"]
     bf16 = by_name["TorchInductorAotBackend(bf16 weights, CUDA graphs)"]
     bf16_cl = by_name["TorchInductorAotBackend(bf16 weights, channels_last, CUDA graphs)"]
