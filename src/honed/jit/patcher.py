@@ -151,9 +151,12 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if node.state is _INIT:
             node.state = _RECORDING
         if node.state is _RECORDING and not node.tried:
-            from honed.jit.tuner import maybe_try
-
-            maybe_try(node)
+            parent = node.parent
+            # a module is tried once it is a top module or its parent ended eager or skipped
+            # (maybe_try): the children of a module being tuned skip the call, a few hundred
+            # of them in each of the program's calls while the tune goes on
+            if parent is None or parent.state is _EAGER or parent.state is _SKIPPED:
+                _maybe_try(node)
         return out
     finally:
         if outermost:
@@ -165,6 +168,18 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             _call_ended(ended - started)  # wakes JIT's work waiting for this call's end
             if timed:
                 _observe(id(node), ended - started)  # eager's pace paces the workers
+
+
+def _maybe_try(node: Node) -> None:
+    """``honed.jit.tuner.maybe_try`` (which imports this module), imported once."""
+    if not _TRY:
+        from honed.jit.tuner import maybe_try
+
+        _TRY.append(maybe_try)
+    _TRY[0](node)
+
+
+_TRY: list[Callable[[Node], None]] = []
 
 
 def _discover(module: torch.nn.Module) -> Node:
