@@ -38,8 +38,11 @@ class Slow(nn.Module):
         return x
 
 
-def _give_way_during_a_call(model: Slow, limit_s: float) -> tuple[float, float]:
-    """(seconds give_way waited on another thread while ``model`` ran a call, the call's own)."""
+def _give_way_during_a_call(
+    model: Slow, limit_s: float, wait: Any = courtesy.give_way
+) -> tuple[float, float]:
+    """(seconds ``wait`` (give_way) waited on another thread while ``model`` ran a call, the
+    call's own)."""
     took: dict[str, float] = {}
 
     def call() -> None:
@@ -51,7 +54,7 @@ def _give_way_during_a_call(model: Slow, limit_s: float) -> tuple[float, float]:
     thread.start()
     assert model.started.wait(5)
     time.sleep(2 * courtesy.SLICE_S)  # this thread's work since it last waited: a slice
-    waited = courtesy.give_way(limit_s)
+    waited = wait(limit_s)
     thread.join()
     return waited, took["call"]
 
@@ -73,6 +76,39 @@ def test_work_waits_for_the_programs_call_to_end() -> None:
         finally:
             honed.jit.disable_jit_tuning()
             honed.jit.reset()
+
+
+def test_a_piece_that_starts_between_calls_waits_however_recently_the_thread_waited() -> None:
+    """give_way lets a thread that waited within the last slice go on; wait_for_call_end,
+    for a piece that must start between the program's calls, waits for the call's end even
+    then (limit_s at most), and not where no call runs or the program waits for JIT."""
+    honed.jit.reset()
+
+    def just_waited(limit_s: float) -> float:
+        courtesy._local.resumed = time.perf_counter()  # as if this thread had just waited
+        return courtesy.give_way(limit_s)
+
+    def just_waited_then_start(limit_s: float) -> float:
+        courtesy._local.resumed = time.perf_counter()
+        return courtesy.wait_for_call_end(limit_s)
+
+    with honed.jit.config.patch(wait=False, min_parameters=10**9):  # nothing is tuned
+        honed.jit.enable_jit_tuning()
+        try:
+            waited, _ = _give_way_during_a_call(Slow(0.3), 5.0, just_waited)
+            assert waited == 0.0
+            waited, call = _give_way_during_a_call(Slow(0.3), 5.0, just_waited_then_start)
+            assert 0.2 < waited <= call + 0.05, (waited, call)
+            waited, _ = _give_way_during_a_call(Slow(0.5), 0.05, courtesy.wait_for_call_end)
+            assert 0.05 <= waited < 0.3, waited
+            assert courtesy.wait_for_call_end(5.0) == 0.0  # no call running
+            with honed.jit.config.patch(wait=True):  # the program waits for JIT: no courtesy
+                waited, _ = _give_way_during_a_call(Slow(0.3), 5.0, courtesy.wait_for_call_end)
+                assert waited == 0.0
+        finally:
+            honed.jit.disable_jit_tuning()
+            honed.jit.reset()
+    assert courtesy.wait_for_call_end(5.0) == 0.0  # without JIT nothing waits
 
 
 def test_a_waiting_thread_is_woken_by_the_calls_end_and_does_not_poll() -> None:
@@ -665,10 +701,11 @@ def test_a_job_beside_a_program_on_a_gpu_carries_the_call_clock() -> None:
     assert _call_clock("cuda:0") == courtesy.open_call_clock()
 
 
-@pytest.mark.gpu
-def test_beside_a_program_gpu_runs_start_halfway_through_its_calls() -> None:
-    """A program calls a module of about 10 ms of GPU work in a loop; each spaced run of a
-    worker (told so, with the program's call clock) starts in the second half of one call."""
+def _spaced_runs_beside_gpu_calls(worker: bool, pause_s: float, where: Any) -> list[Any]:
+    """A program calls a module of about 10 ms of GPU work in a loop (``pause_s`` between
+    calls); five spaced runs on this thread, as a worker told so with the program's call
+    clock (``worker``) or as JIT's thread in the program's process: ``where()`` at each run's
+    start."""
     device = torch.device("cuda:0")
     cycles = int(torch.cuda.get_device_properties(device).clock_rate * 1e3 * 0.01)
     model = _Timed(cycles)
@@ -677,32 +714,56 @@ def test_beside_a_program_gpu_runs_start_halfway_through_its_calls() -> None:
     with honed.jit.config.patch(wait=False, min_parameters=10**9):  # nothing is tuned
         honed.jit.enable_jit_tuning()
         try:
-            courtesy.space_runs(True, courtesy.open_call_clock())
+            if worker:
+                courtesy.space_runs(True, courtesy.open_call_clock())
 
             def program() -> None:
                 x = torch.ones(4, device=device)
                 while not stop.is_set():
                     model(x)
+                    time.sleep(pause_s)
 
             thread = threading.Thread(target=program)
             thread.start()
             deadline = time.monotonic() + 10
             while len(model.spans) < 3 and time.monotonic() < deadline:
                 time.sleep(0.01)  # a few calls first: the clock knows a call's length
-            view = courtesy.CALL_CLOCK[0]
             places = []
             for _ in range(5):
                 with courtesy.spaced_run(device):
-                    now = time.monotonic()
-                    places.append((view[0] > view[1], (now - view[0]) / view[2]))
+                    places.append(where())
             stop.set()
             thread.join()
-            assert all(inside and 0.45 <= at for inside, at in places), places
+            assert len(model.spans) >= 8
+            return places
         finally:
             stop.set()
             courtesy.space_runs(False)
             honed.jit.disable_jit_tuning()
             honed.jit.reset()
+
+
+@pytest.mark.gpu
+def test_beside_a_program_gpu_runs_start_halfway_through_its_calls() -> None:
+    """Each spaced run of a worker (told so, with the program's call clock) starts in the
+    second half of one of the program's calls."""
+
+    def place() -> tuple[bool, float]:
+        view = courtesy.CALL_CLOCK[0]
+        return view[0] > view[1], (time.monotonic() - view[0]) / view[2]
+
+    places = _spaced_runs_beside_gpu_calls(True, 0.0, place)
+    assert all(inside and 0.45 <= at for inside, at in places), places
+
+
+@pytest.mark.gpu
+def test_in_the_programs_process_gpu_runs_start_between_its_calls() -> None:
+    """Each spaced run of JIT's thread in the program's process (an install's warm-up,
+    capture and check) starts outside the program's calls (which pause as a sync would)."""
+    from honed.jit.patcher import STATE
+
+    inside = _spaced_runs_beside_gpu_calls(False, 0.004, lambda: STATE.in_call != 0)
+    assert not any(inside), inside
 
 
 def test_a_killed_programs_call_clock_is_removed_by_the_next_one(tmp_path: Path) -> None:

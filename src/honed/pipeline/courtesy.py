@@ -26,6 +26,11 @@ call and the start of the next, each about a half longer. So the program's proce
 call clock (``open_call_clock``: when its latest outermost call started, ended, and how long the
 last complete one took, in a small shared file JIT writes at each call's start and end), a
 worker beside it maps it (``space_runs``), and each spaced run starts halfway through a call.
+In the program's own process (a winner's install on JIT's thread: its warm-up, capture and check
+runs) a spaced run starts as one of the program's calls ends instead (``wait_for_call_end``):
+its launches go into the program's CUDA context from the program's process, and a call they
+overlapped waited hundreds of times in the install (its thread's voluntary switches: the GIL, a
+lock of the driver's).
 """
 
 from __future__ import annotations
@@ -302,7 +307,21 @@ def give_way(limit_s: float = LIMIT_S) -> float:
     now = time.perf_counter()
     if now - getattr(_local, "resumed", 0.0) < SLICE_S or not busy():
         return 0.0
-    start = now
+    return _wait_out_call(busy, now, limit_s)
+
+
+def wait_for_call_end(limit_s: float = LIMIT_S) -> float:
+    """Wait while the program is inside a call (``limit_s`` at most), however little this
+    thread ran since it last waited, unless the program waits for this process's work; the
+    seconds waited. For a piece of work that must start between the program's calls, not just
+    work that runs long."""
+    busy = _probe[0]
+    if busy is None or _held[0] or not busy():
+        return 0.0
+    return _wait_out_call(busy, time.perf_counter(), limit_s)
+
+
+def _wait_out_call(busy: Callable[[], bool], start: float, limit_s: float) -> float:
     # The look and the wait under one lock: a call that ends in between notifies only once the
     # wait has released it, so no end is missed.
     with _ENDED:
@@ -457,9 +476,14 @@ def spaced_run(device: Any) -> Iterator[None]:
     if wait > 0:
         time.sleep(wait)
     if _SPACED[0]:  # a worker: its own CUDA context, which the GPU time-slices with the
-        # program's. In the program's process (JIT's thread) the run's launches would take
-        # the GIL from the call in progress; its kernels share the GPU at a finer grain there.
+        # program's: halfway through a call, it overlaps the end of one and the start of the next.
         wait_mid_call()
+    else:
+        # In the program's process (JIT's thread: an install's warm-up, capture and check) the
+        # run launches into the program's own CUDA context: beside a call, its launches and the
+        # call's took turns (the GIL, the driver's locks), the call waiting hundreds of times.
+        # Started as a call ends, its launches fall in the program's wait for the GPU.
+        wait_for_call_end()
     started = time.perf_counter()
     yield
     torch.cuda.current_stream(device).synchronize()
@@ -567,6 +591,7 @@ __all__ = [
     "spaced_run",
     "spaces",
     "taking_turns",
+    "wait_for_call_end",
     "wait_mid_call",
     "watch",
 ]
