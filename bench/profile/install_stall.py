@@ -10,7 +10,8 @@ program; honed's courtesy probe set as JIT sets it), installs each package step 
 another thread, ``--gap`` seconds apart, ``--reps`` times (the first install in the process
 first). Python's switch interval is JIT's jobs' (``--switch-us``), the install works
 ``courtesy.SLICE_S`` at a time between its waits for a call's end (``--slice-ms``), and hands the
-package its constants a handful at a time (``--handover``); given several values, each
+package its constants a handful at a time (``--handover``), and starts each spaced run as one of
+the program's calls ends (``--between-calls``); given several values, each
 repetition tries each. Printed per step and setting: how long it took, and the
 program's calls that overlapped it: how many, how many over twice the median of the loop alone,
 their time beyond that median, their voluntary context switches (the program's thread waiting:
@@ -18,6 +19,7 @@ for the GIL, a lock of the driver's, the GPU) and the slowest.
 
     python bench/profile/install_stall.py [--reps 3] [--gap 0.4] [--json out.json]
     python bench/profile/install_stall.py --switch-us 50 5000 --slice-ms 2 0.5 --reps 4
+    python bench/profile/install_stall.py --precisions bf16 --between-calls 1 0 --reps 5
 """
 
 from __future__ import annotations
@@ -117,14 +119,24 @@ def _install(
         )
         state["flat"] = state["fn"].flatten((), inputs)
 
+    # The runs are spaced as JIT's install spaces them (courtesy.spaced_run: its first run and
+    # its check's; a capture spaces its warm-up and recording itself).
     def plain_run() -> None:
-        state["fn"]._plain_run(list(state["flat"]))
+        with courtesy.spaced_run(device):
+            state["fn"]._plain_run(list(state["flat"]))
 
     def capture() -> None:
-        state["out"] = state["fn"](**inputs)
+        with courtesy.spaced_run(device):
+            state["out"] = state["fn"](**inputs)
+
+    def replay() -> None:
+        with courtesy.spaced_run(device):
+            state["fn"](**inputs)
 
     def check() -> None:
-        result = correctness.compare(ref, state["fn"](**inputs), precision != "fp32")
+        with courtesy.spaced_run(device):
+            out = state["fn"](**inputs)
+        result = correctness.compare(ref, out, precision != "fp32")
         assert result.ok, result.reason
 
     step("open", open_)
@@ -133,7 +145,7 @@ def _install(
     step("first run", plain_run)
     step("second run", plain_run)
     step("capture", capture)
-    step("replay", lambda: state["fn"](**inputs))
+    step("replay", replay)
     step("check", check)
 
 
@@ -169,6 +181,13 @@ def main() -> None:
             _aoti_direct.HANDOVER_CHUNK,
             "constants handed to the package at a time (_aoti_direct.HANDOVER_CHUNK; 0: all "
             "at once)",
+        ),
+        (
+            "--between-calls",
+            int,
+            1,
+            "1: each spaced run starts as one of the program's calls ends, as JIT's install "
+            "does (courtesy.wait_for_call_end); 0: whenever its gap has passed",
         ),
     ]
     for flag, kind, default, what in settings:
@@ -222,18 +241,29 @@ def main() -> None:
     alone_switches = statistics.median(k[0] for k in kernel[len(kernel) // 3 : len(starts)])
     print(f"  voluntary switches per call alone: median {alone_switches:g}")
     spans: list[Any] = []
-    configs = [(sw, sl, h) for sw in args.switch_us for sl in args.slice_ms for h in args.handover]
+    configs = [
+        (sw, sl, h, b)
+        for sw in args.switch_us
+        for sl in args.slice_ms
+        for h in args.handover
+        for b in args.between_calls
+    ]
     courtesy.watch(lambda: beside_stall._IN_CALL[0])
     before = sys.getswitchinterval(), courtesy.SLICE_S, _aoti_direct.HANDOVER_CHUNK
+    start_between_calls = courtesy.wait_for_call_end
     try:
         for rep in range(args.reps):
-            for switch_us, slice_ms, handover in configs:
+            for switch_us, slice_ms, handover, between_calls in configs:
                 sys.setswitchinterval(switch_us / 1e6)
                 courtesy.SLICE_S = slice_ms / 1e3
                 _aoti_direct.HANDOVER_CHUNK = handover or 1 << 30
+                courtesy.wait_for_call_end = (  # type: ignore[assignment]
+                    start_between_calls if between_calls else lambda limit_s=0.0: 0.0
+                )
                 label = (
                     f"switch {switch_us:g} us, slice {slice_ms:g} ms, "
-                    f"constants {handover or 'all'} at a time"
+                    f"constants {handover or 'all'} at a time, "
+                    f"runs start {'between calls' if between_calls else 'after their gap'}"
                 )
                 for p in args.precisions:
                     _install(payloads[p], p, model, inputs, ref, args.gap, spans, rep, label)
@@ -242,6 +272,7 @@ def main() -> None:
         sys.setswitchinterval(before[0])
         courtesy.SLICE_S = before[1]
         _aoti_direct.HANDOVER_CHUNK = before[2]
+        courtesy.wait_for_call_end = start_between_calls  # type: ignore[assignment]
         courtesy.watch(None)
         stop.set()
         program.join()
