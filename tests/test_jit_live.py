@@ -1375,11 +1375,12 @@ class WrongPayloadSleep(PayloadSleep):
 
 
 def _tuned_beside_on(
-    monkeypatch: pytest.MonkeyPatch, device: str, backends: list[Backend]
-) -> tuple[list[str], dict[str, Any], str]:
+    monkeypatch: pytest.MonkeyPatch, device: str, backends: list[Backend], restart: bool = False
+) -> tuple[list[str], dict[str, Any], str, str]:
     """Tune the slow model on ``device`` beside its calls, in workers, with ``backends`` and no
     stand-ins (check times compared as on a GPU): what was installed in the program's process,
-    in order, the report's rows by candidate, and JIT's history."""
+    in order, the report's rows by candidate, JIT's history and the pick; with ``restart``, the
+    rows and history are a restart's, after that tune (the installs of both; the first pick)."""
     installed = _installs_compared_as_on_a_gpu(monkeypatch, device)
     model, x, want = _slow_call()
     model, x, want = model.to(device), x.to(device), want.to(device)
@@ -1388,8 +1389,14 @@ def _tuned_beside_on(
         honed.jit.config.patch(backends=backends, stand_in=False),
     ):
         root = _call_until_tuned(model, x, want)
+        first = root.backend
+        if restart:
+            honed.jit.reset()
+            honed.jit.enable_jit_tuning()
+            torch.manual_seed(0)
+            root = _call_until_tuned(Slow().eval().to(device), x, want)
     rows = {c.name: c for c in root.report.graphs[0].candidates}
-    return installed, rows, "\n".join(honed.jit.history())
+    return installed, rows, "\n".join(honed.jit.history()), first
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -1402,7 +1409,7 @@ def test_beside_a_program_on_a_gpu_a_capture_of_eager_is_built_only_where_no_pac
     warm-ups, recording and check would share the program's GPU, and its install would be left
     out), and the record says why; where none passed it is built, checked and tried."""
     package = PayloadSleep() if package_passes else WrongPayloadSleep()
-    installed, rows, history = _tuned_beside_on(monkeypatch, device, [CaptureSleep(), package])
+    installed, rows, history, _ = _tuned_beside_on(monkeypatch, device, [CaptureSleep(), package])
     capture = rows["CaptureSleep"]
     if package_passes:
         assert rows["PayloadSleep"].status == "ok" and rows["PayloadSleep"].samples_ms, history
@@ -1440,7 +1447,7 @@ def test_beside_a_program_on_a_gpu_a_package_is_built_only_where_a_likelier_one_
     waits for the packages of a higher expected gain: where one passed it is not built at all,
     and the record says why; where none passed it is built, checked and installed."""
     favoured = FavouredPayloadSleep() if favoured_passes else WrongFavouredPayloadSleep()
-    installed, rows, history = _tuned_beside_on(monkeypatch, device, [PayloadSleep(), favoured])
+    installed, rows, history, _ = _tuned_beside_on(monkeypatch, device, [PayloadSleep(), favoured])
     lower = rows["PayloadSleep"]
     if favoured_passes:
         assert rows["FavouredPayloadSleep"].status == "ok", history
@@ -1454,6 +1461,29 @@ def test_beside_a_program_on_a_gpu_a_package_is_built_only_where_a_likelier_one_
         assert rows["WrongFavouredPayloadSleep"].status == "rejected", history
         assert lower.status == "ok" and lower.samples_ms, lower
         assert installed == ["PayloadSleep"], history
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_restart_whose_other_candidates_a_rule_leaves_out_installs_the_cached_winner_once(
+    beside: Path, monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """A restart beside the program after a tune in which a rule left a candidate unbuilt (a
+    package waiting for a likelier one that passed): the cached pass finds that rule's verdict
+    from the cached outcomes, so it is the tune, and the winner is installed once, not once by
+    the cached pass and again by a tune that decides the same."""
+    backends: list[Backend] = [PayloadSleep(), FavouredPayloadSleep()]
+    installed, rows, history, first = _tuned_beside_on(monkeypatch, device, backends, restart=True)
+    # the pick is the rule's on the program's calls (eager on a loaded machine): the restart
+    # installs it once, the package only where it won
+    assert installed == ["FavouredPayloadSleep"] * (2 if first == "FavouredPayloadSleep" else 1)
+    (record,) = honed.jit.tunes()
+    assert record.reason == "first tune" and record.evidence == "cache", record.line()
+    assert "from the cached decision" not in history, history
+    lower = rows["PayloadSleep"]
+    assert lower.status == "not tried" and not lower.cached, lower
+    assert lower.reason.startswith(
+        "not built beside the calling program: FavouredPayloadSleep passed"
+    ), lower.reason
 
 
 def test_a_capture_of_eager_is_left_out_once_a_package_is_in_unless_twice_as_quick() -> None:

@@ -381,6 +381,15 @@ class GraphTuner:
                     seconds=0.0,
                     cost=o.backend.expected_build_cost(),
                 )
+        # A candidate whose probes are all cached is decided now: a warm re-tune then starts no
+        # worker for a candidate a rule leaves out, and a cached pass counts it as decided (not
+        # left for the tune, which would install the same winner a second time).
+        for i in list(pending):
+            if waits_for(items[i], items) and self._probes_done(items[i], items, outcomes):
+                why = self._rule_skip(items[i], items, outcomes)
+                if why:
+                    self._skip(items[i], why)
+                    pending.remove(i)
         if self.ctx.cached_only:
             # With every outcome cached the pass decides as the tune would: JIT takes it as the
             # tune (jit.tuner._cached_pass).
@@ -392,14 +401,6 @@ class GraphTuner:
             for i in pending:
                 self._skip(items[i], CACHED_ONLY_REASON)
             return baseline, [outcomes[i] for i in sorted(outcomes)]
-        # A candidate whose probes are all cached is decided now: a warm re-tune then starts no
-        # worker for a candidate a rule leaves out.
-        for i in list(pending):
-            if waits_for(items[i], items) and self._probes_done(items[i], items, outcomes):
-                why = self._rule_skip(items[i], items, outcomes)
-                if why:
-                    self._skip(items[i], why)
-                    pending.remove(i)
         if baseline is None and self.ctx.live is not None:
             baseline = self._eager_beside_program(baseline_backend)
         if (baseline is None or pending) and self._use_pool():
