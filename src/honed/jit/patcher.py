@@ -153,8 +153,8 @@ def _patched_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if node.state is _RECORDING and not node.tried:
             parent = node.parent
             # a module is tried once it is a top module or its parent ended eager or skipped
-            # (maybe_try): the children of a module being tuned skip the call, a few hundred
-            # of them in each of the program's calls while the tune goes on
+            # (maybe_try): the children of a module being tuned skip the call, which each of
+            # the program's calls would otherwise make for every one of them
             if parent is None or parent.state is _EAGER or parent.state is _SKIPPED:
                 _maybe_try(node)
         return out

@@ -29,8 +29,8 @@ worker beside it maps it (``space_runs``), and each spaced run starts halfway th
 In the program's own process (a winner's install on JIT's thread: its warm-up, capture and check
 runs) a spaced run starts as one of the program's calls ends instead (``wait_for_call_end``):
 its launches go into the program's CUDA context from the program's process, and a call they
-overlapped waited hundreds of times in the install (its thread's voluntary switches: the GIL, a
-lock of the driver's).
+overlap waits at each of its own launches in turn (the GIL, the driver's locks: its thread's
+voluntary switches, docs/jit.md).
 """
 
 from __future__ import annotations
@@ -481,7 +481,7 @@ def spaced_run(device: Any) -> Iterator[None]:
     else:
         # In the program's process (JIT's thread: an install's warm-up, capture and check) the
         # run launches into the program's own CUDA context: beside a call, its launches and the
-        # call's took turns (the GIL, the driver's locks), the call waiting hundreds of times.
+        # call's take turns (the GIL, the driver's locks), the call waiting at each turn.
         # Started as a call ends, its launches fall in the program's wait for the GPU.
         wait_for_call_end()
     started = time.perf_counter()
