@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import math
 import time
@@ -345,8 +346,12 @@ def _check(
 
 
 def _device_of(module: torch.nn.Module, sample: Any) -> str:
-    """Where the check runs: the first CUDA tensor's device among the weights and the sample."""
-    leaves = [*module.parameters(), *module.buffers(), *torch.utils._pytree.tree_leaves(sample)]
+    """Where the check runs: the first CUDA tensor's device among the weights and the sample.
+    Looked through lazily: on JIT's thread beside the program's calls, a GPU model's answer
+    is its first weight, not a walk over all of them."""
+    leaves = itertools.chain(
+        module.parameters(), module.buffers(), torch.utils._pytree.tree_leaves(sample)
+    )
     cuda = next((t for t in leaves if isinstance(t, torch.Tensor) and t.is_cuda), None)
     return str(cuda.device) if cuda is not None else "cpu"
 
