@@ -30,13 +30,21 @@ _TUNE_S = re.compile(r" in ([0-9.]+)s:")
 def row(path: Path) -> dict[str, Any] | None:
     """The figures of one stored run, or None for a file without a cold loop's calls over 2x
     (a run cut short, another benchmark's JSON)."""
+    got, _ = _read(path)
+    return got
+
+
+def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """``row``'s answer, and why there is none ("" where there is)."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror or e})"
+    except ValueError:
+        return None, "is not JSON"
     cold = data.get("cold") if isinstance(data, dict) else None
     if not isinstance(cold, dict) or "over_2x" not in cold:
-        return None
+        return None, "has no cold loop's calls over 2x"
     warm = data.get("warm") if isinstance(data.get("warm"), dict) else {}
     tunes = [t for t in cold.get("tunes") or [] if isinstance(t, str)]
     match = _TUNE_S.search(tunes[0]) if tunes else None
@@ -51,7 +59,7 @@ def row(path: Path) -> dict[str, Any] | None:
         "steady_x": cold.get("steady_speedup_vs_eager"),
         "warm_over_2x": warm.get("over_2x"),
         "warm_tuned_after_s": warm.get("seconds_to_tuned_speed"),
-    }
+    }, ""
 
 
 def summary(rows: list[dict[str, Any]], fast_ns: float) -> dict[str, Any]:
@@ -108,17 +116,22 @@ def main(argv: list[str] | None = None) -> int:
         )
     rows, skipped = [], []
     for path in args.files:
-        got = row(path)
-        (rows if got is not None else skipped).append(got if got is not None else path)
+        got, why = _read(path)
+        if got is None:
+            skipped.append(f"skipped {path}: it {why}")
+        else:
+            rows.append(got)
     if not rows:
         print(
             "no bench/jit_bert.py run with a cold loop among the files given; pass its JSON files",
+            *skipped,
+            sep="\n",
             file=sys.stderr,
         )
         return 2
     print(table(rows))
-    for path in skipped:
-        print(f"skipped {path}: no cold loop's calls over 2x in it")
+    for line in skipped:
+        print(line)
     result = summary(rows, args.fast_ns)
     for key in ("fast", "slow"):
         part = result[key]

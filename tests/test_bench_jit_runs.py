@@ -55,7 +55,7 @@ def test_runs_are_counted_by_the_hosts_speed(
         "| 20261130xc-abc | 56 ns | 7 | 2.20x | 51.4 s | 60.0 s | 8.25x | 1 | 1.25 s |" in printed
     )
     assert "| 20261130xe-old | - | 2 |" in printed
-    assert f"skipped {other}" in printed
+    assert f"skipped {other}: it is not JSON" in printed
     assert (
         "fast hosts (pure-Python call at most 40 ns): 2 run(s), 1 with no call over 2x" in printed
     )
@@ -90,10 +90,13 @@ def test_no_run_among_the_files_is_one_clear_line(
 ) -> None:
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"eager": {"median_ms": 7.0}}))
-    assert jit_runs.main([str(other)]) == 2
-    assert capsys.readouterr().err.strip() == (
-        "no bench/jit_bert.py run with a cold loop among the files given; pass its JSON files"
-    )
+    missing = tmp_path / "missing.json"
+    assert jit_runs.main([str(other), str(missing)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "no bench/jit_bert.py run with a cold loop among the files given; pass its JSON files",
+        f"skipped {other}: it has no cold loop's calls over 2x",
+        f"skipped {missing}: it cannot be read (No such file or directory)",
+    ]
     with pytest.raises(SystemExit):
         jit_runs.main([str(other), "--fast-ns", "0"])
     assert "--fast-ns must be above 0 (got 0)" in capsys.readouterr().err
