@@ -23,6 +23,8 @@
 #     process: each GPU test of ORDER_BEFORE (default tests/test_jit_live.py tests/test_jit_stalls.py)
 #     alone, then ORDER_AFTER (default the Inductor round trip of tests/test_gpu.py), one process
 #     per pair, one line each;
+#   jit-pace: cold BERT-base runs under HONED_JIT=1 with pacing (HONED_JIT_PACE) at each value of
+#     PACE_ORDER in turn (default "1.5 0", two runs in one call), then bench/jit_runs.py over them;
 #   jit-bert: issue 23's BERT-base loop under HONED_JIT=1 (bench/jit_bert.py; JIT_BERT_ARGS adds
 #     or replaces options, default "--no-aot": one device call holds eager, cold, warm and the
 #     one-liner, or eager, cold, warm, AOT and warm again with --no-one-liner instead).
@@ -130,6 +132,25 @@ if [ "$STAGE" = jit-bert ]; then
   grep -v -E "^DEBUG|AUTOTUNE|triton_mm|strides:|dtypes:|process: |select_algorithm" \
       "$OUT/jit-bert.log" | tail -60 | cut -c1-400
   [ "$rc" -eq 0 ] || { echo "FAILED: bench/jit_bert.py ($rc)"; status=1; }
+fi
+
+# -- stage "jit-pace" (not in "all"): pacing against none on one host ------------------------------
+# Cold BERT-base runs under HONED_JIT=1 with HONED_JIT_PACE set to each value of PACE_ORDER in
+# turn (default "1.5 0"; "0" is no pacing), then bench/jit_runs.py over them. A run takes about
+# 230 s, so one device call holds two: give the next call the other order ("0 1.5").
+if [ "$STAGE" = jit-pace ]; then
+  n=0
+  for pace in ${PACE_ORDER:-1.5 0}; do
+    n=$((n + 1))
+    step "BERT-base b8 loop under HONED_JIT=1, HONED_JIT_PACE=$pace (run $n)"
+    timeout 290 $PY bench/jit_bert.py --cold-seconds 100 --seconds 8 --budget 100 --watch-ms 14 \
+        --marks default --no-aot --no-one-liner --jit-env "HONED_JIT_PACE=$pace" \
+        --out "$OUT/jit-pace-$n-$pace.json" > "$OUT/jit-pace-$n-$pace.log" 2>&1
+    rc=$?
+    grep -E "^(eager|cold|warm):|over 2x eager, by|stood still" "$OUT/jit-pace-$n-$pace.log" | cut -c1-400
+    [ "$rc" -eq 0 ] || { echo "FAILED: bench/jit_bert.py with HONED_JIT_PACE=$pace ($rc)"; status=1; }
+  done
+  run $PY bench/jit_runs.py "$OUT"/jit-pace-*.json
 fi
 
 # -- stage "first-capture" (not in "all"): a process's first CUDA-graph capture beside a program --
