@@ -24,10 +24,10 @@ CPU model's calls and its workers share the same cores by design; ``honed.jit.co
 not while the program waits for JIT (``config.wait``).
 
 Off by default (``HONED_JIT_PACE=0``; ``HONED_JIT_PACE=1.5`` is the ratio measured): on the H200
-host measured, a cold BERT-base run paced this way had more of the program's calls over 2x eager
-than one without, among them a run of slow calls while the first worker ran the graph-break
-check (docs/jit.md). Stopping a process that holds a CUDA context may hold up the GPU's other
-users in ways the host clock cannot tell from the workers' compiles.
+host, cold BERT-base runs paced this way had as many of the program's calls over 2x eager as
+runs without, or more, and longer tunes, each time it was judged (docs/jit.md). Stopping a
+process that holds a CUDA context may hold up the GPU's other users in ways the host clock
+cannot tell from the workers' compiles.
 """
 
 from __future__ import annotations
