@@ -52,7 +52,8 @@ def test_runs_are_counted_by_the_hosts_speed(
     assert jit_runs.main([*map(str, files), str(other), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert (
-        "| 20261130xc-abc | 56 ns | 7 | 2.20x | 51.4 s | 60.0 s | 8.25x | 1 | 1.25 s |" in printed
+        "| 20261130xc-abc | 56 ns | 7 | 2.20x | 51.4 s | 60.0 s | 8.25x | 1 | 1.25 s | - | - | - |"
+        in printed
     )
     assert "| 20261130xe-old | - | 2 |" in printed
     assert f"skipped {other}: it is not JSON" in printed
@@ -80,8 +81,9 @@ def test_a_run_without_a_tune_line_or_a_warm_loop_still_makes_a_row(tmp_path: Pa
     got = jit_runs.row(path)
     assert got is not None
     assert got["tune_s"] is None and got["warm_over_2x"] is None
-    assert "| 20261130ya-abc | 30 ns | 0 | 1.50x | - | 60.0 s | 8.25x | - | - |" in jit_runs.table(
-        [got]
+    assert (
+        "| 20261130ya-abc | 30 ns | 0 | 1.50x | - | 60.0 s | 8.25x | - | - | - | - | - |"
+        in jit_runs.table([got])
     )
 
 
@@ -100,3 +102,42 @@ def test_no_run_among_the_files_is_one_clear_line(
     with pytest.raises(SystemExit):
         jit_runs.main([str(other), "--fast-ns", "0"])
     assert "--fast-ns must be above 0 (got 0)" in capsys.readouterr().err
+
+
+def test_the_tunes_calls_over_2x_are_set_against_eager_alones_on_the_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tune = (
+        "Tuned BertModel (first tune, budget 100s) beside the program in 50.00s: tried ...; "
+        "selected X on the program's calls; {} call(s) ran eager meanwhile"
+    )
+    files = []
+    for name, alone, over in (("za", (0, 1000), 9), ("zb", (0, 8000), 9), ("zc", (4, 1000), 1)):
+        path = _run(tmp_path, f"20261130{name}-abc", 33.0, over, tunes=[tune.format(8000)])
+        data = json.loads(path.read_text())
+        data["eager"] = {"over_2x": alone[0], "calls": alone[1], "median_ms": 7.2}
+        path.write_text(json.dumps(data))
+        files.append(path)
+    rows = [jit_runs.row(f) for f in files]
+    assert all(r is not None for r in rows)
+    za, zb, zc = (r for r in rows if r is not None)
+    assert (za["eager_alone_over_2x"], za["eager_alone_calls"], za["tune_eager_calls"]) == (
+        0,
+        1000,
+        8000,
+    )
+    # 0 of 1000 alone cannot tell 9 of 8000 from the host's rate: (8/9)^9
+    assert za["p_above_eager_alone"] == pytest.approx((8 / 9) ** 9, abs=1e-4)
+    # the same 9 against 0 in as many calls alone: (1/2)^9
+    assert zb["p_above_eager_alone"] == pytest.approx(0.5**9, abs=1e-4)
+    # fewer than the host's own rate: nothing to explain
+    assert zc["p_above_eager_alone"] > 0.99
+    assert jit_runs.above_own_rate(0, 1000, 0, 8000) == 1.0
+    assert jit_runs.above_own_rate(3, 0, 1, 8000) is None
+    assert jit_runs.main(list(map(str, files))) == 0
+    printed = capsys.readouterr().out
+    assert "| 0 of 1000 | 8000 | 0.346 |" in printed
+    assert (
+        "against eager alone on the same host: 3 run(s) judged, 1 with more calls over 2x "
+        "than its rate explains (p < 0.01)" in printed
+    )
