@@ -4,6 +4,7 @@ counts their calls over 2x by the host's speed."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,13 @@ def test_the_tunes_calls_over_2x_are_set_against_eager_alones_on_the_host(
     # fewer than the host's own rate: nothing to explain
     assert zc["p_above_eager_alone"] > 0.99
     assert jit_runs.above_own_rate(0, 1000, 0, 8000) == 1.0
+    # a CPU run's counts: thousands over 2x on each side, the same rate
+    assert jit_runs.above_own_rate(1200, 6000, 2400, 12000) == pytest.approx(0.5, abs=0.02)
+    # past a float's range term by term (comb(1200, 600) is about 1e359): against the exact
+    # sum in integers, with the tune's share of the calls 2/3
+    exact = sum(math.comb(1200, k) * 2**k for k in range(840, 1201)) / 3**1200
+    assert 1e-5 < exact < 1e-2
+    assert jit_runs.above_own_rate(360, 6000, 840, 12000) == pytest.approx(exact, rel=1e-6)
     assert jit_runs.above_own_rate(3, 0, 1, 8000) is None
     assert jit_runs.main(list(map(str, files))) == 0
     printed = capsys.readouterr().out
