@@ -47,10 +47,6 @@ def above_own_rate(alone_over: int, alone_calls: int, over: int, calls: int) -> 
         return None
     both = alone_over + over
     share = calls / (alone_calls + calls)
-    if over == 0:
-        return 1.0
-    if alone_over == 0:
-        return share**both
     # in logs: a CPU run's thousands of calls over 2x put the binomial's terms past a float
     log_share, log_rest = math.log(share), math.log1p(-share)
     top = math.lgamma(both + 1)
