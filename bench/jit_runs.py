@@ -109,7 +109,7 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
         "eager_alone_over_2x": alone_over,
         "eager_alone_calls": alone_calls,
         "tune_eager_calls": tune_calls,
-        "p_above_eager_alone": None if p is None else round(p, 4),
+        "p_above_eager_alone": p,
     }, ""
 
 
